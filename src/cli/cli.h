@@ -1,0 +1,21 @@
+/* cli/cli.h - the dtrain subcommands, one file each. A subcommand returns the process exit
+ * code: 0 success, 1 runtime failure, 2 bad usage (wrong flag, impossible value). */
+#ifndef DT_CLI_H
+#define DT_CLI_H
+
+typedef struct dt_cli_cmd {
+  const char *name;
+  int (*main)(int argc, char **argv); /* argv[0] is the subcommand name */
+  const char *summary;
+} dt_cli_cmd;
+
+/* Prints "dtrain <cmd>: <msg>" and, if hint is non-NULL, "---> HINT: <hint>" to stderr;
+ * returns 2 (usage) so callers can `return dt_cli_usage_error(...)`. */
+int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prints "dtrain <cmd>: <msg>: <dt_last_error()>" and returns 1. */
+int dt_cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int dt_cli_version(int argc, char **argv);
+
+#endif

@@ -1,0 +1,59 @@
+/* core/core.h - internal helpers of the core layer: logging, deadlines, env knobs, allocation.
+ * Every other layer may include this; it includes nothing above core. */
+#ifndef DT_CORE_INTERNAL_H
+#define DT_CORE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtrain/core.h"
+
+/* Sets the detail message from errno: "<what>: <strerror(errno)>". Returns st. */
+dt_status dt__errno(dt_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prepends context to the current detail message: "<ctx>: <old detail>". Returns st. */
+dt_status dt__error_prefix(dt_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Logging to stderr, one line per call, prefixed "[dtrain rR] LEVEL". Level from DTRAIN_LOG
+ * (error|warn|info|debug; default warn). Thread-safe (one write(2) per line). */
+typedef enum { DT_LOG_ERROR = 0, DT_LOG_WARN, DT_LOG_INFO, DT_LOG_DEBUG } dt_log_level;
+void dt__log(dt_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool dt__log_enabled(dt_log_level lvl);
+/* The rank shown in log prefixes (-1: none). */
+void dt__log_set_rank(int rank);
+#define DT_LOG_ERROR(...) dt__log(DT_LOG_ERROR, __VA_ARGS__)
+#define DT_LOG_WARN(...) dt__log(DT_LOG_WARN, __VA_ARGS__)
+#define DT_LOG_INFO(...) dt__log(DT_LOG_INFO, __VA_ARGS__)
+#define DT_LOG_DEBUG(...) \
+  do { if (dt__log_enabled(DT_LOG_DEBUG)) dt__log(DT_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* Deadlines are absolute dt_now_ns() values; DT_NO_DEADLINE never expires. */
+#define DT_NO_DEADLINE INT64_MAX
+int64_t dt__deadline_after_ms(int64_t ms);
+/* Milliseconds left (0 if passed), clamped to INT32_MAX for poll(2). */
+int dt__ms_left(int64_t deadline);
+bool dt__expired(int64_t deadline);
+void dt__sleep_ns(int64_t ns);
+
+/* Environment knobs. Return def when unset; a malformed value is a DT_ERR_INVALID naming it. */
+const char *dt__env_str(const char *name);              /* NULL if unset or empty */
+dt_status dt__env_int(const char *name, int64_t def, int64_t *out);
+/* Sizes accept suffixes K, M, G (powers of 1024): "4M". */
+dt_status dt__parse_size(const char *s, uint64_t *out);
+dt_status dt__env_size(const char *name, uint64_t def, uint64_t *out);
+
+/* 64-byte aligned allocation; dt__free(NULL) is a no-op. Returns NULL and sets
+ * DT_ERR_NOMEM detail on failure. */
+void *dt__alloc(size_t n);
+void *dt__calloc(size_t n);
+void dt__free(void *p);
+
+/* Fills buf with n bytes from the kernel's CSPRNG (getrandom). */
+dt_status dt__random_bytes(void *buf, size_t n);
+
+#define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define DT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif
