@@ -234,3 +234,60 @@ def parse_size(s):
     if not m:
         raise ValueError(f"bad size '{s}' (examples: 4, 64K, 256M)")
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def run_timed(cmd, timeout_s, env=None, what=None, cwd=None):
+    """Runs cmd under /usr/bin/time -v (and timeout). Returns (stdout, stderr, peak_rss_mb): the
+    "Maximum resident set size" of the largest process in the tree (for a launcher: its largest
+    worker, not the sum). time's report goes to a file so that stderr stays the program's own."""
+    if not os.access("/usr/bin/time", os.X_OK):
+        raise SideFailed("/usr/bin/time is missing (Debian package: time)")
+    import tempfile
+    fd, rep = tempfile.mkstemp(prefix="dtrain-bench-time-")
+    os.close(fd)
+    try:
+        out, err = run(["/usr/bin/time", "-v", "-o", rep] + list(cmd), timeout_s, env=env, what=what, cwd=cwd)
+        with open(rep) as fh:
+            m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", fh.read())
+    finally:
+        os.unlink(rep)
+    return out, err, (int(m.group(1)) / 1024.0 if m else None)
+
+
+# Training FLOPs per sample of the benchmark models: forward 2 x MACs, backward 2 x MACs for the
+# weight gradients and 2 x MACs for the input gradients (not needed for the first layer). Biases,
+# activations, pooling and the optimizer are left out (well under 1%).
+MODEL_LAYERS = {
+    # (MACs per sample, is first layer)
+    "mlp": [(784 * 1024, True), (1024 * 1024, False), (1024 * 10, False)],
+    "cnn": [(28 * 28 * 32 * 5 * 5 * 1, True), (14 * 14 * 64 * 5 * 5 * 32, False), (3136 * 512, False),
+            (512 * 10, False)],
+}
+
+
+def train_flops_per_sample(model):
+    return sum(2 * m + 2 * m + (0 if first else 2 * m) for m, first in MODEL_LAYERS[model])
+
+
+def thread_env(threads):
+    """The environment PEERS.md prescribes for a fair thread count on both sides."""
+    t = str(threads)
+    return dict(os.environ, OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, OMP_WAIT_POLICY="PASSIVE")
+
+
+def steady_rate(summary):
+    """(samples/s, how) for a training summary: the median step throughput when the summary has
+    one, else its whole-run samples_per_s."""
+    for k, v in summary.items():
+        if "median" in k and "samples" in k and isinstance(v, (int, float)):
+            return float(v), k
+    v = summary.get("samples_per_s")
+    return (float(v), "samples_per_s") if isinstance(v, (int, float)) else (None, None)
+
+
+def find_key(summary, *words):
+    """The first numeric value whose key contains all the words (e.g. exposed + comm)."""
+    for k, v in summary.items():
+        if all(w in k for w in words) and isinstance(v, (int, float)):
+            return k, float(v)
+    return None, None
