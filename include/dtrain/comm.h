@@ -1,0 +1,127 @@
+/* dtrain/comm.h - the communicator and its collectives (what MPI, Gloo and NCCL give).
+ *
+ * A communicator joins `size` ranks (processes) through a rendezvous store and a transport
+ * (shm on one host, tcp across hosts, mpi when built with Open MPI). Every call below that
+ * talks to other ranks is collective over the communicator unless it says otherwise, blocks the
+ * caller until done, and has a deadline: if a peer exits, is killed, hangs or calls something
+ * different, the call returns an error whose dt_last_error() names the rank and the operation,
+ * e.g. "rank 2 called allreduce #17 with 4096 x f32 sum, rank 0 called allreduce #17 with
+ * 8192 x f32 sum". After any error the communicator is broken: destroy it.
+ *
+ * Buffers are borrowed for the duration of the call; for the nonblocking variants, until
+ * dt_request_wait() returns or dt_request_test() reports completion.
+ * A communicator may be used by one application thread at a time. */
+#ifndef DTRAIN_COMM_H
+#define DTRAIN_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dt_dtype { DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8, DT_DTYPE_COUNT } dt_dtype;
+/* f16 and bf16 are reduced in f32 and rounded once to nearest-even. avg = sum / size (integers
+ * truncate toward zero). */
+typedef enum dt_op { DT_SUM, DT_PROD, DT_MIN, DT_MAX, DT_AVG, DT_OP_COUNT } dt_op;
+
+size_t dt_dtype_size(dt_dtype t);      /* 0 for an invalid dtype */
+const char *dt_dtype_name(dt_dtype t); /* "f32", ... */
+const char *dt_op_name(dt_op op);      /* "sum", ... */
+/* Parse "f32"/"float32"/"bf16"... and "sum"/"avg"...; DT_ERR_INVALID on unknown names. */
+dt_status dt_dtype_parse(const char *s, dt_dtype *out);
+dt_status dt_op_parse(const char *s, dt_op *out);
+
+/* Pass as sendbuf to operate in place on recvbuf (passing recvbuf itself works too). For
+ * allgather/gather in place, the rank's own block is already at its slot of recvbuf; for
+ * reduce_scatter in place, recvbuf holds the full input and the result lands at its start. */
+#define DT_IN_PLACE ((const void *)0)
+
+typedef struct dt_comm dt_comm;
+typedef struct dt_request dt_request;
+
+/* How to join a job. dt_comm_config_init() fills every field with "take it from the
+ * environment": DTRAIN_RANK / DTRAIN_WORLD_SIZE / DTRAIN_LOCAL_RANK / DTRAIN_LOCAL_WORLD_SIZE /
+ * DTRAIN_MASTER_ADDR / DTRAIN_MASTER_PORT, else torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
+ * MASTER_ADDR / MASTER_PORT, else Open MPI's OMPI_COMM_WORLD_*, else Slurm's SLURM_PROCID /
+ * SLURM_NTASKS / SLURM_LOCALID. No variables at all means a single-rank job. */
+typedef struct dt_comm_config {
+  int rank;             /* -1: from the environment */
+  int world_size;       /* -1: from the environment */
+  int local_rank;       /* -1: from the environment (or derived from host names) */
+  const char *store_addr; /* host of the rendezvous store; NULL: environment */
+  int store_port;         /* 0: environment */
+  int host_store;         /* -1: rank 0 hosts it (default); 0: it runs elsewhere; 1: this rank hosts it */
+  const char *secret;     /* job secret; NULL: DTRAIN_JOB_SECRET or the file named by
+                             DTRAIN_JOB_SECRET_FILE. Never logged. */
+  const char *transport;  /* "shm", "tcp", "mpi" or NULL: DTRAIN_TRANSPORT, else shm when all
+                             ranks share a host and tcp otherwise */
+  const char *bind_addr;  /* tcp: address or interface name to listen on; NULL: DTRAIN_BIND_ADDR /
+                             DTRAIN_IFNAME, else the address this host uses to reach the store */
+  const char *job_id;     /* names shared-memory segments; NULL: DTRAIN_JOB_ID, else derived */
+  int timeout_ms;         /* deadline of every blocking call; 0: DTRAIN_TIMEOUT_MS, else 300000 */
+  int fault_timeout_ms;   /* a rank with no heartbeat for this long is declared failed;
+                             0: DTRAIN_FAULT_TIMEOUT_MS, else 10000 */
+} dt_comm_config;
+
+void dt_comm_config_init(dt_comm_config *cfg);
+
+/* Joins the job described by cfg (NULL: all from the environment). Collective over all ranks;
+ * blocks until every rank has joined or the deadline passes (the error then names the ranks that
+ * never joined). On failure *out = NULL. */
+dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out);
+/* Leaves the job; not collective, never blocks long. Accepts NULL. */
+void dt_comm_destroy(dt_comm *c);
+
+int dt_comm_rank(const dt_comm *c);
+int dt_comm_size(const dt_comm *c);
+int dt_comm_local_rank(const dt_comm *c);
+int dt_comm_local_size(const dt_comm *c);
+const char *dt_comm_transport(const dt_comm *c); /* "shm", "tcp", "mpi" */
+/* Changes the deadline of later calls on this communicator (ms > 0). Local. */
+dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
+
+/* Splits into sub-communicators: ranks with the same color form one, ordered by (key, rank).
+ * color < 0 (DT_COMM_UNDEFINED) leaves the rank out: *out = NULL. Collective over c. */
+#define DT_COMM_UNDEFINED (-1)
+dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
+
+/* Collectives. count is in elements of dtype. Algorithms are chosen by size and transport;
+ * DTRAIN_ALGO (ring, rd, shm, ...) overrides for allreduce. */
+dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
+dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);
+dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
+/* recvbuf holds size * count elements, rank r's block at r * count. */
+dt_status dt_comm_allgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t);
+/* sendbuf holds size * count elements; rank r receives the reduction of block r. */
+dt_status dt_comm_reduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
+dt_status dt_comm_gather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root);
+dt_status dt_comm_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root);
+/* sendbuf and recvbuf hold size * count elements; block j of sendbuf goes to rank j. */
+dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t);
+dt_status dt_comm_barrier(dt_comm *c);
+
+/* Point to point. Not collective: the peer must make the matching call with the same count,
+ * dtype and tag, in the same order. */
+dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
+dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
+
+/* Nonblocking collectives: start the operation on the communicator's progress thread and
+ * return at once. Operations (blocking or not) run in the order they were called. */
+dt_status dt_comm_iallreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, dt_request **req);
+dt_status dt_comm_ibroadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root, dt_request **req);
+dt_status dt_comm_iallgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_request **req);
+dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, dt_request **req);
+dt_status dt_comm_ibarrier(dt_comm *c, dt_request **req);
+/* Waits for req and frees it; returns the operation's status (with its detail). */
+dt_status dt_request_wait(dt_request *req);
+/* *done = 1 when finished (then call dt_request_wait to collect the status and free it). */
+dt_status dt_request_test(dt_request *req, int *done);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,96 @@
+/* comm/comm.h - the communicator's internals, shared by comm.c, the transports and the
+ * collective algorithms. Nothing outside src/comm includes this. */
+#ifndef DT_COMM_INTERNAL_H
+#define DT_COMM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "comm/store.h"
+#include "comm/transport.h"
+#include "core/core.h"
+#include "dtrain/comm.h"
+
+/* Job-wide failure state, one per process, shared by the world communicator and every
+ * communicator split from it (refcounted). A heartbeat thread with its own store connection
+ * reports liveness every interval and learns the store's verdict; the first failure seen
+ * (locally or through the store) sets `aborted`, stores the message, and makes abort_fd
+ * readable so transports blocked in poll(2) wake at once. */
+typedef struct dt__health dt__health;
+dt_status dt__health_start(const char *store_host, int store_port, const uint8_t *secret, size_t secret_len,
+                           int world_rank, int fault_timeout_ms, dt__health **out);
+void dt__health_retain(dt__health *h);
+/* Says goodbye to the store (so leaving is not a failure) and stops the thread at refcount 0. */
+void dt__health_release(dt__health *h);
+bool dt__health_aborted(const dt__health *h);
+int dt__health_abort_fd(const dt__health *h);
+/* Copies the verdict ("" if none). */
+void dt__health_verdict(const dt__health *h, char *buf, size_t n);
+/* Records a local failure (first one wins) and publishes it through the store so that every
+ * rank stops within a heartbeat interval. Never blocks longer than a short fixed bound. */
+void dt__health_raise(dt__health *h, const char *msg);
+
+/* Resolves a dt_comm_config (NULL fields and -1 from the environment, as dtrain/comm.h says). */
+typedef struct dt__comm_env {
+  int rank, world_size, local_rank, local_size;
+  char store_host[256];
+  int store_port;
+  int host_store; /* 1: this rank starts the store server */
+  uint8_t secret[256];
+  size_t secret_len;
+  char transport[16]; /* "" = auto */
+  char bind_addr[256];
+  char job_id[64];
+  int timeout_ms, fault_timeout_ms;
+  char source[32]; /* "dtrain", "torchrun", "openmpi", "slurm", "config", "single" */
+} dt__comm_env;
+dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env);
+
+struct dt__progress; /* nonblocking operation queue and its thread (comm/progress.c) */
+
+struct dt_comm {
+  int rank, size;
+  int local_rank, local_size;
+  int *world_ranks;     /* [size]: each member's rank in the world communicator */
+  bool same_host;       /* every member runs on this host */
+  dt__comm_env env;     /* how the world was joined (store address, secret, knobs) */
+  dt__store *store;     /* this communicator's own store connection (application thread) */
+  dt__store_server *server; /* non-NULL on the rank hosting the store (world only) */
+  dt__health *health;   /* shared with splits */
+  char prefix[64];      /* store key prefix of this communicator: "w/", "w/3.1/", ... */
+  const dt_transport_ops *ops;
+  dt_transport *tp;
+  int timeout_ms;
+  uint64_t seq;         /* number of the last collective started */
+  uint64_t nsplits;     /* splits made from this communicator (names their store prefix) */
+  uint64_t *p2p_sent, *p2p_recvd; /* [size]: point-to-point message counters per peer */
+  struct dt__progress *progress;
+  pthread_mutex_t lock; /* serializes operations between the caller and the progress thread */
+};
+
+/* "rank 3", or "rank 1 (world rank 3)" in a split communicator. */
+void dt__comm_peer_name(const dt_comm *c, int peer, char *buf, size_t n);
+/* Sets DT_ERR_MISMATCH: "rank P called <theirs>, rank M called <mine>" and returns it. */
+dt_status dt__comm_mismatch(const dt_comm *c, int peer, const dt__fp *theirs, const dt__fp *mine);
+/* True once anything in the job failed; transports check it while waiting. */
+bool dt__comm_aborted(const dt_comm *c);
+int dt__comm_abort_fd(const dt_comm *c);
+/* Sets DT_ERR_ABORTED with the verdict as detail and returns it. */
+dt_status dt__comm_abort_status(const dt_comm *c);
+/* After a local error: publishes the current dt_last_error() so all ranks stop. Returns st. */
+dt_status dt__comm_fail(dt_comm *c, dt_status st);
+/* Deadline for an operation starting now. */
+int64_t dt__comm_deadline(const dt_comm *c);
+/* Store key with this communicator's prefix: "<prefix><fmt...>". */
+void dt__comm_key(const dt_comm *c, char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Element-wise reduction kernels (comm/reduce.c): dst[i] = dst[i] op src[i]; for f16/bf16
+ * each is converted to f32, reduced and rounded once. avg is applied by dt__reduce_finish
+ * (divide by n) after all contributions are summed. */
+void dt__reduce(void *dst, const void *src, size_t count, dt_dtype t, dt_op op);
+/* out[i] = a[i] op b[i]; out may alias a or b. */
+void dt__reduce2(void *out, const void *a, const void *b, size_t count, dt_dtype t, dt_op op);
+void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n);
+
+#endif

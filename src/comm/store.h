@@ -1,0 +1,61 @@
+/* comm/store.h - the rendezvous store: a TCP key-value server (hosted by one rank in a thread,
+ * or anywhere else) through which ranks find each other, plus the job's failure detector.
+ *
+ * Keys are strings (<= 255 bytes), values byte strings (<= 16 MiB). Every connection proves the
+ * job secret first (wire.h); a connection that cannot is refused and logged with its address
+ * while the server goes on serving others. One server thread serves all connections with
+ * poll(); no connection can make it block or allocate more than a frame's bounded length.
+ *
+ * Failure detection: each rank's heartbeat (dt__store_heartbeat) tells the server it is alive;
+ * the server declares a rank failed when its heartbeat connection closes without a goodbye or
+ * nothing arrives for fault_timeout_ms, and then answers every heartbeat with that verdict, so
+ * all ranks learn who failed within about one heartbeat interval. A rank may also raise an abort
+ * with its own message (dt__store_abort); the first verdict wins. */
+#ifndef DT_COMM_STORE_H
+#define DT_COMM_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+
+typedef struct dt__store_server dt__store_server;
+typedef struct dt__store dt__store;
+
+/* Starts a server thread listening on addr:port (addr NULL: all interfaces; port 0: ephemeral,
+ * *port_out tells which). world_size is the number of ranks whose heartbeats it watches. */
+dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secret, size_t secret_len,
+                                 int world_size, int fault_timeout_ms, dt__store_server **out, int *port_out);
+/* Stops the thread and closes every connection. Accepts NULL. */
+void dt__store_server_stop(dt__store_server *s);
+
+/* Connects and authenticates (retrying until the deadline while the server starts). `rank`
+ * identifies the client in logs. Each dt__store handle is used by one thread at a time. */
+dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len,
+                            int rank, int64_t deadline, dt__store **out);
+void dt__store_close(dt__store *st);
+
+dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
+/* Copies the value into buf (cap bytes); *n is its full length. DT_ERR_NOT_FOUND if absent,
+ * DT_ERR_INVALID if cap is too small. Never blocks waiting for the key. */
+dt_status dt__store_get(dt__store *st, const char *key, void *buf, size_t cap, size_t *n, int64_t deadline);
+/* Like get, but waits until the key exists or the deadline passes (DT_ERR_TIMEOUT). */
+dt_status dt__store_wait(dt__store *st, const char *key, void *buf, size_t cap, size_t *n, int64_t deadline);
+/* Atomically adds delta to the integer stored at key (absent = 0); *result is the new value. */
+dt_status dt__store_add(dt__store *st, const char *key, int64_t delta, int64_t *result, int64_t deadline);
+/* Sets key to desired iff its current value equals expected (expected_n == 0 and absent key
+ * also match). *swapped = 1 if it did; the current value is returned in cur/cur_n if cur. */
+dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, size_t expected_n,
+                        const void *desired, size_t desired_n, int *swapped, int64_t deadline);
+dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline);
+
+/* Heartbeat from `rank` (the handle passed to dt__store_connect). Returns DT_OK while the job
+ * is healthy; DT_ERR_PEER / DT_ERR_ABORTED with the verdict as detail once a rank failed or
+ * aborted ("rank 2 failed: no heartbeat for 10000 ms (hung, stopped, or cut off)"). */
+dt_status dt__store_heartbeat(dt__store *st, int64_t deadline);
+/* Raises an abort with msg (first one wins). */
+dt_status dt__store_abort(dt__store *st, const char *msg, int64_t deadline);
+/* Tells the server this rank leaves cleanly (its connection closing is then not a failure). */
+dt_status dt__store_goodbye(dt__store *st, int64_t deadline);
+
+#endif
