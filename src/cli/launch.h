@@ -52,6 +52,9 @@ void dt__out_settle(dt_out *o);
 void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent);
 /* Number of lines dt__out_write_tail would write. */
 int dt__out_tail_count(dt_out *o, int local);
+/* True once a write to our stdout failed with EPIPE (`dtrain run ... | head`): the job should
+ * end as a program killed by SIGPIPE would. */
+bool dt__out_stdout_broken(const dt_out *o);
 /* True if the line looks like a warning or error ("error", "warn", "fatal", "hint",
  * "exception", "traceback", any case): the lines other ranks show in DT_OUT_RANK0 mode. */
 bool dt__out_is_alert(const char *s, size_t n);
@@ -74,7 +77,8 @@ typedef enum {
   DT_JOB_OK,        /* every worker exited 0 */
   DT_JOB_FAILED,    /* a worker failed; first_failed names it */
   DT_JOB_EXEC,      /* the command could not be started; first_failed names the worker */
-  DT_JOB_SIGNALED,  /* we got SIGINT/SIGTERM/SIGHUP (stop_signal) and stopped the workers */
+  DT_JOB_SIGNALED,  /* we got SIGINT/SIGTERM/SIGHUP (stop_signal) and stopped the workers;
+                     * SIGPIPE: our stdout's reader went away */
   DT_JOB_TIMED_OUT, /* --timeout passed and we stopped the workers */
 } dt_job_outcome;
 

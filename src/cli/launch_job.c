@@ -64,6 +64,13 @@ static dt_status job_install_signals(void) {
   for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
     sigaction(stop_signals[i], &sa, NULL);
   signal(SIGPIPE, SIG_IGN); /* a closed stdout reader must not kill the supervisor */
+  /* A parent may have blocked these for us (the mask survives exec); we rely on them. */
+  sigset_t m;
+  sigemptyset(&m);
+  sigaddset(&m, SIGCHLD);
+  for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
+    sigaddset(&m, stop_signals[i]);
+  sigprocmask(SIG_UNBLOCK, &m, NULL);
   return DT_OK;
 }
 
@@ -97,6 +104,9 @@ static void job_child(const dt_job *job, int i, pid_t parent, int out_w, int err
     signal(stop_signals[k], SIG_DFL);
   signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL); /* workers start with no signal blocked */
   /* If the supervisor dies without stopping us (SIGKILL), we get SIGTERM rather than run on as
    * an orphan that holds ports and shared memory. */
   prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -327,6 +337,11 @@ void dt__launch_supervise(dt_job *job) {
         /* A second Ctrl-C while stopping: do not wait out the grace period. */
         job_kill(job, &s);
       }
+    }
+    if (!s.stopping && dt__out_stdout_broken(job->out)) {
+      job->outcome = DT_JOB_SIGNALED;
+      job->stop_signal = SIGPIPE;
+      job_begin_stop(job, &s);
     }
     if (!s.stopping && dt__expired(job_deadline)) {
       job->outcome = DT_JOB_TIMED_OUT;

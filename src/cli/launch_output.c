@@ -45,6 +45,7 @@ struct dt_out {
   out_rank *r;
   bool tty[3];     /* fd 1, 2 are terminals */
   bool dead[3];    /* writes to fd failed (EPIPE): drop further output there */
+  bool broken_stdout; /* our stdout's reader went away (EPIPE) */
   int pend_fd;     /* a terminal whose cursor sits after a \r progress line, or -1 */
   int pend_src;    /* local*3+stream that wrote it */
   char *scratch;
@@ -103,6 +104,8 @@ static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
       if (errno == EINTR)
         continue;
       o->dead[fd] = true;
+      if (fd == 1 && errno == EPIPE)
+        o->broken_stdout = true;
       return;
     }
     buf += w;
@@ -294,6 +297,8 @@ void dt__out_eof(dt_out *o, int local, int stream) {
 }
 
 int dt__out_tail_count(dt_out *o, int local) { return o->r[local].count; }
+
+bool dt__out_stdout_broken(const dt_out *o) { return o->broken_stdout; }
 
 void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent) {
   out_rank *r = &o->r[local];

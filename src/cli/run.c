@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,8 @@ static int run_report(dt_job *job) {
       dt__out_write_tail(job->out, w->local, 2, "  | ");
     }
     rc = w->sig ? 128 + w->sig : w->code;
+  } else if (job->outcome == DT_JOB_SIGNALED && job->stop_signal == SIGPIPE) {
+    rc = 128 + SIGPIPE; /* quiet, like any program whose reader went away */
   } else if (job->outcome == DT_JOB_SIGNALED) {
     fprintf(stderr, "dtrain run: got %s; stopped %d running worker%s%s\n",
             dt__signal_name(job->stop_signal), job->stopped, job->stopped == 1 ? "" : "s",

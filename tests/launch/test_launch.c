@@ -637,6 +637,35 @@ static void test_signal_launcher_killed(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
 }
 
+static void test_signal_stdout_closed(void **state) {
+  /* `dtrain run ... | head -1`: when our stdout's reader goes away the job ends (exit 141,
+   * as for SIGPIPE), instead of running endless workers with nowhere to write. */
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  pid_t l = fork();
+  assert_true(l >= 0);
+  if (l == 0) {
+    dup2(p[1], 1);
+    close(p[0]);
+    close(p[1]);
+    execl(bin, bin, "run", "-n", "2", "--", "sh", "-c",
+          "echo $$ > \"$1/pid.tmp.$DTRAIN_RANK\"; "
+          "mv \"$1/pid.tmp.$DTRAIN_RANK\" \"$1/pid.$DTRAIN_RANK\"; exec yes",
+          "sh", dir, (char *)NULL);
+    _exit(99);
+  }
+  close(p[1]);
+  char buf[64];
+  assert_true(read(p[0], buf, sizeof buf) > 0);
+  assert_true(wait_files("pid", 2, 20000));
+  close(p[0]);
+  int st = wait_bounded(l, 20000);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 128 + SIGPIPE);
+  assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
+  assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
+}
+
 /* ---- usage ---- */
 
 static void expect_usage(const char *const *args, const char *msg) {
@@ -716,6 +745,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_signal_int, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_escalates_to_kill, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_launcher_killed, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_signal_stdout_closed, setup_dir, teardown_dir),
   };
   const struct CMUnitTest usage[] = {
       cmocka_unit_test_setup_teardown(test_usage, setup_dir, teardown_dir),
