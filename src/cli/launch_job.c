@@ -258,7 +258,7 @@ static int job_collect(dt_job *job) {
 }
 
 typedef struct {
-  bool stopping, killed;
+  bool stopping, killed, draining;
   int64_t kill_at;  /* SIGKILL when this passes */
   int64_t give_up;  /* after SIGKILL: stop waiting */
   int64_t drain_until;
@@ -308,7 +308,7 @@ void dt__launch_supervise(dt_job *job) {
   int n = o->nproc;
   struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
   int *who = calloc((size_t)2 * n + 1, sizeof *who);
-  job_stop s = {false, false, DT_NO_DEADLINE, DT_NO_DEADLINE, DT_NO_DEADLINE};
+  job_stop s = {false, false, false, DT_NO_DEADLINE, DT_NO_DEADLINE, DT_NO_DEADLINE};
   int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
   int seen_sigs = 0;
   job->outcome = DT_JOB_OK;
@@ -343,9 +343,12 @@ void dt__launch_supervise(dt_job *job) {
       job->stop_signal = SIGPIPE;
       job_begin_stop(job, &s);
     }
-    if (!s.stopping && dt__expired(job_deadline)) {
-      job->outcome = DT_JOB_TIMED_OUT;
-      job_begin_stop(job, &s);
+    if (dt__expired(job_deadline)) {
+      job_deadline = DT_NO_DEADLINE; /* acted on: must not make poll(2) spin */
+      if (!s.stopping) {
+        job->outcome = DT_JOB_TIMED_OUT;
+        job_begin_stop(job, &s);
+      }
     }
     if (s.stopping && dt__expired(s.kill_at))
       job_kill(job, &s);
@@ -357,10 +360,14 @@ void dt__launch_supervise(dt_job *job) {
     }
     if (all_exited && !open_fds)
       break;
-    if (all_exited && s.drain_until == DT_NO_DEADLINE)
+    if (all_exited && !s.draining) {
+      s.draining = true;
       s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
-    if (all_exited && dt__expired(s.drain_until))
+    }
+    if (dt__expired(s.drain_until)) {
+      s.drain_until = DT_NO_DEADLINE;
       job_begin_stop(job, &s); /* processes the workers left behind still hold our pipes */
+    }
     if (dt__expired(s.give_up))
       break;
 
