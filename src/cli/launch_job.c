@@ -208,8 +208,10 @@ dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out)
       r = read(ps[0], &e, sizeof e);
     while (r < 0 && errno == EINTR);
     close(ps[0]);
-    if (r == (ssize_t)sizeof e)
+    if (r == (ssize_t)sizeof e) {
       w->exec_errno = e;
+      break; /* the others would fail the same way: start no more */
+    }
   }
   return DT_OK;
 fail:
@@ -355,7 +357,7 @@ void dt__launch_supervise(dt_job *job) {
 
     bool all_exited = true, open_fds = false;
     for (int i = 0; i < n; i++) {
-      all_exited &= job->w[i].exited;
+      all_exited &= job->w[i].pid <= 0 || job->w[i].exited;
       open_fds |= job->w[i].fd[1] >= 0 || job->w[i].fd[2] >= 0;
     }
     if (all_exited && !open_fds)
@@ -408,7 +410,7 @@ void dt__launch_supervise(dt_job *job) {
         job_close(&job->w[i].fd[k]);
       }
   for (int i = 0; i < n; i++)
-    if (!job->w[i].exited)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
       job->stuck++;
   free(pf);
   free(who);
