@@ -214,7 +214,10 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       total += 2 * align16(osz);
     if (l->kind == NN_CONV) {
       size_t rowf = (size_t)l->k * l->k * l->in.c * l->out.h * l->out.w; /* per sample */
-      size_t ch = CONV_CHUNK_FLOATS / rowf;
+      int64_t target;
+      if (dt__env_int("DTRAIN_CONV_CHUNK", (int64_t)CONV_CHUNK_FLOATS, &target) != DT_OK || target < 1)
+        target = (int64_t)CONV_CHUNK_FLOATS;
+      size_t ch = (size_t)target / rowf;
       l->chunk = (int)(ch < 1 ? 1 : ch > B ? B : ch);
       total += 2 * align16((size_t)l->chunk * rowf);
     } else if (l->kind == NN_MAXPOOL) {

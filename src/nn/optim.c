@@ -226,7 +226,7 @@ dt_status dt_lr_schedule_parse(const char *text, float base_lr, int64_t total_st
   dt_lr_schedule s = {.kind = DT_SCHED_CONSTANT, .base_lr = base_lr, .gamma = 0.1f,
                       .total_steps = total_steps};
   char buf[128];
-  if (!text || strlen(text) >= sizeof buf)
+  if (!text || !*text || strlen(text) >= sizeof buf)
     return dt_set_error(DT_ERR_INVALID, "lr schedule \"%s\": expected constant, step:K[:GAMMA] "
                         "or cosine[:WARMUP[:MIN_LR]]", text ? text : "(null)");
   strcpy(buf, text);
@@ -280,6 +280,9 @@ dt_status dt_lr_schedule_parse(const char *text, float base_lr, int64_t total_st
                           "constant, step:K[:GAMMA] or cosine[:WARMUP[:MIN_LR]])", text, tok);
     }
   }
+  if (!have_kind)
+    return dt_set_error(DT_ERR_INVALID, "lr schedule \"%s\": no schedule kind (constant, step or "
+                        "cosine)", text);
   *out = s;
   return DT_OK;
 }

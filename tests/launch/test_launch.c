@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -98,6 +99,24 @@ static int wait_bounded(pid_t pid, int ms) {
     pid_t r = waitpid(pid, &st, WNOHANG);
     if (r == pid)
       return st;
+    msleep(10);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+/* Like run_dtrain, and *cpu_s = the launcher's own CPU seconds (user + system). */
+static int run_dtrain_cpu(int ms, const char *const *args, double *cpu_s) {
+  pid_t pid = spawn_dtrain(args);
+  for (int t = 0; t <= ms; t += 10) {
+    int st;
+    struct rusage ru;
+    if (wait4(pid, &st, WNOHANG, &ru) == pid) {
+      *cpu_s = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+               (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
     msleep(10);
   }
   kill(pid, SIGKILL);
@@ -623,6 +642,24 @@ static void test_signal_escalates_to_kill(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
 }
 
+static void test_signal_no_busy_wait(void **state) {
+  /* While the launcher waits out a grace period it sleeps in poll(2): its own CPU time stays
+   * far below the ~1.5 s it waits. A worker ignoring SIGTERM after --timeout: */
+  double cpu = -1;
+  const char *args[] = {"run", "-n", "1", "--timeout", "0.2", "--kill-after", "1.5", "--", "sh",
+                        "-c", "trap '' TERM; while :; do sleep 0.05; done", NULL};
+  assert_int_equal(run_dtrain_cpu(30000, args, &cpu), 124);
+  assert_true(cpu >= 0 && cpu < 0.5);
+  /* A worker that exits 0 but leaves a SIGTERM-ignoring child holding its stdout. */
+  const char *args2[] = {"run", "-n", "1", "--kill-after", "1", "--", "sh", "-c",
+                         "(trap '' TERM; while :; do sleep 0.05; done) & echo started", NULL};
+  assert_int_equal(run_dtrain_cpu(30000, args2, &cpu), 0);
+  assert_true(cpu >= 0 && cpu < 0.5);
+  char *out = slurp(pathf("out"));
+  assert_string_equal(out, "[rank 0] started\n");
+  free(out);
+}
+
 static void test_signal_launcher_killed(void **state) {
   /* Even a SIGKILLed launcher leaves no worker behind (they get SIGTERM when it dies). */
   const char *args[] = {"run", "-n", "2", "--", "sh", "-c",
@@ -745,6 +782,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_signal_int, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_escalates_to_kill, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_launcher_killed, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_signal_no_busy_wait, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_stdout_closed, setup_dir, teardown_dir),
   };
   const struct CMUnitTest usage[] = {
