@@ -61,7 +61,7 @@ bool dt__out_is_alert(const char *s, size_t n);
 
 /* ---- the job (launch_job.c) ---- */
 typedef struct dt_worker {
-  pid_t pid;       /* 0 if never started */
+  pid_t pid;       /* 0 if never started (no worker starts after one failed to exec) */
   int local, rank; /* local and global rank */
   int fd[3];       /* read ends of stdout (1) and stderr (2) pipes; -1 when closed */
   bool exited;     /* exit status collected (the zombie is kept until finish) */

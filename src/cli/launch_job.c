@@ -208,8 +208,10 @@ dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out)
       r = read(ps[0], &e, sizeof e);
     while (r < 0 && errno == EINTR);
     close(ps[0]);
-    if (r == (ssize_t)sizeof e)
+    if (r == (ssize_t)sizeof e) {
       w->exec_errno = e;
+      break; /* the others would fail the same way: start no more */
+    }
   }
   return DT_OK;
 fail:
@@ -231,8 +233,10 @@ fail:
   return st;
 }
 
-/* Notes workers that exited since the last call. Returns the local index of the first one that
- * failed (non-zero exit or signal) in this call, or -1. */
+/* Notes workers that exited since the last call. Returns the local index of the one that failed
+ * (non-zero exit or signal) first, or -1. Exits seen in the same call cannot be ordered; then a
+ * worker killed by a signal wins over one that exited with an error, since a crash is usually
+ * the cause and the error exits of its peers ("peer failed") the effect. */
 static int job_collect(dt_job *job) {
   int failed = -1;
   for (int i = 0; i < job->opts->nproc; i++) {
@@ -251,7 +255,7 @@ static int job_collect(dt_job *job) {
       w->sig = si.si_status;
       w->core = si.si_code == CLD_DUMPED;
     }
-    if ((w->code != 0 || w->sig != 0) && failed < 0)
+    if ((w->code != 0 || w->sig != 0) && (failed < 0 || (w->sig && !job->w[failed].sig)))
       failed = i;
   }
   return failed;
@@ -355,7 +359,7 @@ void dt__launch_supervise(dt_job *job) {
 
     bool all_exited = true, open_fds = false;
     for (int i = 0; i < n; i++) {
-      all_exited &= job->w[i].exited;
+      all_exited &= job->w[i].pid <= 0 || job->w[i].exited;
       open_fds |= job->w[i].fd[1] >= 0 || job->w[i].fd[2] >= 0;
     }
     if (all_exited && !open_fds)
@@ -408,7 +412,7 @@ void dt__launch_supervise(dt_job *job) {
         job_close(&job->w[i].fd[k]);
       }
   for (int i = 0; i < n; i++)
-    if (!job->w[i].exited)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
       job->stuck++;
   free(pf);
   free(who);

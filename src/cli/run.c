@@ -58,9 +58,13 @@ static void run_help(FILE *f) {
 "one of them must be set, the same on every host). Workers read stdin from /dev/null.\n"
 "COMMAND 'dtrain' runs this same dtrain binary.\n"
 "\n"
+"When a worker fails, the others get SIGTERM (SIGKILL after --kill-after) and stderr gets\n"
+"one summary: the first failing rank, its exit code or signal, and its last lines.\n"
+"\n"
 "exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
-"128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143\n"
-"after SIGINT/SIGTERM; 124 after --timeout; 2 for bad usage.\n",
+"128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
+"after SIGINT/SIGTERM/SIGHUP; 141 if our stdout's reader went away; 124 after --timeout;\n"
+"2 for bad usage.\n",
           RUN_MAX_NPROC);
 }
 
@@ -238,7 +242,7 @@ static int run_report(dt_job *job) {
     fprintf(stderr, "dtrain run: %d worker%s did not exit even after SIGKILL:", job->stuck,
             job->stuck == 1 ? "" : "s");
     for (int i = 0; i < o->nproc; i++)
-      if (!job->w[i].exited)
+      if (job->w[i].pid > 0 && !job->w[i].exited)
         fprintf(stderr, " rank %d pid %d", job->w[i].rank, (int)job->w[i].pid);
     fputc('\n', stderr);
     if (rc == 0)
