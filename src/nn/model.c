@@ -1,0 +1,554 @@
+/* model.c - building a model from its spec: parameter layout (reverse layer order, see
+ * dtrain/nn.h), the tensor table, the one-time activation arena, seeded initialization, and the
+ * forward/backward drivers with the gradient hook. No allocation after dt_model_create. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/nn.h"
+
+/* Target size of one conv im2col chunk in floats: 1 Mi floats (4 MiB) keeps the chunk and its
+ * gradient near L2/L3 while the sgemm still sees >= ~1000 rows on the cnn preset's layers. */
+#define CONV_CHUNK_FLOATS ((size_t)1 << 20)
+
+/* Models split batches over their own threads (dt_nn_set_threads), so OpenBLAS runs
+ * single-threaded inside each: two thread pools on the same cores would fight (PEERS.md saw
+ * 2.3x from that with PyTorch). */
+static _Atomic int g_threads = 1;
+
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static bool kind_inplace(nn_kind k) { return k == NN_RELU || k == NN_DROPOUT || k == NN_FLATTEN; }
+
+static const char *kind_family(nn_kind k) {
+  switch (k) {
+  case NN_LINEAR: return "fc";
+  case NN_CONV: return "conv";
+  case NN_LAYERNORM: return "ln";
+  default: return NULL;
+  }
+}
+
+/* Appends the canonical token of l to buf. */
+static void spec_append(char *buf, size_t cap, const nn_layer *l) {
+  size_t n = strlen(buf);
+  char *p = buf + n;
+  size_t left = cap - n;
+  switch (l->kind) {
+  case NN_LINEAR: snprintf(p, left, ",linear:%d", l->out.c); break;
+  case NN_CONV:
+    snprintf(p, left, ",conv%dx%d:%d:s%d:p%d", l->k, l->k, l->out.c, l->stride, l->pad);
+    break;
+  case NN_MAXPOOL: snprintf(p, left, ",maxpool%d:s%d", l->k, l->stride); break;
+  case NN_AVGPOOL: snprintf(p, left, ",avgpool%d:s%d", l->k, l->stride); break;
+  case NN_RELU: snprintf(p, left, ",relu"); break;
+  case NN_GELU: snprintf(p, left, ",gelu"); break;
+  case NN_DROPOUT: snprintf(p, left, ",dropout:%g", (double)l->p); break;
+  case NN_FLATTEN: snprintf(p, left, ",flatten"); break;
+  case NN_LAYERNORM: snprintf(p, left, ",layernorm"); break;
+  }
+}
+
+static nn_shape layer_out_shape(const nn_spec_layer *s, nn_shape in) {
+  switch (s->kind) {
+  case NN_LINEAR: return (nn_shape){s->n, 1, 1};
+  case NN_CONV:
+    return (nn_shape){s->n, (in.h + 2 * s->pad - s->k) / s->stride + 1,
+                      (in.w + 2 * s->pad - s->k) / s->stride + 1};
+  case NN_MAXPOOL:
+  case NN_AVGPOOL:
+    return (nn_shape){in.c, (in.h - s->k) / s->stride + 1, (in.w - s->k) / s->stride + 1};
+  case NN_FLATTEN: return (nn_shape){(int)nn_shape_size(in), 1, 1};
+  default: return in;
+  }
+}
+
+static void init_params(dt_model *m, uint64_t seed) {
+  dt_rng r;
+  dt_rng_seed(&r, seed);
+  for (int i = 0; i < m->nlayers; i++) {
+    nn_layer *l = &m->layers[i];
+    if (!l->nparams)
+      continue;
+    float *w = m->params + l->w_off, *b = m->params + l->b_off;
+    if (l->kind == NN_LAYERNORM) {
+      for (size_t j = 0; j < l->w_count; j++)
+        w[j] = 1.0f;
+    } else {
+      double fan_in, fan_out;
+      if (l->kind == NN_LINEAR) {
+        fan_in = l->in.c;
+        fan_out = l->out.c;
+      } else {
+        fan_in = (double)l->k * l->k * l->in.c;
+        fan_out = (double)l->k * l->k * l->out.c;
+      }
+      if (l->init_kaiming) { /* He et al. 2015, normal, gain sqrt(2) for relu */
+        double sd = sqrt(2.0 / fan_in);
+        for (size_t j = 0; j < l->w_count; j++)
+          w[j] = (float)(sd * dt_rng_normal(&r));
+      } else { /* Glorot & Bengio 2010, uniform */
+        double a = sqrt(6.0 / (fan_in + fan_out));
+        for (size_t j = 0; j < l->w_count; j++)
+          w[j] = (float)(a * (2.0 * dt_rng_uniform(&r) - 1.0));
+      }
+    }
+    memset(b, 0, l->b_count * sizeof(float));
+  }
+}
+
+dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_model **out) {
+  *out = NULL;
+  if (max_batch < 1 || max_batch > (1 << 24))
+    return dt_set_error(DT_ERR_INVALID, "model: max batch %d must be in [1, %d]", max_batch,
+                        1 << 24);
+  nn_shape in;
+  nn_spec_layer *sl;
+  int n;
+  DT_CHECK(dt__nn_parse_spec(spec, &in, &sl, &n));
+  dt_status rc = DT_ERR_NOMEM;
+  dt_model *m = calloc(1, sizeof *m);
+  if (!m)
+    goto nomem;
+  m->in = in;
+  m->max_batch = max_batch;
+  m->nlayers = n;
+  m->layers = calloc((size_t)(n ? n : 1), sizeof *m->layers);
+  if (!m->layers)
+    goto nomem;
+
+  /* shapes, fusion, names */
+  nn_shape s = in;
+  int family_count[3] = {0, 0, 0};
+  size_t ntensors = 0;
+  for (int i = 0; i < n; i++) {
+    nn_layer *l = &m->layers[i];
+    l->kind = sl[i].kind;
+    l->in = s;
+    l->out = layer_out_shape(&sl[i], s);
+    l->k = sl[i].k;
+    l->stride = sl[i].stride;
+    l->pad = sl[i].pad;
+    l->p = sl[i].p;
+    s = l->out;
+    if (l->kind == NN_LINEAR || l->kind == NN_CONV || l->kind == NN_LAYERNORM) {
+      int fam = l->kind == NN_LINEAR ? 0 : l->kind == NN_CONV ? 1 : 2;
+      l->index = ++family_count[fam];
+      ntensors += 2;
+      if (l->kind == NN_LAYERNORM) {
+        l->w_count = l->b_count = (size_t)l->in.c;
+      } else if (l->kind == NN_LINEAR) {
+        l->w_count = (size_t)l->out.c * l->in.c;
+        l->b_count = (size_t)l->out.c;
+      } else {
+        l->w_count = (size_t)l->out.c * l->k * l->k * l->in.c;
+        l->b_count = (size_t)l->out.c;
+      }
+      l->nparams = l->w_count + l->b_count;
+      if (i + 1 < n && (sl[i + 1].kind == NN_RELU || sl[i + 1].kind == NN_GELU))
+        l->init_kaiming = l->kind != NN_LAYERNORM;
+      if (i + 1 < n && sl[i + 1].kind == NN_RELU && l->kind != NN_LAYERNORM) {
+        l->relu_fused = true;
+      }
+    }
+  }
+  /* the relu after a fused linear/conv has nothing left to do in forward */
+  for (int i = 0; i + 1 < n; i++)
+    if (m->layers[i].relu_fused)
+      m->layers[i + 1].fused_away = true;
+  m->nout = nn_shape_size(s);
+
+  /* parameters in reverse layer order, weight then bias */
+  size_t off = 0;
+  for (int i = n - 1; i >= 0; i--) {
+    nn_layer *l = &m->layers[i];
+    if (!l->nparams)
+      continue;
+    l->p_off = off;
+    l->w_off = off;
+    l->b_off = off + l->w_count;
+    off += l->nparams;
+  }
+  m->nparams = off;
+  m->params = dt__alloc(off * sizeof(float));
+  m->grads = dt__calloc(off * sizeof(float));
+  m->tensors = calloc(ntensors ? ntensors : 1, sizeof *m->tensors);
+  m->names = calloc(ntensors ? ntensors : 1, 32);
+  if (!m->params || !m->grads || !m->tensors || !m->names)
+    goto nomem;
+  m->ntensors = ntensors;
+  size_t t = 0;
+  for (int i = n - 1; i >= 0; i--) {
+    nn_layer *l = &m->layers[i];
+    if (!l->nparams)
+      continue;
+    for (int part = 0; part < 2; part++) {
+      dt_tensor *T = &m->tensors[t];
+      char *name = m->names + 32 * t;
+      snprintf(name, 32, "%s%d.%s", kind_family(l->kind), l->index, part ? "bias" : "weight");
+      T->name = name;
+      if (part == 1 || l->kind == NN_LAYERNORM) {
+        T->ndim = 1;
+        T->shape[0] = part ? (int64_t)l->b_count : (int64_t)l->w_count;
+      } else if (l->kind == NN_LINEAR) {
+        T->ndim = 2;
+        T->shape[0] = l->out.c;
+        T->shape[1] = l->in.c;
+      } else {
+        T->ndim = 4;
+        T->shape[0] = l->out.c;
+        T->shape[1] = l->k;
+        T->shape[2] = l->k;
+        T->shape[3] = l->in.c;
+      }
+      T->offset = part ? l->b_off : l->w_off;
+      T->count = part ? l->b_count : l->w_count;
+      t++;
+    }
+  }
+
+  /* activation arena: plan sizes first, then carve. Conv workspaces are per thread and shared
+   * by all conv layers (they run one after another), sized for the largest. */
+  const int T = m->nthreads = g_threads;
+  openblas_set_num_threads(1);
+  const size_t B = (size_t)max_batch;
+  const size_t Bt = (B + (size_t)T - 1) / (size_t)T; /* samples per thread at most */
+  size_t colf = 0;
+  size_t total = 2 * align16(B * nn_shape_size(in)); /* input copy and its gradient */
+  for (int i = 0; i < n; i++) {
+    nn_layer *l = &m->layers[i];
+    size_t osz = B * nn_shape_size(l->out);
+    if (!kind_inplace(l->kind))
+      total += 2 * align16(osz);
+    if (l->kind == NN_CONV) {
+      size_t rowf = (size_t)l->k * l->k * l->in.c * l->out.h * l->out.w; /* per sample */
+      int64_t target;
+      if (dt__env_int("DTRAIN_CONV_CHUNK", (int64_t)CONV_CHUNK_FLOATS, &target) != DT_OK || target < 1)
+        target = (int64_t)CONV_CHUNK_FLOATS;
+      size_t ch = (size_t)target / rowf;
+      l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
+      colf = DT_MAX(colf, (size_t)l->chunk * rowf);
+    } else if (l->kind == NN_MAXPOOL) {
+      total += align16(osz); /* int32 arg-max, same size as a float */
+    } else if (l->kind == NN_DROPOUT) {
+      total += align16((osz + 3) / 4);
+    } else if (l->kind == NN_LAYERNORM) {
+      total += align16(2 * B);
+    }
+  }
+  m->arena_floats = total;
+  m->arena = dt__calloc(total * sizeof(float));
+  m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
+  m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
+  m->slices = calloc((size_t)T, sizeof *m->slices);
+  m->loss_part = calloc((size_t)T, sizeof *m->loss_part);
+  m->correct_part = calloc((size_t)T, sizeof *m->correct_part);
+  if (!m->arena || (colf && !m->col_arena) || (T > 1 && !m->priv_grads) || !m->slices ||
+      !m->loss_part || !m->correct_part)
+    goto nomem;
+  for (int t = 0; t < T; t++) {
+    nn_slice *sl_t = &m->slices[t];
+    sl_t->grads = t == 0 ? m->grads : m->priv_grads + (size_t)(t - 1) * align16(m->nparams);
+    sl_t->model_grads = m->grads;
+    sl_t->t = t;
+    sl_t->T = T;
+    if (colf) {
+      sl_t->col = m->col_arena + (size_t)(2 * t) * align16(colf);
+      sl_t->dcol = m->col_arena + (size_t)(2 * t + 1) * align16(colf);
+    }
+  }
+  if (T > 1 && dt__nn_pool_create(T, &m->pool) != DT_OK) {
+    rc = DT_ERR_SYSTEM;
+    goto fail;
+  }
+  float *cur = m->arena;
+#define CARVE(nfloats) (cur += align16(nfloats), cur - align16(nfloats))
+  m->input = CARVE(B * nn_shape_size(in));
+  m->dinput = CARVE(B * nn_shape_size(in));
+  float *act = m->input, *dact = m->dinput;
+  for (int i = 0; i < n; i++) {
+    nn_layer *l = &m->layers[i];
+    size_t osz = B * nn_shape_size(l->out);
+    l->x = act;
+    l->dx = dact;
+    if (kind_inplace(l->kind)) {
+      l->y = l->x;
+      l->dy = l->dx;
+    } else {
+      l->y = CARVE(osz);
+      l->dy = CARVE(osz);
+    }
+    l->seq = i;
+    if (l->kind == NN_MAXPOOL) {
+      l->idx = (int32_t *)CARVE(osz);
+    } else if (l->kind == NN_DROPOUT) {
+      l->mask = (uint8_t *)CARVE((osz + 3) / 4);
+    } else if (l->kind == NN_LAYERNORM) {
+      l->stats = CARVE(2 * B);
+    }
+    act = l->y;
+    dact = l->dy;
+  }
+#undef CARVE
+  m->logits = act;
+  m->dlogits = dact;
+
+  /* canonical spec */
+  size_t cap = 64 + 48 * (size_t)n;
+  m->spec = malloc(cap);
+  if (!m->spec)
+    goto nomem;
+  if (in.h == 1 && in.w == 1 && (n == 0 || m->layers[0].kind != NN_CONV))
+    snprintf(m->spec, cap, "in=%d", in.c);
+  else
+    snprintf(m->spec, cap, "in=%dx%dx%d", in.c, in.h, in.w);
+  for (int i = 0; i < n; i++)
+    spec_append(m->spec, cap, &m->layers[i]);
+
+  init_params(m, seed);
+  dt_rng_seed(&m->rng, seed ^ 0xD5A7C0DE0D5A7C0DULL);
+  free(sl);
+  *out = m;
+  return DT_OK;
+nomem:
+  free(sl);
+  dt_model_destroy(m);
+  return dt_set_error(rc, "model \"%s\": cannot allocate its buffers (max batch %d)", spec,
+                      max_batch);
+fail:
+  free(sl);
+  dt_model_destroy(m);
+  return rc;
+}
+
+void dt_model_destroy(dt_model *m) {
+  if (!m)
+    return;
+  dt__free(m->params);
+  dt__free(m->grads);
+  dt__free(m->arena);
+  dt__nn_pool_destroy(m->pool);
+  dt__free(m->col_arena);
+  dt__free(m->priv_grads);
+  free(m->slices);
+  free(m->loss_part);
+  free(m->correct_part);
+  free(m->tensors);
+  free(m->names);
+  free(m->layers);
+  free(m->spec);
+  free(m);
+}
+
+const char *dt_model_spec(const dt_model *m) { return m->spec; }
+int dt_model_max_batch(const dt_model *m) { return m->max_batch; }
+size_t dt_model_input_size(const dt_model *m) { return nn_shape_size(m->in); }
+size_t dt_model_output_size(const dt_model *m) { return m->nout; }
+size_t dt_model_param_count(const dt_model *m) { return m->nparams; }
+float *dt_model_params(dt_model *m) { return m->params; }
+float *dt_model_grads(dt_model *m) { return m->grads; }
+size_t dt_model_tensor_count(const dt_model *m) { return m->ntensors; }
+dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }
+
+const dt_tensor *dt_model_tensor(const dt_model *m, size_t i) {
+  return i < m->ntensors ? &m->tensors[i] : NULL;
+}
+
+const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name) {
+  for (size_t i = 0; i < m->ntensors; i++)
+    if (!strcmp(m->tensors[i].name, name))
+      return &m->tensors[i];
+  return NULL;
+}
+
+/* Splits the batch across the model's threads: thread t gets samples [b0, b0 + nb). */
+static void split_batch(dt_model *m, int batch, uint64_t key) {
+  for (int t = 0; t < m->nthreads; t++) {
+    nn_slice *s = &m->slices[t];
+    s->b0 = (int)((int64_t)batch * t / m->nthreads);
+    s->nb = (int)((int64_t)batch * (t + 1) / m->nthreads) - s->b0;
+    s->B = batch;
+    s->key = key;
+  }
+}
+
+void dt__nn_parallel(dt_model *m, void (*fn)(void *arg, int t), void *arg) {
+  if (m->pool)
+    dt__nn_pool_run(m->pool, fn, arg);
+  else
+    fn(arg, 0);
+}
+
+typedef struct {
+  dt_model *m;
+  bool train;
+  const int32_t *labels; /* eval: also the loss and hits of each slice */
+} fwd_job;
+
+static void forward_job(void *arg, int t) {
+  fwd_job *j = arg;
+  dt_model *m = j->m;
+  const nn_slice *s = &m->slices[t];
+  for (int i = 0; i < m->nlayers; i++)
+    dt__nn_forward_layer(&m->layers[i], m->params, s, j->train);
+  if (j->labels && s->nb > 0) {
+    m->correct_part[t] = 0;
+    m->loss_part[t] = dt__nn_softmax_xent(m->logits + (size_t)s->b0 * m->nout, j->labels + s->b0,
+                                          s->nb, (int)m->nout, 0.0f, NULL, &m->correct_part[t]);
+  } else {
+    m->loss_part[t] = 0.0;
+    m->correct_part[t] = 0;
+  }
+}
+
+static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
+                             const int32_t *labels) {
+  if (batch < 1 || batch > m->max_batch)
+    return dt_set_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d] (max batch)",
+                        batch, m->max_batch);
+  memcpy(m->input, x, (size_t)batch * nn_shape_size(m->in) * sizeof(float));
+  /* one draw per training forward keys every dropout mask of this pass */
+  split_batch(m, batch, train ? dt_rng_next(&m->rng) : 0);
+  fwd_job j = {m, train, labels};
+  dt__nn_parallel(m, forward_job, &j);
+  m->batch = batch;
+  m->trained_forward = train;
+  return DT_OK;
+}
+
+dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, const float **logits) {
+  if (logits)
+    *logits = NULL;
+  DT_CHECK(run_forward(m, x, batch, train != 0, NULL));
+  if (logits)
+    *logits = m->logits;
+  return DT_OK;
+}
+
+static dt_status check_labels(const dt_model *m, const int32_t *labels, int batch, const char *what) {
+  for (int i = 0; i < batch; i++)
+    if (labels[i] < 0 || (size_t)labels[i] >= m->nout)
+      return dt_set_error(DT_ERR_INVALID, "%s: label %d of sample %d outside [0, %zu)", what,
+                          labels[i], i, m->nout);
+  return DT_OK;
+}
+
+typedef struct {
+  dt_model *m;
+  const int32_t *labels;
+  float loss_scale;
+  dt_grad_hook hook;
+  void *ctx;
+} bwd_job;
+
+/* Every thread runs the whole backward on its samples, with two ways to combine weight
+ * gradients across threads:
+ *  - linear layers (the big weights): after a barrier (every thread's dy ready), thread t
+ *    computes rows [t*OUT/T, (t+1)*OUT/T) of dW from ALL samples straight into the model's
+ *    gradients: no private copy, no reduction pass;
+ *  - conv and layernorm (small weights, per-sample work): each thread accumulates its samples
+ *    into its own buffer (thread 0: the model's; others: private ones cleared just before use)
+ *    and thread 0 adds the others in once they are done with the layer.
+ * Thread 0 calls the hook when a layer's gradient is complete in the model's buffer, so the
+ * hook still sees final gradients in reverse layer order. */
+static void backward_job(void *arg, int t) {
+  bwd_job *j = arg;
+  dt_model *m = j->m;
+  const nn_slice *s = &m->slices[t];
+  const int B = s->B;
+  if (s->nb > 0)
+    m->loss_part[t] = dt__nn_softmax_xent(
+        m->logits + (size_t)s->b0 * m->nout, j->labels + s->b0, s->nb, (int)m->nout,
+        j->loss_scale / (float)B, m->dlogits + (size_t)s->b0 * m->nout, NULL);
+  else
+    m->loss_part[t] = 0.0;
+  int first = m->nlayers;
+  for (int i = 0; i < m->nlayers; i++)
+    if (m->layers[i].nparams) {
+      first = i;
+      break;
+    }
+  int stop = m->want_dinput ? 0 : first;
+  int done = 0;
+  for (int i = m->nlayers - 1; i >= stop; i--) {
+    nn_layer *ly = &m->layers[i];
+    bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
+    if (split)
+      dt__nn_pool_barrier(m->pool);
+    else if (ly->nparams && t > 0)
+      memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float));
+    dt__nn_backward_layer(ly, m->params, s, m->want_dinput || i > first);
+    if (!ly->nparams)
+      continue;
+    done++;
+    if (t > 0) {
+      dt__nn_pool_progress(m->pool, t, done);
+      continue;
+    }
+    for (int u = 1; u < m->nthreads; u++) {
+      if (!split && m->slices[u].nb <= 0)
+        continue;
+      dt__nn_pool_wait_progress(m->pool, u, done);
+      if (split)
+        continue;
+      const float *src = m->slices[u].grads + ly->p_off;
+      float *dst = m->grads + ly->p_off;
+      for (size_t k = 0; k < ly->nparams; k++)
+        dst[k] += src[k];
+    }
+    if (j->hook)
+      j->hook(j->ctx, ly->p_off, ly->nparams);
+  }
+}
+
+dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,
+                            void *ctx, float *loss) {
+  if (!m->trained_forward)
+    return dt_set_error(DT_ERR_STATE, "model backward: needs a forward pass in train mode first");
+  DT_CHECK(check_labels(m, labels, m->batch, "model backward"));
+  bwd_job j = {m, labels, loss_scale, hook, ctx};
+  dt__nn_parallel(m, backward_job, &j);
+  double total = 0.0;
+  for (int t = 0; t < m->nthreads; t++)
+    total += m->loss_part[t];
+  if (loss)
+    *loss = (float)(total / m->batch);
+  m->trained_forward = false;
+  return DT_OK;
+}
+
+static void zero_job(void *arg, int t) {
+  dt_model *m = arg;
+  size_t a = m->nparams * (size_t)t / (size_t)m->nthreads;
+  size_t b = m->nparams * (size_t)(t + 1) / (size_t)m->nthreads;
+  memset(m->grads + a, 0, (b - a) * sizeof(float));
+}
+
+void dt_model_zero_grad(dt_model *m) { dt__nn_parallel(m, zero_job, m); }
+
+dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
+                              double *loss_sum, int64_t *correct) {
+  if (batch < 1 || batch > m->max_batch)
+    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d outside [1, %d] (max batch)",
+                        batch, m->max_batch);
+  DT_CHECK(check_labels(m, labels, batch, "model eval"));
+  DT_CHECK(run_forward(m, x, batch, false, labels));
+  for (int t = 0; t < m->nthreads; t++) {
+    if (loss_sum)
+      *loss_sum += m->loss_part[t];
+    if (correct)
+      *correct += m->correct_part[t];
+  }
+  return DT_OK;
+}
+
+int dt_model_threads(const dt_model *m) { return m->nthreads; }
+
+void dt_nn_set_threads(int n) {
+  g_threads = n < 1 ? 1 : n > 256 ? 256 : n;
+  openblas_set_num_threads(1);
+}
+
+int dt_nn_threads(void) { return g_threads; }

@@ -1,0 +1,143 @@
+/* nn/nn.h - internal structures of the training engine: the layer list, its buffers and the
+ * kernels each layer runs. Tests include it to reach single layers and the input gradient;
+ * other layers use only dtrain/nn.h. */
+#ifndef DT_NN_INTERNAL_H
+#define DT_NN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "dtrain/nn.h"
+
+/* B = batch, C = channels, H/W = height/width, K = kernel taps * input channels, F = features.
+ * A layer's shapes are per sample; activations are channels-last (H, W, C). */
+
+typedef enum {
+  NN_LINEAR,
+  NN_CONV,
+  NN_MAXPOOL,
+  NN_AVGPOOL,
+  NN_RELU,
+  NN_GELU,
+  NN_DROPOUT,
+  NN_FLATTEN,
+  NN_LAYERNORM,
+} nn_kind;
+
+typedef struct nn_shape {
+  int c, h, w; /* a flat vector of F features is (F, 1, 1) */
+} nn_shape;
+
+static inline size_t nn_shape_size(nn_shape s) { return (size_t)s.c * (size_t)s.h * (size_t)s.w; }
+
+typedef struct nn_layer {
+  nn_kind kind;
+  nn_shape in, out;
+  int k, stride, pad;       /* conv (k x k kernel) and pooling */
+  float p;                  /* dropout probability */
+  bool relu_fused;          /* linear/conv: applies relu in its epilogue (next layer is relu) */
+  bool fused_away;          /* relu whose forward the previous layer already did */
+  bool init_kaiming;        /* followed by relu/gelu */
+  int index;                /* 1-based number among layers of the same family, for names */
+  /* parameters: offsets into params/grads (floats); nparams = 0 for parameter-free layers */
+  size_t w_off, w_count, b_off, b_count;
+  size_t nparams, p_off;    /* whole layer range (weight then bias) */
+  /* buffers (views into the activation arena), sized for max_batch */
+  float *x, *y;             /* input and output; in-place layers have y == x */
+  float *dx, *dy;           /* gradient of input/output; in-place layers have dx == dy */
+  float *stats;             /* layernorm: mean and rstd per sample (2B) */
+  int32_t *idx;             /* maxpool: arg-max input offset per output */
+  uint8_t *mask;            /* dropout keep-mask */
+  int chunk;                /* conv: samples per im2col chunk (per thread) */
+  int seq;                  /* position in the model, keys the dropout stream */
+} nn_layer;
+
+/* What one thread works on during a pass: samples [b0, b0 + nb) of the batch (all buffers are
+ * sample-major, so a thread's part is a row range), its own conv workspace, and the gradient
+ * buffer it accumulates into (the model's for thread 0, a private one for the others). */
+typedef struct nn_slice {
+  int b0, nb;
+  int B;                    /* whole batch (the loss is a mean over it) */
+  float *grads;             /* this thread's accumulation buffer (per-sample layers) */
+  float *model_grads;       /* the model's: linear layers write their row block of dW here */
+  int t, T;                 /* this thread, thread count */
+  float *col, *dcol;        /* conv im2col / d(im2col) chunk, max over layers */
+  uint64_t key;             /* dropout key of this forward */
+} nn_slice;
+
+typedef struct nn_pool nn_pool;
+
+struct dt_model {
+  char *spec;               /* canonical spec */
+  nn_shape in;
+  int max_batch;
+  int nlayers;
+  nn_layer *layers;
+  float *params, *grads;
+  size_t nparams;
+  dt_tensor *tensors;
+  char *names;              /* storage for tensor names */
+  size_t ntensors;
+  float *arena;             /* activations, gradients, workspace */
+  size_t arena_floats;
+  float *input;             /* copy of the forward input: layers[0].x */
+  float *dinput;            /* gradient of the input, computed only when want_dinput */
+  float *logits, *dlogits;
+  size_t nout;
+  int batch;                /* batch of the last forward */
+  bool trained_forward;     /* last forward was train mode: backward allowed */
+  bool want_dinput;         /* tests: also compute d(loss)/d(input) */
+  dt_rng rng;
+  uint64_t fwd_key;         /* dropout key of the last forward */
+  int nthreads;
+  nn_slice *slices;         /* per thread */
+  float *priv_grads;        /* (nthreads - 1) private gradient buffers, nparams each */
+  float *col_arena;         /* per-thread conv workspaces */
+  nn_pool *pool;            /* NULL when nthreads == 1 */
+  /* per-pass results of each thread */
+  double *loss_part;
+  int64_t *correct_part;
+};
+
+/* ---- thread pool (pool.c): the caller is thread 0, workers 1..n-1 ---- */
+dt_status dt__nn_pool_create(int nthreads, nn_pool **out);
+void dt__nn_pool_destroy(nn_pool *p);
+/* Runs fn(arg, t) on every thread t in [0, n) (the caller runs t = 0) and returns when all are
+ * done. fn must not fail. */
+void dt__nn_pool_run(nn_pool *p, void (*fn)(void *arg, int t), void *arg);
+/* Within a running job: thread t reports it finished step k (monotonic per job), and thread 0
+ * waits until thread t reported at least step k. */
+void dt__nn_pool_progress(nn_pool *p, int t, int k);
+void dt__nn_pool_wait_progress(nn_pool *p, int t, int k);
+/* Within a running job: returns when all n threads have called it. */
+void dt__nn_pool_barrier(nn_pool *p);
+/* Runs fn(arg, t, n) over the model's threads (inline when it has one). */
+void dt__nn_parallel(dt_model *m, void (*fn)(void *arg, int t), void *arg);
+
+/* ---- spec parsing (spec.c) ---- */
+typedef struct nn_spec_layer {
+  nn_kind kind;
+  int n;        /* linear out features, conv out channels */
+  int k, stride, pad;
+  float p;
+} nn_spec_layer;
+
+/* Parses spec into input shape and layers (array malloc'd into *layers, *n entries), checking
+ * every shape. DT_ERR_INVALID naming the token on failure. */
+dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **layers, int *n);
+
+/* ---- kernels (layers.c) ---- */
+void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);
+/* need_dx: compute l->dx (false for the first layer unless the input gradient is wanted).
+ * Adds the slice's parameter gradients into s->grads. */
+void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, bool need_dx);
+/* Softmax cross-entropy of n rows of C logits: returns the SUM of the row losses, writes
+ * grad_scale * (softmax - onehot) into dlogits when not NULL (grad_scale = loss_scale / batch for
+ * the gradient of a batch mean), counts arg-max hits into *correct when not NULL. Labels must
+ * already be in range. */
+double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int n, int C,
+                           float grad_scale, float *dlogits, int64_t *correct);
+
+#endif
