@@ -280,17 +280,22 @@ static void respond_text(dt__store_server *s, conn *c, uint32_t seq, dt_status s
   respond(s, c, seq, st, msg, (size_t)DT_MIN(n, (int)sizeof msg - 1), NULL, 0);
 }
 
-/* Logs a refused stranger; at most 20 lines per second so a flood cannot drown the log. */
+/* At most LOG_PER_S refusal lines per second so a flood cannot drown the log; the rest are
+ * counted and reported in one line when the second is over (log_refused_flush). */
+#define LOG_PER_S 50
+static void log_refused_flush(dt__store_server *s, int64_t sec) {
+  if (sec == s->log_window)
+    return;
+  if (s->log_suppressed)
+    DT_LOG_WARN("store: %d more refused connections were not logged", s->log_suppressed);
+  s->log_window = sec;
+  s->log_count = 0;
+  s->log_suppressed = 0;
+}
+
 static void log_refused(dt__store_server *s, const char *peer, const char *why) {
-  int64_t sec = dt_now_ns() / 1000000000LL;
-  if (sec != s->log_window) {
-    if (s->log_suppressed)
-      DT_LOG_WARN("store: %d more refused connections were not logged", s->log_suppressed);
-    s->log_window = sec;
-    s->log_count = 0;
-    s->log_suppressed = 0;
-  }
-  if (s->log_count++ < 20)
+  log_refused_flush(s, dt_now_ns() / 1000000000LL);
+  if (s->log_count++ < LOG_PER_S)
     DT_LOG_WARN("refused connection from %s: %s", peer, why);
   else
     s->log_suppressed++;
@@ -643,7 +648,7 @@ static void conn_read(dt__store_server *s, conn *c) {
       if (c->hdr_got < DT_WIRE_HDR_LEN)
         continue;
       c->hdr_got = 0;
-      dt_status st = dt__frame_decode(c->hdr, &c->f, c->authed ? REQ_MAX : DT_AUTH_LEN, c->peer);
+      dt_status st = dt__frame_decode(c->hdr, &c->f, c->authed ? REQ_MAX : DT_AUTH_LEN, c->authed ? c->peer : "handshake");
       if (st) {
         if (c->authed) {
           DT_LOG_WARN("store: closing connection from %s (rank %u): %s", c->peer, c->id, dt_last_error());
@@ -735,6 +740,9 @@ static void server_accept(dt__store_server *s) {
 /* Handshake deadlines, parked waits, silent ranks. Returns ms until the next such event. */
 static int server_timers(dt__store_server *s) {
   int64_t now = dt_now_ns(), next = now + 1000 * 1000000LL;
+  log_refused_flush(s, now / 1000000000LL);
+  if (s->log_suppressed)
+    next = DT_MIN(next, (now / 1000000000LL + 1) * 1000000000LL);
   for (size_t i = 0; i < s->nconns; i++) {
     conn *c = s->conns[i];
     if (c->dead || c->authed)
@@ -940,6 +948,7 @@ void dt__store_server_stop(dt__store_server *s) {
   ssize_t w = write(s->wake_fd, &one, sizeof one);
   (void)w;
   pthread_join(s->thread, NULL);
+  log_refused_flush(s, -1);
   for (size_t i = 0; i < s->nconns; i++)
     conn_free(s->conns[i]);
   free(s->conns);
