@@ -218,11 +218,8 @@ static int child_adder(int port, int idx, void *arg) {
   if (connect_store(port, idx, &c))
     return 10;
   for (int i = 0; i < ADDS; i++) {
-    int64_t r;
-    if (dt__store_add(c, "counter", idx + 1, &r, dt__deadline_after_ms(10000)))
+    if (dt__store_add(c, "counter", idx + 1, NULL, dt__deadline_after_ms(10000)))
       return 11;
-    if (r < idx + 1)
-      return 12;
   }
   dt__store_close(c);
   return 0;
