@@ -1055,9 +1055,11 @@ static dt_status store_send(dt__store *st, uint16_t type, const char *key, const
   buf[o + 4] = (uint8_t)kl;
   buf[o + 5] = (uint8_t)(kl >> 8);
   o += REQ_PREFIX;
-  memcpy(buf + o, key, kl);
+  if (kl)
+    memcpy(buf + o, key, kl);
   o += kl;
-  memcpy(buf + o, extra, extra_n);
+  if (extra_n)
+    memcpy(buf + o, extra, extra_n);
   o += extra_n;
   if (n1 + n2 <= sizeof buf - o) { /* small request: one send */
     if (n1)
