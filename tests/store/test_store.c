@@ -353,9 +353,9 @@ static void test_large_values(void **unused) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_set_get_delete), cmocka_unit_test(test_cas),
-      cmocka_unit_test(test_wait),           cmocka_unit_test(test_wait_many),
-      cmocka_unit_test(test_add_concurrent), cmocka_unit_test(test_large_values),
+      cmocka_unit_test_teardown(test_set_get_delete, kill_leftovers), cmocka_unit_test_teardown(test_cas, kill_leftovers),
+      cmocka_unit_test_teardown(test_wait, kill_leftovers),           cmocka_unit_test_teardown(test_wait_many, kill_leftovers),
+      cmocka_unit_test_teardown(test_add_concurrent, kill_leftovers), cmocka_unit_test_teardown(test_large_values, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
