@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "comm/coll/coll.h"
 #include "comm/comm.h"
 
 /* Every transport this build has. Adding one is a line here (and its folder). Keep "shm" and
@@ -24,6 +25,9 @@ static const dt_transport_ops *const comm_transports[] = {
 /* How long create/split wait for one store key before re-checking the job's health, so a
  * failure elsewhere ends the wait early instead of at the full deadline. */
 #define COMM_POLL_MS 100
+/* How long a rank that saw a peer vanish waits for the job's verdict (the failure detector's
+ * heartbeat interval is at most 200 ms) before publishing its own observation. */
+#define COMM_VERDICT_MS 1000
 
 /* Host identity record published by each rank: "<hostname>\n<boot_id>\n<transport>\n". Two
  * ranks share a host (and can share memory) when hostname and boot id both match. */
@@ -141,6 +145,19 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
   /* An abort we merely observed is not a new failure to publish. */
   if (st == DT_OK || st == DT_ERR_ABORTED || !c || !c->health)
     return st;
+  if (st == DT_ERR_PEER) {
+    /* A peer that vanished may itself have been stopping because of an earlier failure
+     * elsewhere: give the failure detector a moment to tell the root cause, and lead with it. */
+    int64_t dl = dt__deadline_after_ms(COMM_VERDICT_MS);
+    while (!dt__comm_aborted(c) && !dt__expired(dl))
+      dt__sleep_ns(5000000);
+    if (dt__comm_aborted(c)) {
+      char local[900], v[768] = "";
+      snprintf(local, sizeof local, "%s", dt_last_error());
+      dt__health_verdict(c->health, v, sizeof v);
+      return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
+    }
+  }
   char msg[1100];
   snprintf(msg, sizeof msg, "rank %d: %s", c->world_ranks ? c->world_ranks[c->rank] : c->rank, dt_last_error());
   dt__health_raise(c->health, msg);
@@ -321,15 +338,26 @@ static dt_comm *comm_alloc(int size) {
   return c;
 }
 
-/* Frees everything but announces nothing. */
+/* Frees everything. The rank hosting the store says its own goodbye first, then keeps serving
+ * until every other rank said goodbye or was declared failed (bounded by the deadline, or by
+ * about one fault timeout after a failure), so that nobody sees the store vanish and takes it
+ * for a failure, and everybody learns a failure's verdict from it. */
 static void comm_free(dt_comm *c) {
   if (!c)
     return;
+  dt__progress_destroy(c->progress);
   if (c->ops && c->tp)
     c->ops->destroy(c->tp);
   dt__store_close(c->store);
+  bool aborted = dt__comm_aborted(c);
   if (c->health)
     dt__health_release(c->health);
+  if (c->server) {
+    int ms = aborted ? DT_MIN(c->timeout_ms, c->env.fault_timeout_ms + 2000) : c->timeout_ms;
+    int live = dt__store_server_drain(c->server, dt__deadline_after_ms(ms));
+    if (live > 0)
+      DT_LOG_WARN("rank %d: stopping the rendezvous store while %d rank(s) still use it", c->rank, live);
+  }
   dt__store_server_stop(c->server);
   pthread_mutex_destroy(&c->lock);
   dt__free(c->world_ranks);
@@ -422,40 +450,13 @@ fail:
   return st;
 }
 
-/* The hosting rank keeps the store up until every other rank left (each counts itself out in
- * "w/left"), the job failed, or the deadline passed: stopping it earlier would look like a
- * failure to ranks still finishing their last steps. */
-static void comm_wait_others_left(dt_comm *c) {
-  int64_t deadline = dt__comm_deadline(c);
-  while (!dt__expired(deadline) && !dt__comm_aborted(c)) {
-    int64_t left = 0;
-    if (dt__store_add(c->store, "w/left", 0, &left, dt__deadline_after_ms(1000)) != DT_OK || left >= c->size)
-      return;
-    dt__sleep_ns(2000000);
-  }
-}
-
 void dt_comm_destroy(dt_comm *c) {
   if (!c)
     return;
-  /* Progress hook: helper `coll` stops the nonblocking-operation thread here
-   * (dt__progress_destroy(c->progress)) before the transport goes away. */
-  if (c->ops && c->tp) {
-    c->ops->destroy(c->tp);
-    c->tp = NULL;
-  }
-  if (c->store && strcmp(c->prefix, "w/") == 0 && !dt__comm_aborted(c)) {
-    /* Say goodbye to the failure detector before counting out, so the hosting rank cannot stop
-     * the store between the two. */
-    if (!c->server && c->health) {
-      dt__health_release(c->health);
-      c->health = NULL;
-    }
-    int64_t left = 0;
-    dt__store_add(c->store, "w/left", 1, &left, dt__deadline_after_ms(1000));
-    if (c->server)
-      comm_wait_others_left(c);
-  }
+  /* Nonblocking calls not yet started fail; the progress thread stops before the transport
+   * it uses goes away. */
+  dt__progress_destroy(c->progress);
+  c->progress = NULL;
   comm_free(c);
 }
 

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/coll/coll.h"
 #include "comm/comm.h"
 
 #define SHM_MAGIC 0x314D485354524E44ull /* "DNRTSHM1" */
@@ -91,6 +92,7 @@ struct dt_transport {
   uint64_t chunks; /* allreduce chunks done on this communicator (same on every rank) */
   uint64_t bars;   /* barriers done */
   bool broken;     /* a mismatch left rings in an unknown state */
+  float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -199,6 +201,7 @@ static void shm_destroy(dt_transport *t) {
     return;
   if (t->base)
     munmap(t->base, t->size);
+  dt__free(t->acc);
   dt__free(t);
 }
 
@@ -521,6 +524,45 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
   return DT_OK;
 }
 
+/* Reduces elements [lo, hi) of staging buffer b across all ranks into this rank's staging
+ * buffer: own contribution first, then the others in rank order. f16/bf16 sums go through an
+ * f32 accumulator so they are rounded once. */
+static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, size_t es, dt_dtype dt, dt_op op) {
+  uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
+  size_t m = hi - lo;
+  int last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
+  if (!dt__coll_wide(dt, op)) {
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        dt__reduce(dst, shm_stage(t, r, b) + lo * es, m, dt, op);
+    dt__reduce_finish(dst, m, dt, op, t->n);
+    return DT_OK;
+  }
+  int div = op == DT_AVG ? t->n : 1;
+  if (t->n == 2) {
+    dt__reduce_mix(dst, dt, dst, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+    return DT_OK;
+  }
+  if (!t->acc) {
+    t->acc = dt__alloc(t->h->chunk_bytes * 2 + SHM_LINE * 4);
+    if (!t->acc)
+      return DT_ERR_NOMEM;
+  }
+  bool first = true;
+  for (int r = 0; r < t->n; r++) {
+    if (r == t->rank || r == last)
+      continue;
+    const uint8_t *src = shm_stage(t, r, b) + lo * es;
+    if (first)
+      dt__reduce_mix(t->acc, DT_F32, dst, dt, src, dt, m, op, 1);
+    else
+      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, src, dt, m, op, 1);
+    first = false;
+  }
+  dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+  return DT_OK;
+}
+
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
  * into its staging buffer (CI), rank s reduces slice s across all ranks' staging buffers in
  * place (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
@@ -558,13 +600,8 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     /* R(k): own contribution first, then the others in rank order. */
     DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
     shm_slice(len, es, t->n, t->rank, &lo, &hi);
-    if (hi > lo) {
-      uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
-      for (int r = 0; r < t->n; r++)
-        if (r != t->rank)
-          dt__reduce(dst, shm_stage(t, r, b) + lo * es, hi - lo, dt, op);
-      dt__reduce_finish(dst, hi - lo, dt, op, t->n);
-    }
+    if (hi > lo)
+      DT_CHECK_GOTO(shm_reduce_slice(t, b, lo, hi, es, dt, op), st, fail);
     shm_publish(t, f_red, g);
     /* CI(k+1) overlaps the other ranks' R(k). */
     if (k + 1 < nchunks)
