@@ -34,9 +34,6 @@
 enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 #define TCP_FP_BYTES 24
 #define TCP_HDR_BYTES (16 + TCP_FP_BYTES)
-/* A peer may take this long to finish its handshake before it is treated as a stranger (it
- * blocks accepting meanwhile, so it stays short). */
-#define TCP_AUTH_MS 3000
 /* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
@@ -194,7 +191,13 @@ static dt_status tcp_accept_all(dt_transport *t, int lfd, int64_t deadline) {
     char who[80];
     dt__sock_peer_name(fd, who, sizeof who);
     uint32_t id = 0;
-    int64_t adl = dt__deadline_after_ms(TCP_AUTH_MS);
+    /* A silent stranger holds accepting for at most the handshake timeout. */
+    int hs_ms = 5000;
+    if (dt__handshake_timeout_ms(&hs_ms) != DT_OK) {
+      close(fd);
+      return DT_ERR_INVALID;
+    }
+    int64_t adl = dt__deadline_after_ms(hs_ms);
     dt_status st = dt__auth_server(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, &id, adl < deadline ? adl : deadline);
     if (st == DT_OK && (id <= (uint32_t)t->rank || id >= (uint32_t)t->n || t->fd[id] >= 0))
       st = dt_set_error(DT_ERR_PROTOCOL, "announced rank %u, expected one of %d..%d not yet connected", id, t->rank + 1,
