@@ -239,7 +239,9 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     }
   }
   m->arena_floats = total;
-  m->arena = dt__calloc(total * sizeof(float));
+  /* not zeroed: every buffer is written before it is read, and untouched pages of a large
+   * max batch then cost no memory until used */
+  m->arena = dt__alloc(total * sizeof(float));
   m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
   m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
   m->slices = calloc((size_t)T, sizeof *m->slices);
@@ -408,7 +410,15 @@ static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
   if (batch < 1 || batch > m->max_batch)
     return dt_set_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d] (max batch)",
                         batch, m->max_batch);
-  memcpy(m->input, x, (size_t)batch * nn_shape_size(m->in) * sizeof(float));
+  const size_t C = (size_t)m->in.c, HW = (size_t)m->in.h * (size_t)m->in.w;
+  if (C == 1 || HW == 1) {
+    memcpy(m->input, x, (size_t)batch * C * HW * sizeof(float));
+  } else { /* (C, H, W) per sample to channels-last (H, W, C) */
+    for (size_t n = 0; n < (size_t)batch; n++)
+      for (size_t c = 0; c < C; c++)
+        for (size_t p = 0; p < HW; p++)
+          m->input[(n * HW + p) * C + c] = x[(n * C + c) * HW + p];
+  }
   /* one draw per training forward keys every dropout mask of this pass */
   split_batch(m, batch, train ? dt_rng_next(&m->rng) : 0);
   fwd_job j = {m, train, labels};
@@ -530,16 +540,19 @@ void dt_model_zero_grad(dt_model *m) { dt__nn_parallel(m, zero_job, m); }
 
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct) {
-  if (batch < 1 || batch > m->max_batch)
-    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d outside [1, %d] (max batch)",
-                        batch, m->max_batch);
+  if (batch < 1)
+    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d must be >= 1", batch);
   DT_CHECK(check_labels(m, labels, batch, "model eval"));
-  DT_CHECK(run_forward(m, x, batch, false, labels));
-  for (int t = 0; t < m->nthreads; t++) {
-    if (loss_sum)
-      *loss_sum += m->loss_part[t];
-    if (correct)
-      *correct += m->correct_part[t];
+  /* larger than the buffers: in pieces of max_batch */
+  for (int b0 = 0; b0 < batch; b0 += m->max_batch) {
+    int nb = DT_MIN(m->max_batch, batch - b0);
+    DT_CHECK(run_forward(m, x + (size_t)b0 * nn_shape_size(m->in), nb, false, labels + b0));
+    for (int t = 0; t < m->nthreads; t++) {
+      if (loss_sum)
+        *loss_sum += m->loss_part[t];
+      if (correct)
+        *correct += m->correct_part[t];
+    }
   }
   return DT_OK;
 }

@@ -13,6 +13,12 @@
 
 #include "dtrain/nn.h"
 
+/* A failed huge allocation must come back as NULL (DT_ERR_NOMEM), not kill the sanitizer run. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static dt_model *make(const char *spec, int B, uint64_t seed) {
   dt_model *m = NULL;
   if (dt_model_create(spec, B, seed, &m) != DT_OK)
@@ -116,6 +122,11 @@ static void test_bad_specs(void **s) {
                cases[i].token, cases[i].why);
   }
   dt_model *m = (dt_model *)1;
+  /* activations for 2^24 samples of 10^6 features (64 TiB) cannot be allocated */
+  assert_int_equal(dt_model_create("in=1000000,linear:10", 1 << 24, 1, &m), DT_ERR_NOMEM);
+  assert_null(m);
+  assert_non_null(strstr(dt_last_error(), "max batch 16777216"));
+  m = (dt_model *)1;
   assert_int_equal(dt_model_create(NULL, 2, 1, &m), DT_ERR_INVALID);
   assert_int_equal(dt_model_create("mlp", 0, 1, &m), DT_ERR_INVALID);
   assert_null(m);
@@ -292,9 +303,16 @@ static void test_learn_mlp(void **s) {
         first = loss;
       assert_int_equal(dt_optim_step(o, opt ? 0.01f : 0.05f), DT_OK);
     }
-    double lsum = 0;
-    int64_t correct = 0;
+    double lsum = 0, lsum2 = 0;
+    int64_t correct = 0, correct2 = 0;
     assert_int_equal(dt_model_eval_batch(m, x, y, B, &lsum, &correct), DT_OK);
+    /* the same 64 samples evaluated by a model whose max batch is 10: pieces of 10 */
+    dt_model *small = make("in=2,linear:32,relu,linear:32,gelu,linear:3", 10, 11);
+    memcpy(dt_model_params(small), dt_model_params(m), dt_model_param_count(m) * sizeof(float));
+    assert_int_equal(dt_model_eval_batch(small, x, y, B, &lsum2, &correct2), DT_OK);
+    assert_int_equal(correct2, correct);
+    assert_float_equal(lsum2, lsum, 1e-4);
+    dt_model_destroy(small);
     if (!(lsum / B < 0.1 && correct >= 62 && first > 0.5))
       fail_msg("optimizer %d: first loss %.3f, final eval loss %.4f, %lld/64 correct", opt,
                (double)first, lsum / B, (long long)correct);
