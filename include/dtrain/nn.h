@@ -24,9 +24,12 @@
  * keeps the HWC order, so the first linear layer after a conv stack sees features in (h, w, c)
  * order. Linear weights are (out, in) as in PyTorch, so MLP weights export unchanged.
  *
- * Threads. Matrix products go through CBLAS (OpenBLAS); dt_nn_set_threads sets its thread
- * count. A model and an optimizer may be used by one thread at a time; the gradient hook is
- * called on the thread running backward.
+ * Threads. A model splits each batch over its own compute threads (the count set by
+ * dt_nn_set_threads when it was created; the calling thread is one of them, the others sleep
+ * between passes) and calls CBLAS (OpenBLAS, driven single-threaded) on each slice. Results are
+ * deterministic for a given thread count; different counts differ by float rounding. A model and
+ * its optimizer may be used by one thread at a time; the gradient hook is called on the thread
+ * that called dt_model_backward.
  *
  * Not here: data loading (dtrain/data.h), checkpoints and safetensors (ckpt), communication. */
 #ifndef DTRAIN_NN_H
@@ -125,9 +128,12 @@ float dt_model_clip_grad_norm(dt_model *m, float max_norm);
 /* The same on any float buffer (e.g. after an allreduce of a custom layout). */
 float dt_clip_grad_norm(float *grads, size_t count, float max_norm);
 
-/* OpenBLAS thread count for matrix products (n >= 1); process-wide. */
+/* Compute threads for models created from now on (n >= 1, default 1); process-wide. Also sets
+ * OpenBLAS to one thread, as models do their own threading. */
 void dt_nn_set_threads(int n);
 int dt_nn_threads(void);
+/* The compute threads of this model. */
+int dt_model_threads(const dt_model *m);
 
 /* ---- optimizers ---- */
 

@@ -53,7 +53,7 @@ static double loss_at(dt_model *m, const float *x, const int32_t *y, int B, cons
   *dt_model_rng(m) = *rng0;
   const float *logits;
   assert_int_equal(dt_model_forward(m, x, B, 1, &logits), DT_OK);
-  return dt__nn_softmax_xent(logits, y, B, (int)dt_model_output_size(m), 1.0f, NULL, NULL);
+  return dt__nn_softmax_xent(logits, y, B, (int)dt_model_output_size(m), 0.0f, NULL, NULL) / B;
 }
 
 /* Returns the worst ratio |a-n| / (ATOL + RTOL*|n|) over the checked coordinates (<= 1 passes).
@@ -279,7 +279,7 @@ static void test_loss_reference(void **s) {
   const int32_t y[2] = {2, 0};
   float d[6];
   int64_t correct = 0;
-  double l = dt__nn_softmax_xent(z, y, 2, 3, 1.0f, d, &correct);
+  double l = dt__nn_softmax_xent(z, y, 2, 3, 0.5f, d, &correct) / 2;
   double l0 = log(exp(1) + exp(2) + exp(3)) - 3, l1 = log(exp(-1) + exp(0) + exp(1)) + 1;
   assert_float_equal(l, (l0 + l1) / 2, 1e-6);
   assert_int_equal(correct, 1);
