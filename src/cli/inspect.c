@@ -4,7 +4,9 @@
  * It only reads; it never repairs or rewrites a file. */
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -19,6 +21,7 @@ static void help(FILE *f) {
           "  checkpoint (.dtc)  step, sections with sizes and CRC32C, meta keys and values\n"
           "  safetensors        tensors with dtype, shape and bytes; __metadata__\n"
           "  IDX (.gz or raw)   element type and dimensions\n"
+          "  directory          each checkpoint in it, valid or not, and which one a resume uses\n"
           "Exits 1 if a file is corrupt (the message names the file and the problem).\n");
 }
 
@@ -96,7 +99,45 @@ static int inspect_idx(const char *path) {
   return 0;
 }
 
+/* A checkpoint directory: one line per file, and the one dt_ckpt_open_latest would pick. */
+static int inspect_dir(const char *dir) {
+  uint64_t *steps;
+  size_t n;
+  if (dt_ckpt_list(dir, &steps, &n) != DT_OK)
+    return dt_cli_fail("inspect", "cannot list %s", dir);
+  if (!n) {
+    free(steps);
+    fprintf(stderr, "dtrain inspect: %s: no checkpoint files (ckpt-*.dtc)\n", dir);
+    return 1;
+  }
+  int bad = 0;
+  long long resume = -1;
+  printf("%s: %zu checkpoint files\n", dir, n);
+  for (size_t i = 0; i < n; i++) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/ckpt-%09llu.dtc", dir, (unsigned long long)steps[i]);
+    dt_ckpt *c;
+    if (dt_ckpt_open(p, &c) == DT_OK) {
+      printf("  step %-10llu valid    %s\n", (unsigned long long)steps[i], p);
+      resume = (long long)steps[i];
+      dt_ckpt_destroy(c);
+    } else {
+      printf("  step %-10llu CORRUPT  %s\n", (unsigned long long)steps[i], dt_last_error());
+      bad = 1;
+    }
+  }
+  if (resume >= 0)
+    printf("a resume would use step %lld\n", resume);
+  else
+    printf("no valid checkpoint: a resume would fail\n");
+  free(steps);
+  return bad;
+}
+
 static int inspect_one(const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return inspect_dir(path);
   unsigned char m[9] = {0};
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -408,7 +408,15 @@ static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
   if (batch < 1 || batch > m->max_batch)
     return dt_set_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d] (max batch)",
                         batch, m->max_batch);
-  memcpy(m->input, x, (size_t)batch * nn_shape_size(m->in) * sizeof(float));
+  const size_t C = (size_t)m->in.c, HW = (size_t)m->in.h * (size_t)m->in.w;
+  if (C == 1 || HW == 1) {
+    memcpy(m->input, x, (size_t)batch * C * HW * sizeof(float));
+  } else { /* (C, H, W) per sample to channels-last (H, W, C) */
+    for (size_t n = 0; n < (size_t)batch; n++)
+      for (size_t c = 0; c < C; c++)
+        for (size_t p = 0; p < HW; p++)
+          m->input[(n * HW + p) * C + c] = x[(n * C + c) * HW + p];
+  }
   /* one draw per training forward keys every dropout mask of this pass */
   split_batch(m, batch, train ? dt_rng_next(&m->rng) : 0);
   fwd_job j = {m, train, labels};

@@ -74,6 +74,21 @@ static void test_inspect(void **st) {
   expect_out("format = pt");
   expect_out("IDX, u8, 1 dimensions [3], 3 elements, valid");
 
+  /* A directory: every checkpoint listed. */
+  char ck2[400];
+  snprintf(ck2, sizeof ck2, "%s/ckpt-000000009.dtc", tmpdir);
+  assert_int_equal(dt_ckpt_write(ck2, 9, secs, 2, meta, 2), DT_OK);
+  snprintf(args, sizeof args, "'%s'", tmpdir);
+  assert_int_equal(run(args), 0);
+  expect_out("2 checkpoint files");
+  expect_out("a resume would use step 9");
+  /* The newest corrupted (torn): reported, and the resume falls back to step 7. */
+  assert_int_equal(truncate(ck2, 100), 0);
+  assert_int_equal(run(args), 1);
+  expect_out("CORRUPT");
+  expect_out("truncated or torn write");
+  expect_out("a resume would use step 7");
+
   /* Corrupt checkpoint: one flipped data byte. */
   f = fopen(ck, "r+b");
   fseek(f, 384 + 4, SEEK_SET); /* inside "params": header 64 + table 3 x 96, aligned to 64 */
