@@ -73,8 +73,8 @@ static void group_json(void) {
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     CHECK(isfinite(tt_json_num(r.out, keys[i])), "key %s missing or not a number: %s", keys[i], r.out);
   double acc = tt_json_num(r.out, "test_accuracy"), loss = tt_json_num(r.out, "test_loss");
-  CHECK(acc >= 0.9 && acc <= 1.0, "tiny set should be learnt: accuracy %g", acc);
-  CHECK(loss > 0 && loss < 0.5, "test loss %g", loss);
+  CHECK(acc >= 0.85 && acc <= 1.0, "tiny set should be learnt: accuracy %g", acc);
+  CHECK(loss > 0 && loss < 0.6, "test loss %g", loss);
   CHECK(tt_json_num(r.out, "epochs") == 2, "epochs");
   CHECK(tt_json_num(r.out, "world_size") == 1, "world size");
   CHECK(tt_json_num(r.out, "steps") == 2 * 19, "steps: 600 samples / 32 = 19 per epoch: %s", r.out);

@@ -43,7 +43,7 @@ static void group_equiv(void) {
   char name[4][16];
   for (int i = 0; i < 4; i++) {
     snprintf(name[i], sizeof name[i], "w%d", ns[i]);
-    train_n(ns[i], "--max-steps 25", name[i]);
+    train_n(ns[i], "--epochs 2 --max-steps 25", name[i]);
   }
   double l1[32], ln[32];
   losses("w1", l1, 32);
@@ -57,9 +57,9 @@ static void group_equiv(void) {
             ns[i], s, ln[s], l1[s]);
   }
   /* the runs trained: the loss fell */
-  CHECK(l1[25] < 0.5 * l1[1], "loss did not fall: %g -> %g", l1[1], l1[25]);
+  CHECK(l1[25] < 0.8 * l1[1], "loss did not fall: %g -> %g", l1[1], l1[25]);
   /* gradient accumulation inside data parallel: 2 workers x 3 micro-batches */
-  train_n(2, "--max-steps 25 --accumulate 3", "w2acc");
+  train_n(2, "--epochs 2 --max-steps 25 --accumulate 3", "w2acc");
   double d = model_diff("w2acc", "w1");
   CHECK(d <= 1e-5, "2 workers with --accumulate 3 differ from 1 worker: %g", d);
 }
