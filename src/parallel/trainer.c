@@ -607,6 +607,26 @@ fail:
   return rc;
 }
 
+/* World size the environment announces, by the conventions dtrain/comm.h lists (the first whose
+ * rank variable is set). A single-process run creates no communicator at all: no store server,
+ * no failure detector, nothing to warn about. */
+static int64_t job_world_size(void) {
+  static const char *const conv[][2] = {{"DTRAIN_RANK", "DTRAIN_WORLD_SIZE"},
+                                        {"RANK", "WORLD_SIZE"},
+                                        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                        {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (size_t i = 0; i < DT_ARRAY_LEN(conv); i++) {
+    if (!dt__env_str(conv[i][0]))
+      continue;
+    int64_t n = 1;
+    /* a malformed value goes to dt_comm_create, which reports it */
+    if (dt__env_int(conv[i][1], 2, &n) != DT_OK)
+      return 2;
+    return n;
+  }
+  return 1;
+}
+
 dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
                        dt_train_summary *summary) {
   dt_train_summary local;
@@ -615,14 +635,15 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   if (!cfg)
     return dt_set_error(DT_ERR_INVALID, "dt_train_run: cfg is NULL");
   DT_CHECK(check_config(cfg));
-  trainer t = {.cfg = cfg, .obs = obs};
-  dt_status rc = dt_comm_create(NULL, &t.comm);
-  if (rc != DT_OK)
-    return dt__error_prefix(rc, "joining the job");
-  t.rank = dt_comm_rank(t.comm);
-  t.world = dt_comm_size(t.comm);
-  if (t.world > 1)
-    dt__log_set_rank(t.rank);
+  trainer t = {.cfg = cfg, .obs = obs, .world = 1};
+  dt_status rc = DT_OK;
+  if (job_world_size() > 1) {
+    rc = dt_comm_create(NULL, &t.comm);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "joining the job");
+    t.rank = dt_comm_rank(t.comm);
+    t.world = dt_comm_size(t.comm);
+  }
   rc = train(&t, sum);
   if (rc != DT_OK && t.world > 1)
     dt__error_prefix(rc, "rank %d", t.rank);
