@@ -20,6 +20,7 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+  printf("OpenBLAS core %s\n", openblas_get_corename());
   const char *spec = argc > 1 ? argv[1] : "mlp";
   int B = argc > 2 ? atoi(argv[2]) : 128;
   int threads = argc > 3 ? atoi(argv[3]) : 1;

@@ -41,8 +41,6 @@ enum {
 #define RESP_MAX ((uint64_t)8 + DT_STORE_VALUE_MAX)
 #define MAX_CONNS 4096
 #define MAX_WAITS_PER_CONN 64
-/* A stranger gets this long to prove the secret (DTRAIN_HANDSHAKE_TIMEOUT_MS overrides). */
-#define HANDSHAKE_MS 5000
 
 static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -124,6 +122,7 @@ struct dt__store_server {
   dt_status verdict_st; /* DT_OK until a rank failed or aborted; then sticky */
   char verdict[DT_STORE_MSG_MAX];
   int64_t listen_pause_until;
+  int64_t tick_due; /* when the last poll should have returned at the latest */
   int64_t log_window;
   int log_count, log_suppressed;
 };
@@ -632,7 +631,12 @@ static void conn_read(dt__store_server *s, conn *c) {
     if (want && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return;
     if (want && r <= 0) {
-      if (!c->authed) {
+      if (!c->authed && c->pre_bytes == 0) {
+        /* Connect-and-close: a TCP health probe or our own reachability check. Nothing was
+         * attempted, so nothing to warn about. */
+        DT_LOG_DEBUG("store: %s connected and closed without a word", c->peer);
+        conn_kill(s, c);
+      } else if (!c->authed) {
         char why[128];
         snprintf(why, sizeof why, "closed during the handshake after sending %zu bytes", c->pre_bytes);
         refuse(s, c, why);
@@ -770,6 +774,14 @@ static int server_timers(dt__store_server *s) {
     s->waits[i] = s->waits[--s->nwaits];
   }
   int64_t fault_ns = (int64_t)s->fault_ms * 1000000LL;
+  if (s->tick_due && now - s->tick_due > fault_ns / 2) {
+    /* This thread itself did not run for a while (the hosting process was stopped or starved):
+     * the silence is ours, not the ranks'. Restart their clocks instead of blaming one. */
+    DT_LOG_WARN("store: server thread stalled for %lld ms; not counting it against the ranks",
+                (long long)((now - s->tick_due) / 1000000));
+    for (int r = 0; r < s->world; r++)
+      s->ranks[r].last_ns = DT_MAX(s->ranks[r].last_ns, now);
+  }
   for (int r = 0; r < s->world; r++) {
     rank_state *rs = &s->ranks[r];
     if (!rs->watched || rs->left)
@@ -844,6 +856,7 @@ static void *server_main(void *arg) {
       conn *c = s->conns[i];
       pfds[2 + i] = (struct pollfd){.fd = c->fd, .events = c->out_len > c->out_off ? POLLOUT : POLLIN};
     }
+    s->tick_due = dt_now_ns() + (int64_t)timeout * 1000000LL;
     int r = poll(pfds, 2 + n, timeout);
     if (r < 0) {
       if (errno != EINTR)
@@ -879,17 +892,15 @@ dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secr
                         world_size, fault_timeout_ms);
   if (secret_len > sizeof((dt__store_server *)0)->secret)
     return dt_set_error(DT_ERR_INVALID, "store server: job secret longer than 256 bytes");
-  int64_t hs_ms;
-  DT_CHECK(dt__env_int("DTRAIN_HANDSHAKE_TIMEOUT_MS", HANDSHAKE_MS, &hs_ms));
-  if (hs_ms < 1 || hs_ms > 3600000)
-    return dt_set_error(DT_ERR_INVALID, "DTRAIN_HANDSHAKE_TIMEOUT_MS=%lld must be in 1..3600000", (long long)hs_ms);
+  int hs_ms;
+  DT_CHECK(dt__handshake_timeout_ms(&hs_ms));
   dt__store_server *s = calloc(1, sizeof *s);
   if (!s)
     return dt_set_error(DT_ERR_NOMEM, "store server: out of memory");
   s->lfd = s->wake_fd = -1;
   s->world = world_size;
   s->fault_ms = fault_timeout_ms;
-  s->hs_ms = (int)hs_ms;
+  s->hs_ms = hs_ms;
   if (secret_len)
     memcpy(s->secret, secret, secret_len);
   s->secret_len = secret_len;
@@ -1055,9 +1066,11 @@ static dt_status store_send(dt__store *st, uint16_t type, const char *key, const
   buf[o + 4] = (uint8_t)kl;
   buf[o + 5] = (uint8_t)(kl >> 8);
   o += REQ_PREFIX;
-  memcpy(buf + o, key, kl);
+  if (kl)
+    memcpy(buf + o, key, kl);
   o += kl;
-  memcpy(buf + o, extra, extra_n);
+  if (extra_n)
+    memcpy(buf + o, extra, extra_n);
   o += extra_n;
   if (n1 + n2 <= sizeof buf - o) { /* small request: one send */
     if (n1)

@@ -31,7 +31,9 @@ typedef struct dt__store dt__store;
  * *port_out tells which). world_size is the number of ranks whose heartbeats it watches. */
 dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secret, size_t secret_len,
                                  int world_size, int fault_timeout_ms, dt__store_server **out, int *port_out);
-/* Stops the thread and closes every connection. Accepts NULL. */
+/* Stops the thread and closes every connection. Accepts NULL. Other ranks' heartbeat threads
+ * treat a vanished store as its host's failure, so the hosting rank should first release its
+ * own health (goodbye) and dt__store_server_drain with a short deadline. */
 void dt__store_server_stop(dt__store_server *s);
 /* Waits (at most until the deadline) until every rank that ever sent a heartbeat has said
  * goodbye or been declared failed, so the hosting rank can stop the server without the others'

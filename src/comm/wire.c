@@ -433,6 +433,15 @@ dt_status dt__auth_server(int fd, const uint8_t *secret, size_t secret_len, uint
   return dt__sock_write_all(fd, ok, sizeof ok, deadline, peer);
 }
 
+dt_status dt__handshake_timeout_ms(int *ms) {
+  int64_t v;
+  DT_CHECK(dt__env_int("DTRAIN_HANDSHAKE_TIMEOUT_MS", 5000, &v));
+  if (v < 1 || v > 3600000)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_HANDSHAKE_TIMEOUT_MS=%lld must be in 1..3600000", (long long)v);
+  *ms = (int)v;
+  return DT_OK;
+}
+
 /* ---- job secret ---- */
 
 static atomic_int secret_warned;

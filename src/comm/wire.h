@@ -38,11 +38,18 @@ dt_status dt__frame_send(int fd, uint16_t type, const void *payload, uint64_t le
 /* Reads and validates a header: magic, version, and len <= max_len. */
 dt_status dt__frame_recv_hdr(int fd, dt__frame *f, uint64_t max_len, int64_t deadline, const char *what);
 
+/* How long a server gives a connecting stranger to prove the secret: DTRAIN_HANDSHAKE_TIMEOUT_MS,
+ * default 5000 (1..3600000; malformed is DT_ERR_INVALID). A server must bound dt__auth_server
+ * by this, not by the job's long timeout, so a silent stranger (slow-loris) cannot hold it. */
+dt_status dt__handshake_timeout_ms(int *ms);
+
 /* Handshake. Both return DT_ERR_AUTH when the other side cannot prove the secret (the detail
  * names the peer address), DT_ERR_PROTOCOL on bytes that are not dtrain's. `id` is an opaque
  * 32-bit value the client announces (its rank) and the server learns (*client_id). */
 dt_status dt__auth_client(int fd, const uint8_t *secret, size_t secret_len, uint16_t role, uint32_t id, int64_t deadline);
 dt_status dt__auth_server(int fd, const uint8_t *secret, size_t secret_len, uint16_t role, uint32_t *client_id, int64_t deadline);
+/* The caller logs a refusal once, naming the address, and goes on serving others:
+ *   DT_LOG_WARN("refused connection from %s: %s", peer, dt_last_error()) */
 
 /* Building blocks of the handshake for event loops that cannot block (the store server runs
  * it per connection inside poll()). The blocking dt__auth_* above are written with these.

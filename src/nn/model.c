@@ -239,7 +239,9 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     }
   }
   m->arena_floats = total;
-  m->arena = dt__calloc(total * sizeof(float));
+  /* not zeroed: every buffer is written before it is read, and untouched pages of a large
+   * max batch then cost no memory until used */
+  m->arena = dt__alloc(total * sizeof(float));
   m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
   m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
   m->slices = calloc((size_t)T, sizeof *m->slices);

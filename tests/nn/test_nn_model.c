@@ -13,6 +13,12 @@
 
 #include "dtrain/nn.h"
 
+/* A failed huge allocation must come back as NULL (DT_ERR_NOMEM), not kill the sanitizer run. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static dt_model *make(const char *spec, int B, uint64_t seed) {
   dt_model *m = NULL;
   if (dt_model_create(spec, B, seed, &m) != DT_OK)
@@ -116,6 +122,11 @@ static void test_bad_specs(void **s) {
                cases[i].token, cases[i].why);
   }
   dt_model *m = (dt_model *)1;
+  /* activations for 2^24 samples of 10^6 features (64 TiB) cannot be allocated */
+  assert_int_equal(dt_model_create("in=1000000,linear:10", 1 << 24, 1, &m), DT_ERR_NOMEM);
+  assert_null(m);
+  assert_non_null(strstr(dt_last_error(), "max batch 16777216"));
+  m = (dt_model *)1;
   assert_int_equal(dt_model_create(NULL, 2, 1, &m), DT_ERR_INVALID);
   assert_int_equal(dt_model_create("mlp", 0, 1, &m), DT_ERR_INVALID);
   assert_null(m);

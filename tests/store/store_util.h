@@ -20,6 +20,30 @@
 
 typedef int (*child_fn)(int port, int idx, void *arg);
 
+/* Children not yet reaped, so a failed assertion (which skips the test's own cleanup) cannot
+ * leave one behind; a stopped child would hold ctest's output pipe open forever. */
+static pid_t live_children[64];
+
+static inline void track_child(pid_t p, int on) {
+  for (int i = 0; i < 64; i++)
+    if (on ? live_children[i] == 0 : live_children[i] == p) {
+      live_children[i] = on ? p : 0;
+      return;
+    }
+}
+
+/* cmocka teardown: SIGKILL (works on stopped processes too) and reap every leftover child. */
+static inline int kill_leftovers(void **state) {
+  (void)state;
+  for (int i = 0; i < 64; i++)
+    if (live_children[i] > 0) {
+      kill(live_children[i], SIGKILL);
+      waitpid(live_children[i], NULL, 0);
+      live_children[i] = 0;
+    }
+  return 0;
+}
+
 /* Forks a child running fn(port, idx, arg); it exits with fn's value (and dies by alarm after
  * alarm_s so nothing outlives the test). */
 static inline pid_t spawn_child(child_fn fn, int port, int idx, void *arg, unsigned alarm_s) {
@@ -31,6 +55,8 @@ static inline pid_t spawn_child(child_fn fn, int port, int idx, void *arg, unsig
     fflush(NULL);
     _exit(rc);
   }
+  if (p > 0)
+    track_child(p, 1);
   return p;
 }
 
@@ -39,13 +65,16 @@ static inline int reap_child(pid_t pid, int timeout_s) {
   for (int i = 0; i < timeout_s * 100; i++) {
     int st;
     pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid)
+    if (r == pid) {
+      track_child(pid, 0);
       return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
     usleep(10000);
   }
   kill(pid, SIGKILL);
   int st;
   waitpid(pid, &st, 0);
+  track_child(pid, 0);
   return 128 + SIGKILL;
 }
 

@@ -257,10 +257,10 @@ static void test_wait_gets_verdict(void **unused) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sigkill),           cmocka_unit_test(test_sigstop),
-      cmocka_unit_test(test_goodbye),           cmocka_unit_test(test_abort),
-      cmocka_unit_test(test_store_host_killed), cmocka_unit_test(test_store_host_stopped),
-      cmocka_unit_test(test_wait_gets_verdict),
+      cmocka_unit_test_teardown(test_sigkill, kill_leftovers),           cmocka_unit_test_teardown(test_sigstop, kill_leftovers),
+      cmocka_unit_test_teardown(test_goodbye, kill_leftovers),           cmocka_unit_test_teardown(test_abort, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_host_killed, kill_leftovers), cmocka_unit_test_teardown(test_store_host_stopped, kill_leftovers),
+      cmocka_unit_test_teardown(test_wait_gets_verdict, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

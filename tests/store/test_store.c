@@ -153,6 +153,20 @@ static void test_wait(void **unused) {
   assert_int_equal(dt__store_wait(c, "never", buf, sizeof buf, &n, dt__deadline_after_ms(5000)), DT_OK);
   assert_memory_equal(buf, "now", 3);
   assert_false(dt__store_broken(c));
+  /* A wait given up at once leaves the server's answer (a value, or a timeout) in the stream;
+   * the next calls skip it by sequence number and get their own answers. */
+  assert_int_equal(dt__store_set(c, "val", "0123456789", 10, dt__deadline_after_ms(5000)), DT_OK);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dt__store_wait(c, "val", buf, sizeof buf, &n, dt_now_ns() - 1), DT_ERR_TIMEOUT);
+    assert_int_equal(dt__store_wait(c, "absent", buf, sizeof buf, &n, dt_now_ns() - 1), DT_ERR_TIMEOUT);
+  }
+  int64_t r = 0;
+  assert_int_equal(dt__store_add(c, "ctr", 3, &r, dt__deadline_after_ms(5000)), DT_OK);
+  assert_int_equal(r, 3);
+  assert_int_equal(dt__store_get(c, "never", buf, sizeof buf, &n, dt__deadline_after_ms(5000)), DT_OK);
+  assert_int_equal(n, 3);
+  assert_memory_equal(buf, "now", 3);
+  assert_false(dt__store_broken(c));
   dt__store_close(c);
   dt__store_server_stop(s);
 }
@@ -353,9 +367,9 @@ static void test_large_values(void **unused) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_set_get_delete), cmocka_unit_test(test_cas),
-      cmocka_unit_test(test_wait),           cmocka_unit_test(test_wait_many),
-      cmocka_unit_test(test_add_concurrent), cmocka_unit_test(test_large_values),
+      cmocka_unit_test_teardown(test_set_get_delete, kill_leftovers), cmocka_unit_test_teardown(test_cas, kill_leftovers),
+      cmocka_unit_test_teardown(test_wait, kill_leftovers),           cmocka_unit_test_teardown(test_wait_many, kill_leftovers),
+      cmocka_unit_test_teardown(test_add_concurrent, kill_leftovers), cmocka_unit_test_teardown(test_large_values, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
