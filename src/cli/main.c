@@ -17,6 +17,7 @@ int dt_cli_version(int argc, char **argv) {
 static const dt_cli_cmd commands[] = {
     {"version", dt_cli_version, "print the version"},
     {"run", dt_cli_run, "launch and supervise N workers (torchrun, horovodrun)"},
+    {"bench", dt_cli_bench, "measure a collective on N local ranks (nccl-tests columns)"},
 };
 
 int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...) {
