@@ -233,8 +233,10 @@ fail:
   return st;
 }
 
-/* Notes workers that exited since the last call. Returns the local index of the first one that
- * failed (non-zero exit or signal) in this call, or -1. */
+/* Notes workers that exited since the last call. Returns the local index of the one that failed
+ * (non-zero exit or signal) first, or -1. Exits seen in the same call cannot be ordered; then a
+ * worker killed by a signal wins over one that exited with an error, since a crash is usually
+ * the cause and the error exits of its peers ("peer failed") the effect. */
 static int job_collect(dt_job *job) {
   int failed = -1;
   for (int i = 0; i < job->opts->nproc; i++) {
@@ -253,7 +255,7 @@ static int job_collect(dt_job *job) {
       w->sig = si.si_status;
       w->core = si.si_code == CLD_DUMPED;
     }
-    if ((w->code != 0 || w->sig != 0) && failed < 0)
+    if ((w->code != 0 || w->sig != 0) && (failed < 0 || (w->sig && !job->w[failed].sig)))
       failed = i;
   }
   return failed;

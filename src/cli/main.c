@@ -18,6 +18,7 @@ static const dt_cli_cmd commands[] = {
     {"version", dt_cli_version, "print the version"},
     {"run", dt_cli_run, "launch and supervise N workers (torchrun, horovodrun)"},
     {"bench", dt_cli_bench, "measure a collective on N local ranks (nccl-tests columns)"},
+    {"inspect", dt_cli_inspect, "show and verify a checkpoint, safetensors model or IDX file"},
 };
 
 int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...) {
