@@ -445,6 +445,8 @@ int dt_cli_bench(int argc, char **argv) {
     else
       snprintf(a, sizeof a, "%s=%s", coll_names[o.coll], o.algo);
     setenv("DTRAIN_ALGO", a, 1);
+    if (dt__coll_algo_validate())
+      return dt_cli_usage_error("bench", "see DTRAIN_ALGO in dtrain/comm.h", "--algo %s: %s", o.algo, dt_last_error());
   }
   char num[32];
   snprintf(num, sizeof num, "%d", o.nproc);

@@ -128,6 +128,11 @@ static dt_status algo_override(dt__coll k, dt__algo *out) {
   return DT_OK;
 }
 
+dt_status dt__coll_algo_validate(void) {
+  dt__algo a;
+  return algo_override(DT_COLL_ALLREDUCE, &a); /* parses (and so checks) every item */
+}
+
 static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
   dt__algo a;
   *st = algo_override(k, &a);
