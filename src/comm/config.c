@@ -93,13 +93,21 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
     cfg = &none;
 
   /* ---- which convention ---- */
+  /* A convention is in use when its rank or its size variable is set (a size without a rank is
+   * a mistake worth reporting, not a single-rank job). Slurm only by its rank: an salloc shell
+   * has SLURM_NTASKS without being a task. */
   const cfg_convention *conv = NULL;
-  for (size_t i = 0; i < DT_ARRAY_LEN(cfg_conventions); i++)
-    if (dt__env_str(cfg_conventions[i].rank)) {
-      conv = &cfg_conventions[i];
+  for (size_t i = 0; i < DT_ARRAY_LEN(cfg_conventions); i++) {
+    const cfg_convention *cv = &cfg_conventions[i];
+    if (dt__env_str(cv->rank) || (strcmp(cv->name, "slurm") != 0 && dt__env_str(cv->size))) {
+      conv = cv;
       break;
     }
+  }
   if (conv) {
+    if (!dt__env_str(conv->rank) && cfg->rank < 0)
+      return dt_set_error(DT_ERR_INVALID, "%s=%s is set but %s is not (set both, as the %s launcher does)",
+                          conv->size, dt__env_str(conv->size), conv->rank, conv->name);
     DT_CHECK(cfg_int(conv->rank, -1, 0, INT_MAX - 1, &env->rank));
     if (!dt__env_str(conv->size) && cfg->world_size < 1)
       return dt_set_error(DT_ERR_INVALID, "%s=%s is set but %s is not (set both, as the %s launcher does)",

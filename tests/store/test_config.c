@@ -255,6 +255,20 @@ static void test_malformed(void **unused) {
   unsetenv("DTRAIN_WORLD_SIZE");
   assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_ERR_INVALID);
   assert_non_null(strstr(dt_last_error(), "DTRAIN_WORLD_SIZE is not"));
+  /* A world size without a rank is a mistake, not a single-rank job. */
+  unsetenv("DTRAIN_RANK");
+  unsetenv("DTRAIN_LOCAL_RANK");
+  unsetenv("DTRAIN_LOCAL_WORLD_SIZE");
+  setenv("WORLD_SIZE", "4", 1);
+  assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_ERR_INVALID);
+  assert_non_null(strstr(dt_last_error(), "WORLD_SIZE=4 is set but RANK is not"));
+  unsetenv("WORLD_SIZE");
+  /* An salloc shell (SLURM_NTASKS, no SLURM_PROCID) is not a task: single rank. */
+  setenv("SLURM_NTASKS", "4", 1);
+  unsetenv("DTRAIN_MASTER_ADDR");
+  unsetenv("DTRAIN_MASTER_PORT");
+  assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_OK);
+  assert_string_equal(e.source, "single");
 }
 
 int main(void) {
