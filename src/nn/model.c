@@ -412,6 +412,8 @@ static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
   if (batch < 1 || batch > m->max_batch)
     return dt_set_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d] (max batch)",
                         batch, m->max_batch);
+  if (!x)
+    return dt_set_error(DT_ERR_INVALID, "model forward: input is NULL");
   const size_t C = (size_t)m->in.c, HW = (size_t)m->in.h * (size_t)m->in.w;
   if (C == 1 || HW == 1) {
     memcpy(m->input, x, (size_t)batch * C * HW * sizeof(float));
@@ -440,6 +442,8 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, co
 }
 
 static dt_status check_labels(const dt_model *m, const int32_t *labels, int batch, const char *what) {
+  if (!labels)
+    return dt_set_error(DT_ERR_INVALID, "%s: labels are NULL", what);
   for (int i = 0; i < batch; i++)
     if (labels[i] < 0 || (size_t)labels[i] >= m->nout)
       return dt_set_error(DT_ERR_INVALID, "%s: label %d of sample %d outside [0, %zu)", what,

@@ -221,6 +221,8 @@ static void test_hook_and_state(void **s) {
   assert_int_equal(dt_model_forward(m, x, 4, 0, NULL), DT_OK);
   assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_ERR_STATE);
   assert_int_equal(dt_model_forward(m, x, 5, 1, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_forward(m, NULL, 4, 1, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_eval_batch(m, x, NULL, 4, NULL, NULL), DT_ERR_INVALID);
   assert_int_equal(dt_model_forward(m, x, 4, 1, NULL), DT_OK);
   int32_t bad[4] = {0, 1, 10, 2};
   assert_int_equal(dt_model_backward(m, bad, 1.0f, NULL, NULL, &loss), DT_ERR_INVALID);
