@@ -17,5 +17,6 @@ int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...)
 int dt_cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 int dt_cli_version(int argc, char **argv);
+int dt_cli_run(int argc, char **argv);
 
 #endif

@@ -16,6 +16,7 @@ int dt_cli_version(int argc, char **argv) {
 /* One line per subcommand; each lives in src/cli/<name>.c. */
 static const dt_cli_cmd commands[] = {
     {"version", dt_cli_version, "print the version"},
+    {"run", dt_cli_run, "launch and supervise N workers (torchrun, horovodrun)"},
 };
 
 int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...) {

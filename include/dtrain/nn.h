@@ -1,0 +1,191 @@
+/* dtrain/nn.h - the training engine: models built from a spec string, explicit forward and
+ * backward passes, optimizers, learning-rate schedules and gradient clipping.
+ *
+ * Memory. A model owns four arenas, each allocated once in dt_model_create for a maximum batch:
+ *   params   one float buffer holding every parameter tensor;
+ *   grads    one float buffer with exactly the same layout as params;
+ *   acts     every activation, gradient-of-activation and workspace buffer (im2col, masks);
+ *   and each optimizer state (SGD momentum, Adam m, Adam v) is one more buffer of the same
+ *   layout, owned by the dt_optim.
+ * Tensors are views (name, shape, offset) into params/grads. Nothing is allocated by
+ * dt_model_forward, dt_model_backward, dt_model_zero_grad, dt_optim_step or the clipping call.
+ *
+ * Layout for data parallelism. Parameter tensors are stored in REVERSE layer order: the last
+ * layer's weight and bias come first (offset 0), the first layer's last. Backward runs from the
+ * last layer to the first, so it finishes the gradient buffer front to back: when the hook
+ * reports (offset, count) for a layer, the whole prefix [0, offset + count) is final and will
+ * not be written again in this backward. A communication thread can therefore allreduce
+ * grads[0 .. k) as soon as the hook has passed k, and a bucket is simply a prefix range.
+ * Within one layer the weight comes before the bias.
+ *
+ * Activation layout is channels-last (NHWC): a sample of shape CxHxW is stored as H*W*C floats,
+ * channel fastest. For single-channel inputs (MNIST-style 1x28x28) this is the plain row-major
+ * image. Conv weights are stored (OC, KH, KW, IC) and the tensor table states that shape; flatten
+ * keeps the HWC order, so the first linear layer after a conv stack sees features in (h, w, c)
+ * order. Linear weights are (out, in) as in PyTorch, so MLP weights export unchanged.
+ *
+ * Threads. Matrix products go through CBLAS (OpenBLAS); dt_nn_set_threads sets its thread
+ * count. A model and an optimizer may be used by one thread at a time; the gradient hook is
+ * called on the thread running backward.
+ *
+ * Not here: data loading (dtrain/data.h), checkpoints and safetensors (ckpt), communication. */
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_model dt_model;
+typedef struct dt_optim dt_optim;
+
+/* One parameter tensor: a view into the params (and, at the same offset, grads) buffer. */
+typedef struct dt_tensor {
+  const char *name;   /* "fc1.weight", "conv2.bias", "ln1.weight" */
+  int ndim;           /* 1, 2 or 4 */
+  int64_t shape[4];   /* linear (out, in); conv (OC, KH, KW, IC); bias / layernorm (C) */
+  size_t offset;      /* in floats from the start of the buffer */
+  size_t count;       /* product of shape */
+} dt_tensor;
+
+/* Called by backward right after a parameterized layer's gradients are final, with the range
+ * of the gradient buffer (in floats) that layer owns. Successive calls have increasing offsets
+ * and cover the buffer without gaps (see "Layout" above). Must not call back into the model. */
+typedef void (*dt_grad_hook)(void *ctx, size_t grad_offset, size_t grad_count);
+
+/* ---- models ---- */
+
+/* Builds a model from a preset name ("mlp", "cnn") or a spec string (see dt_model_spec_help),
+ * allocates every buffer for batches up to max_batch, and initializes parameters from seed
+ * (Kaiming-normal for layers followed by relu/gelu, Xavier-uniform otherwise, biases zero; the
+ * same seed gives bit-identical parameters). The dropout RNG is also seeded from seed.
+ * Fails with DT_ERR_INVALID naming the offending token and why (bad token, zero size, shapes
+ * that do not fit), DT_ERR_NOMEM if the buffers cannot be allocated; *out = NULL then. */
+dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_model **out);
+void dt_model_destroy(dt_model *m);
+
+/* Help text for the spec syntax (static string, several lines, ends with a newline). */
+const char *dt_model_spec_help(void);
+/* Canonical spec of a model: "in=1x28x28,conv5x5:32:s1:p2,relu,...". Rebuilding from it gives
+ * the same architecture. Owned by the model. */
+const char *dt_model_spec(const dt_model *m);
+
+int dt_model_max_batch(const dt_model *m);
+/* Floats per input sample (C*H*W) and per output sample (number of classes). */
+size_t dt_model_input_size(const dt_model *m);
+size_t dt_model_output_size(const dt_model *m);
+
+/* The parameter and gradient arenas (param_count floats each). Owned by the model; the
+ * pointers never change during the model's life. */
+size_t dt_model_param_count(const dt_model *m);
+float *dt_model_params(dt_model *m);
+float *dt_model_grads(dt_model *m);
+
+/* Tensor table, in increasing offset order (i.e. last layer first). */
+size_t dt_model_tensor_count(const dt_model *m);
+const dt_tensor *dt_model_tensor(const dt_model *m, size_t i);
+/* The tensor with this name, or NULL. */
+const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name);
+
+/* Forward pass on x (batch * input_size floats, channels-last), copied into the model so the
+ * caller may reuse x at once. train != 0 enables dropout and records what backward needs.
+ * *logits (batch * output_size floats, owned by the model) is valid until the next forward.
+ * Fails with DT_ERR_INVALID if batch is not in [1, max_batch]. Never allocates. */
+dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, const float **logits);
+
+/* Softmax cross-entropy of the last forward's logits against labels (batch ints in
+ * [0, output_size)), mean over the batch, then backward through every layer, ADDING
+ * loss_scale * d(mean loss)/d(param) into the gradient buffer (loss_scale = 1 normally, 1/k when
+ * accumulating k micro-batches). hook (may be NULL) is called after each parameterized layer.
+ * *loss (may be NULL) receives the unscaled mean loss. Requires a preceding forward with
+ * train != 0 (DT_ERR_STATE otherwise); a label out of range is DT_ERR_INVALID and leaves the
+ * gradients untouched. Never allocates. */
+dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,
+                            void *ctx, float *loss);
+
+/* Sets every gradient to zero (start of a step; backward accumulates). */
+void dt_model_zero_grad(dt_model *m);
+
+/* Evaluation of one batch in eval mode: adds the SUM of per-sample losses to *loss_sum and the
+ * number of samples whose arg-max logit equals the label to *correct. Does not touch grads. */
+dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
+                              double *loss_sum, int64_t *correct);
+
+/* The dropout RNG (plain data: checkpoints save and restore it by copying *rng). */
+dt_rng *dt_model_rng(dt_model *m);
+
+/* Scales the model's gradients so that their global L2 norm is at most max_norm (no change if
+ * it already is, or if max_norm <= 0). Returns the norm before clipping. */
+float dt_model_clip_grad_norm(dt_model *m, float max_norm);
+/* The same on any float buffer (e.g. after an allreduce of a custom layout). */
+float dt_clip_grad_norm(float *grads, size_t count, float max_norm);
+
+/* OpenBLAS thread count for matrix products (n >= 1); process-wide. */
+void dt_nn_set_threads(int n);
+int dt_nn_threads(void);
+
+/* ---- optimizers ---- */
+
+typedef enum dt_optim_kind { DT_OPTIM_SGD = 0, DT_OPTIM_ADAMW = 1 } dt_optim_kind;
+
+typedef struct dt_optim_config {
+  dt_optim_kind kind;
+  float weight_decay; /* SGD: L2 added to the gradient (PyTorch SGD); AdamW: decoupled */
+  float momentum;     /* SGD, 0 = plain SGD (no state buffer) */
+  int nesterov;       /* SGD, needs momentum > 0 */
+  float beta1, beta2, eps; /* AdamW */
+} dt_optim_config;
+
+/* PyTorch's defaults: SGD momentum 0, wd 0; AdamW betas (0.9, 0.999), eps 1e-8, wd 0.01. */
+dt_optim_config dt_optim_defaults(dt_optim_kind kind);
+
+/* Allocates the state buffers (zeroed) for m's parameters; m must outlive the optimizer.
+ * DT_ERR_INVALID for out-of-range settings (negative momentum, beta outside [0,1), ...). */
+dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **out);
+void dt_optim_destroy(dt_optim *o);
+
+/* One update of every parameter from the current gradients with learning rate lr; increments
+ * the step count first (AdamW's bias correction uses it). Never allocates. */
+dt_status dt_optim_step(dt_optim *o, float lr);
+
+/* Steps taken (for checkpoints); set it when restoring state. */
+int64_t dt_optim_step_count(const dt_optim *o);
+void dt_optim_set_step_count(dt_optim *o, int64_t steps);
+
+/* State buffers, each param_count floats in the params layout: SGD with momentum has one
+ * ("momentum"), AdamW two ("adam_m", "adam_v"), plain SGD none. Owned by the optimizer. */
+size_t dt_optim_state_count(const dt_optim *o);
+float *dt_optim_state(dt_optim *o, size_t i, const char **name);
+
+/* ---- learning-rate schedules ---- */
+
+typedef enum dt_sched_kind { DT_SCHED_CONSTANT = 0, DT_SCHED_STEP = 1, DT_SCHED_COSINE = 2 } dt_sched_kind;
+
+typedef struct dt_lr_schedule {
+  dt_sched_kind kind;
+  float base_lr;
+  int64_t warmup_steps; /* any kind: linear ramp base_lr*(s+1)/warmup for steps s < warmup */
+  int64_t step_size;    /* STEP: multiply by gamma every step_size steps (counted from step 0) */
+  float gamma;
+  int64_t total_steps;  /* COSINE: decays from base_lr at warmup to min_lr at total_steps */
+  float min_lr;
+} dt_lr_schedule;
+
+/* Learning rate for 0-based step s (the s-th call of dt_optim_step). Pure function. */
+float dt_lr_at(const dt_lr_schedule *s, int64_t step);
+
+/* Parses "constant", "step:K[:GAMMA]" (gamma default 0.1), "cosine[:WARMUP[:MIN_LR]]" into *out
+ * with base_lr and total_steps given (warm-up may also prefix any kind: "warmup=W,step:K").
+ * DT_ERR_INVALID naming the token otherwise. */
+dt_status dt_lr_schedule_parse(const char *text, float base_lr, int64_t total_steps,
+                               dt_lr_schedule *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

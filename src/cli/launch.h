@@ -1,0 +1,116 @@
+/* cli/launch.h - the parts of `dtrain run`: worker output handling (launch_output.c) and the
+ * job that forks, supervises and stops the local workers (launch_job.c). run.c parses the
+ * command line, fills a dt_launch_opts and prints the outcome.
+ * One agent per host; agents do not talk to each other here. Heartbeats between agents and
+ * elastic restarts (issue 6) go around dt__launch_start/supervise/finish: a restart is a new
+ * start on the same options with a new rendezvous generation. */
+#ifndef DT_CLI_LAUNCH_H
+#define DT_CLI_LAUNCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "dtrain/core.h"
+
+typedef enum {
+  DT_OUT_PREFIX, /* every line of every rank, prefixed "[rank R] " */
+  DT_OUT_RANK0,  /* rank 0 unprefixed; other ranks only warning/error-like lines, prefixed */
+} dt_out_mode;
+
+typedef struct dt_launch_opts {
+  int nproc;             /* workers on this host (-n) */
+  int nnodes;            /* hosts in the job */
+  int node_rank;         /* this host's index in [0, nnodes) */
+  char master_addr[256]; /* where rank 0's rendezvous store listens */
+  int master_port;
+  dt_out_mode out_mode;
+  bool raw_stdout;       /* rank 0's stdout byte for byte on our stdout; all else to stderr */
+  int64_t kill_after_ms; /* grace between SIGTERM and SIGKILL when stopping workers */
+  int64_t timeout_ms;    /* whole-job limit; 0 = none */
+  int tail_lines;        /* lines of the failing rank shown in the failure summary */
+  char **argv;           /* worker command, NULL-terminated; borrowed */
+  const char *exec_path; /* what to execvp (argv[0], or this binary for "dtrain") */
+} dt_launch_opts;
+
+/* ---- output: line splitting, prefixes, filters, per-rank tails (launch_output.c) ---- */
+typedef struct dt_out dt_out;
+
+/* Output state for `nlocal` workers whose global ranks start at rank_base. NULL on no memory. */
+dt_out *dt__out_create(int nlocal, int rank_base, dt_out_mode mode, bool raw_stdout,
+                       int tail_lines);
+void dt__out_destroy(dt_out *o);
+/* Bytes read from local worker `local`'s stream (1 = stdout, 2 = stderr). Writes whole lines
+ * (terminated by \n, or by \r for progress displays) at once; holds a partial line. */
+void dt__out_feed(dt_out *o, int local, int stream, const char *buf, size_t n);
+/* The stream closed: a held partial line is written with a newline added. */
+void dt__out_eof(dt_out *o, int local, int stream);
+/* Ends a progress display left on a terminal (cursor after \r) so a message starts on a fresh
+ * line. */
+void dt__out_settle(dt_out *o);
+/* Writes the last lines of a worker (both streams, arrival order) to fd, each after indent. */
+void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent);
+/* Number of lines dt__out_write_tail would write. */
+int dt__out_tail_count(dt_out *o, int local);
+/* True once a write to our stdout failed with EPIPE (`dtrain run ... | head`): the job should
+ * end as a program killed by SIGPIPE would. */
+bool dt__out_stdout_broken(const dt_out *o);
+/* True if the line looks like a warning or error ("error", "warn", "fatal", "hint",
+ * "exception", "traceback", any case): the lines other ranks show in DT_OUT_RANK0 mode. */
+bool dt__out_is_alert(const char *s, size_t n);
+
+/* ---- the job (launch_job.c) ---- */
+typedef struct dt_worker {
+  pid_t pid;       /* 0 if never started (no worker starts after one failed to exec) */
+  int local, rank; /* local and global rank */
+  int fd[3];       /* read ends of stdout (1) and stderr (2) pipes; -1 when closed */
+  bool exited;     /* exit status collected (the zombie is kept until finish) */
+  bool reaped;
+  int code;        /* exit code, if !sig */
+  int sig;         /* terminating signal, 0 if it exited */
+  bool core;       /* dumped core */
+  int exec_errno;  /* non-zero: the command could not be executed */
+  int64_t exit_ns; /* dt_now_ns() when its exit was seen */
+} dt_worker;
+
+typedef enum {
+  DT_JOB_OK,        /* every worker exited 0 */
+  DT_JOB_FAILED,    /* a worker failed; first_failed names it */
+  DT_JOB_EXEC,      /* the command could not be started; first_failed names the worker */
+  DT_JOB_SIGNALED,  /* we got SIGINT/SIGTERM/SIGHUP (stop_signal) and stopped the workers;
+                     * SIGPIPE: our stdout's reader went away */
+  DT_JOB_TIMED_OUT, /* --timeout passed and we stopped the workers */
+} dt_job_outcome;
+
+typedef struct dt_job {
+  const dt_launch_opts *opts;
+  dt_worker *w;       /* opts->nproc */
+  pid_t pgid;         /* one process group for all workers and their children */
+  dt_out *out;
+  int64_t start_ns;
+  dt_job_outcome outcome;
+  int first_failed;   /* local index, -1 if none */
+  int stop_signal;    /* signal that made us stop, for DT_JOB_SIGNALED */
+  int stopped;        /* workers still running when we began stopping them */
+  bool killed;        /* SIGKILL was needed */
+  int stuck;          /* workers that did not die even after SIGKILL (not reaped) */
+} dt_job;
+
+/* Installs signal handlers, creates the process group and starts every worker with its
+ * environment (set by the caller for the job-wide variables; per-rank ones set here).
+ * A worker whose command cannot be executed is found here (outcome DT_JOB_EXEC after
+ * supervise). Fails (status + detail) only on resource errors (pipes, fork); workers already
+ * started are then stopped before returning. */
+dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out);
+/* Runs until every worker has exited, a worker fails, a stop signal arrives or the timeout
+ * passes; copies all output meanwhile. On failure, signal or timeout it stops the others
+ * (SIGTERM, then SIGKILL after opts->kill_after_ms). Every wait is bounded or ends with a
+ * child's exit. Sets job->outcome. */
+void dt__launch_supervise(dt_job *job);
+/* Reaps the workers and frees the job's resources (not opts, not out). */
+void dt__launch_finish(dt_job *job);
+
+/* "SIGKILL" for 9; "signal N" style fallback owned by a static buffer. */
+const char *dt__signal_name(int sig);
+
+#endif

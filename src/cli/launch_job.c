@@ -1,0 +1,438 @@
+/* launch_job.c - starts the local workers of `dtrain run` and supervises them.
+ * Each worker is fork+exec'd with stdin from /dev/null and its stdout/stderr on pipes that one
+ * poll(2) loop reads. All workers (and whatever they start) share one process group, so a stop
+ * reaches the whole job with one kill(2). Exit statuses are read with WNOWAIT and the zombies
+ * are reaped only in dt__launch_finish: while worker 0's zombie exists its pid, which is the
+ * group id, cannot be reused, so signalling the group never hits a stranger.
+ * Every wait is bounded by a deadline or ends with a child's exit (SIGCHLD wakes the loop
+ * through a self-pipe). It does not restart workers or talk to other agents (issue 6); the
+ * loop's periodic wake-up is where heartbeats will go. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli/launch.h"
+#include "core/core.h"
+
+/* After every worker exited, how long we still read pipes that processes they started may
+ * hold open, before stopping those too. */
+#define JOB_DRAIN_MS 1000
+/* After SIGKILL, how long we wait for the kernel to finish the workers before giving up on
+ * them (a process in uninterruptible sleep); the job then reports them as stuck. */
+#define JOB_KILL_WAIT_MS 3000
+/* Longest poll(2) sleep: the loop re-checks its deadlines at least this often. */
+#define JOB_TICK_MS 1000
+
+static volatile sig_atomic_t job_sig;       /* last stop signal received */
+static volatile sig_atomic_t job_sig_count; /* stop signals received */
+static int wake_fd[2] = {-1, -1};           /* self-pipe: a handler wakes poll(2) */
+
+static void on_signal(int sig) {
+  int e = errno;
+  if (sig != SIGCHLD) {
+    job_sig = sig;
+    job_sig_count++;
+  }
+  if (wake_fd[1] >= 0) {
+    char c = 0;
+    ssize_t w = write(wake_fd[1], &c, 1);
+    (void)w;
+  }
+  errno = e;
+}
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+static dt_status job_install_signals(void) {
+  if (pipe2(wake_fd, O_CLOEXEC | O_NONBLOCK) != 0)
+    return dt__errno(DT_ERR_SYSTEM, "dtrain run: pipe");
+  job_sig = 0;
+  job_sig_count = 0;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_NOCLDSTOP; /* no SA_RESTART: a blocked write to our stdout must see a stop */
+  sigaction(SIGCHLD, &sa, NULL);
+  for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
+    sigaction(stop_signals[i], &sa, NULL);
+  signal(SIGPIPE, SIG_IGN); /* a closed stdout reader must not kill the supervisor */
+  /* A parent may have blocked these for us (the mask survives exec); we rely on them. */
+  sigset_t m;
+  sigemptyset(&m);
+  sigaddset(&m, SIGCHLD);
+  for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
+    sigaddset(&m, stop_signals[i]);
+  sigprocmask(SIG_UNBLOCK, &m, NULL);
+  return DT_OK;
+}
+
+static void job_restore_signals(void) {
+  signal(SIGCHLD, SIG_DFL);
+  for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
+    signal(stop_signals[i], SIG_DFL);
+  for (int i = 0; i < 2; i++) {
+    if (wake_fd[i] >= 0)
+      close(wake_fd[i]);
+    wake_fd[i] = -1;
+  }
+}
+
+const char *dt__signal_name(int sig) {
+  static char buf[32];
+  const char *a = sigabbrev_np(sig);
+  if (a)
+    snprintf(buf, sizeof buf, "SIG%s", a);
+  else
+    snprintf(buf, sizeof buf, "signal %d", sig);
+  return buf;
+}
+
+/* In the forked child: set up and exec. Never returns. On exec failure reports errno on
+ * status_fd (close-on-exec, so the parent reads EOF when exec succeeded) and exits 127/126. */
+static void job_child(const dt_job *job, int i, pid_t parent, int out_w, int err_w,
+                      int status_w) {
+  const dt_launch_opts *o = job->opts;
+  for (size_t k = 0; k < DT_ARRAY_LEN(stop_signals); k++)
+    signal(stop_signals[k], SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL); /* workers start with no signal blocked */
+  /* If the supervisor dies without stopping us (SIGKILL), we get SIGTERM rather than run on as
+   * an orphan that holds ports and shared memory. */
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent)
+    _exit(128 + SIGTERM);
+  setpgid(0, job->pgid); /* pgid 0 for worker 0: it leads the job's group */
+  int nul = open("/dev/null", O_RDONLY);
+  if (nul >= 0 && nul != 0) {
+    dup2(nul, 0);
+    close(nul);
+  }
+  dup2(out_w, 1);
+  dup2(err_w, 2);
+  char v[32];
+  int rank = o->node_rank * o->nproc + i;
+  snprintf(v, sizeof v, "%d", rank);
+  setenv("DTRAIN_RANK", v, 1);
+  setenv("RANK", v, 1);
+  snprintf(v, sizeof v, "%d", i);
+  setenv("DTRAIN_LOCAL_RANK", v, 1);
+  setenv("LOCAL_RANK", v, 1);
+  execvp(o->exec_path, o->argv);
+  int e = errno;
+  ssize_t w = write(status_w, &e, sizeof e);
+  (void)w;
+  _exit(e == ENOENT ? 127 : 126);
+}
+
+static void job_close(int *fd) {
+  if (*fd >= 0)
+    close(*fd);
+  *fd = -1;
+}
+
+static void job_signal_all(dt_job *job, int sig) {
+  if (job->pgid > 0)
+    kill(-job->pgid, sig);
+  /* A worker that moved itself to another group still gets it. */
+  for (int i = 0; i < job->opts->nproc; i++)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
+      kill(job->w[i].pid, sig);
+}
+
+dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out) {
+  memset(job, 0, sizeof *job);
+  job->opts = opts;
+  job->out = out;
+  job->first_failed = -1;
+  job->w = calloc((size_t)opts->nproc, sizeof *job->w);
+  if (!job->w)
+    return dt_set_error(DT_ERR_NOMEM, "dtrain run: %d workers", opts->nproc);
+  for (int i = 0; i < opts->nproc; i++) {
+    job->w[i].fd[0] = job->w[i].fd[1] = job->w[i].fd[2] = -1;
+    job->w[i].local = i;
+    job->w[i].rank = opts->node_rank * opts->nproc + i;
+  }
+  dt_status st = job_install_signals();
+  if (st)
+    return st;
+  job->start_ns = dt_now_ns();
+  pid_t self = getpid();
+  for (int i = 0; i < opts->nproc; i++) {
+    dt_worker *w = &job->w[i];
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, ps[2] = {-1, -1};
+    if (pipe2(po, O_CLOEXEC) || pipe2(pe, O_CLOEXEC) || pipe2(ps, O_CLOEXEC)) {
+      st = dt__errno(DT_ERR_SYSTEM, "dtrain run: pipe for local rank %d", i);
+      for (int k = 0; k < 2; k++) {
+        job_close(&po[k]);
+        job_close(&pe[k]);
+        job_close(&ps[k]);
+      }
+      goto fail;
+    }
+    pid_t pid = fork();
+    if (pid == 0)
+      job_child(job, i, self, po[1], pe[1], ps[1]);
+    close(po[1]);
+    close(pe[1]);
+    close(ps[1]);
+    if (pid < 0) {
+      st = dt__errno(DT_ERR_SYSTEM, "dtrain run: fork for local rank %d", i);
+      close(po[0]);
+      close(pe[0]);
+      close(ps[0]);
+      goto fail;
+    }
+    w->pid = pid;
+    if (i == 0)
+      job->pgid = pid;
+    setpgid(pid, job->pgid); /* also here: whichever of parent and child runs first sets it */
+    w->fd[1] = po[0];
+    w->fd[2] = pe[0];
+    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    fcntl(pe[0], F_SETFL, O_NONBLOCK);
+    /* Bounded by the child: it either execs (EOF) or writes errno and exits. */
+    int e = 0;
+    ssize_t r;
+    do
+      r = read(ps[0], &e, sizeof e);
+    while (r < 0 && errno == EINTR);
+    close(ps[0]);
+    if (r == (ssize_t)sizeof e) {
+      w->exec_errno = e;
+      break; /* the others would fail the same way: start no more */
+    }
+  }
+  return DT_OK;
+fail:
+  /* Resource failure mid-start: stop what runs, through the normal bounded path. */
+  job->outcome = DT_JOB_SIGNALED;
+  job->stop_signal = 0;
+  job_signal_all(job, SIGKILL);
+  for (int i = 0; i < opts->nproc; i++) {
+    if (job->w[i].pid > 0) {
+      waitpid(job->w[i].pid, NULL, 0); /* SIGKILLed just now: returns promptly */
+      job->w[i].reaped = true;
+    }
+    job_close(&job->w[i].fd[1]);
+    job_close(&job->w[i].fd[2]);
+  }
+  job_restore_signals();
+  free(job->w);
+  job->w = NULL;
+  return st;
+}
+
+/* Notes workers that exited since the last call. Returns the local index of the one that failed
+ * (non-zero exit or signal) first, or -1. Exits seen in the same call cannot be ordered; then a
+ * worker killed by a signal wins over one that exited with an error, since a crash is usually
+ * the cause and the error exits of its peers ("peer failed") the effect. */
+static int job_collect(dt_job *job) {
+  int failed = -1;
+  for (int i = 0; i < job->opts->nproc; i++) {
+    dt_worker *w = &job->w[i];
+    if (w->pid <= 0 || w->exited)
+      continue;
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (waitid(P_PID, (id_t)w->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != w->pid)
+      continue;
+    w->exited = true;
+    w->exit_ns = dt_now_ns();
+    if (si.si_code == CLD_EXITED) {
+      w->code = si.si_status;
+    } else {
+      w->sig = si.si_status;
+      w->core = si.si_code == CLD_DUMPED;
+    }
+    if ((w->code != 0 || w->sig != 0) && (failed < 0 || (w->sig && !job->w[failed].sig)))
+      failed = i;
+  }
+  return failed;
+}
+
+typedef struct {
+  bool stopping, killed, draining;
+  int64_t kill_at;  /* SIGKILL when this passes */
+  int64_t give_up;  /* after SIGKILL: stop waiting */
+  int64_t drain_until;
+} job_stop;
+
+static void job_begin_stop(dt_job *job, job_stop *s) {
+  if (s->stopping)
+    return;
+  s->stopping = true;
+  job->stopped = 0;
+  for (int i = 0; i < job->opts->nproc; i++)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
+      job->stopped++;
+  DT_LOG_INFO("dtrain run: stopping %d running workers (SIGTERM, SIGKILL after %lld ms)",
+              job->stopped, (long long)job->opts->kill_after_ms);
+  job_signal_all(job, SIGTERM);
+  s->kill_at = dt__deadline_after_ms(job->opts->kill_after_ms);
+}
+
+static void job_kill(dt_job *job, job_stop *s) {
+  if (s->killed)
+    return;
+  s->killed = true;
+  for (int i = 0; i < job->opts->nproc; i++)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
+      job->killed = true; /* a worker outlived the grace period: worth reporting */
+  job_signal_all(job, SIGKILL);
+  s->kill_at = DT_NO_DEADLINE;
+  s->give_up = dt__deadline_after_ms(JOB_KILL_WAIT_MS);
+}
+
+/* Reads what is available on one worker stream; closes it at EOF. */
+static void job_read(dt_job *job, int i, int stream) {
+  static char buf[64 * 1024];
+  dt_worker *w = &job->w[i];
+  ssize_t r = read(w->fd[stream], buf, sizeof buf);
+  if (r > 0) {
+    dt__out_feed(job->out, i, stream, buf, (size_t)r);
+  } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+    dt__out_eof(job->out, i, stream);
+    job_close(&w->fd[stream]);
+  }
+}
+
+void dt__launch_supervise(dt_job *job) {
+  const dt_launch_opts *o = job->opts;
+  int n = o->nproc;
+  struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
+  int *who = calloc((size_t)2 * n + 1, sizeof *who);
+  job_stop s = {false, false, false, DT_NO_DEADLINE, DT_NO_DEADLINE, DT_NO_DEADLINE};
+  int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
+  int seen_sigs = 0;
+  job->outcome = DT_JOB_OK;
+  for (int i = 0; i < n; i++) {
+    if (job->w[i].exec_errno) {
+      job->outcome = DT_JOB_EXEC;
+      job->first_failed = i;
+      job_begin_stop(job, &s);
+      break;
+    }
+  }
+  for (;;) {
+    int failed = job_collect(job);
+    if (failed >= 0 && job->outcome == DT_JOB_OK) {
+      job->outcome = DT_JOB_FAILED;
+      job->first_failed = failed;
+      job_begin_stop(job, &s);
+    }
+    if (job_sig_count != seen_sigs) {
+      seen_sigs = job_sig_count;
+      if (!s.stopping) {
+        job->outcome = DT_JOB_SIGNALED;
+        job->stop_signal = job_sig;
+        job_begin_stop(job, &s);
+      } else {
+        /* A second Ctrl-C while stopping: do not wait out the grace period. */
+        job_kill(job, &s);
+      }
+    }
+    if (!s.stopping && dt__out_stdout_broken(job->out)) {
+      job->outcome = DT_JOB_SIGNALED;
+      job->stop_signal = SIGPIPE;
+      job_begin_stop(job, &s);
+    }
+    if (dt__expired(job_deadline)) {
+      job_deadline = DT_NO_DEADLINE; /* acted on: must not make poll(2) spin */
+      if (!s.stopping) {
+        job->outcome = DT_JOB_TIMED_OUT;
+        job_begin_stop(job, &s);
+      }
+    }
+    if (s.stopping && dt__expired(s.kill_at))
+      job_kill(job, &s);
+
+    bool all_exited = true, open_fds = false;
+    for (int i = 0; i < n; i++) {
+      all_exited &= job->w[i].pid <= 0 || job->w[i].exited;
+      open_fds |= job->w[i].fd[1] >= 0 || job->w[i].fd[2] >= 0;
+    }
+    if (all_exited && !open_fds)
+      break;
+    if (all_exited && !s.draining) {
+      s.draining = true;
+      s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
+    }
+    if (dt__expired(s.drain_until)) {
+      s.drain_until = DT_NO_DEADLINE;
+      job_begin_stop(job, &s); /* processes the workers left behind still hold our pipes */
+    }
+    if (dt__expired(s.give_up))
+      break;
+
+    int np = 0;
+    if (pf && who) {
+      pf[np].fd = wake_fd[0];
+      pf[np].events = POLLIN;
+      who[np++] = -1;
+      for (int i = 0; i < n; i++)
+        for (int k = 1; k <= 2; k++)
+          if (job->w[i].fd[k] >= 0) {
+            pf[np].fd = job->w[i].fd[k];
+            pf[np].events = POLLIN;
+            who[np++] = i * 3 + k;
+          }
+    }
+    int64_t next = DT_MIN(DT_MIN(job_deadline, s.kill_at), DT_MIN(s.give_up, s.drain_until));
+    int ms = DT_MIN(dt__ms_left(next), JOB_TICK_MS);
+    int r = np ? poll(pf, (nfds_t)np, ms) : (dt__sleep_ns((int64_t)ms * 1000000), 0);
+    if (r <= 0)
+      continue; /* timeout, or EINTR: the top of the loop looks at what happened */
+    for (int k = 0; k < np; k++) {
+      if (!pf[k].revents)
+        continue;
+      if (who[k] < 0) {
+        char drain[64];
+        while (read(wake_fd[0], drain, sizeof drain) > 0) {
+        }
+      } else {
+        job_read(job, who[k] / 3, who[k] % 3);
+      }
+    }
+  }
+  for (int i = 0; i < n; i++)
+    for (int k = 1; k <= 2; k++)
+      if (job->w[i].fd[k] >= 0) {
+        dt__out_eof(job->out, i, k);
+        job_close(&job->w[i].fd[k]);
+      }
+  for (int i = 0; i < n; i++)
+    if (job->w[i].pid > 0 && !job->w[i].exited)
+      job->stuck++;
+  free(pf);
+  free(who);
+}
+
+void dt__launch_finish(dt_job *job) {
+  if (!job->w)
+    return;
+  /* Whatever the workers started and left in the group goes with the job. The group still
+   * exists (worker 0's zombie is in it), so this cannot reach an unrelated process. */
+  if (job->pgid > 0)
+    kill(-job->pgid, SIGKILL);
+  for (int i = 0; i < job->opts->nproc; i++) {
+    dt_worker *w = &job->w[i];
+    if (w->pid > 0 && !w->reaped && waitpid(w->pid, NULL, w->exited ? 0 : WNOHANG) == w->pid)
+      w->reaped = true;
+    job_close(&w->fd[1]);
+    job_close(&w->fd[2]);
+  }
+  job_restore_signals();
+  free(job->w);
+  job->w = NULL;
+}

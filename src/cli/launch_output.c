@@ -1,0 +1,318 @@
+/* launch_output.c - what `dtrain run` shows of its workers' output.
+ * Splits each worker stream into lines (\n, \r\n, or \r for progress displays), prefixes them
+ * with the rank or filters them by mode, writes each line with one write(2) so lines of
+ * different ranks never mix, and keeps the last lines of each rank for the failure summary.
+ * With raw_stdout, rank 0's stdout is copied byte for byte (no prefix, no splitting) and
+ * everything else goes to stderr, so our stdout is exactly rank 0's.
+ * It does not read the pipes (launch_job.c does) and never blocks except in write(2) to our
+ * own stdout/stderr. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/launch.h"
+#include "core/core.h"
+
+/* A line longer than this without a terminator is written as a line of its own, so one
+ * worker cannot make us hold unbounded memory. */
+#define OUT_MAX_LINE (64 * 1024)
+/* Tail entries keep at most this much of each line. */
+#define OUT_TAIL_CHARS 1024
+
+typedef struct {
+  char *buf;
+  size_t len, cap;
+} lbuf;
+
+typedef struct {
+  char *text;   /* NUL-terminated, at most OUT_TAIL_CHARS */
+  int progress; /* stream whose \r-progress this entry is (later \r lines replace it), or 0 */
+} tail_entry;
+
+typedef struct {
+  lbuf line[3]; /* partial line per stream (1, 2) */
+  tail_entry *tail;
+  int head, count;
+} out_rank;
+
+struct dt_out {
+  int nlocal, rank_base, tail_cap;
+  dt_out_mode mode;
+  bool raw_stdout;
+  out_rank *r;
+  bool tty[3];     /* fd 1, 2 are terminals */
+  bool dead[3];    /* writes to fd failed (EPIPE): drop further output there */
+  bool broken_stdout; /* our stdout's reader went away (EPIPE) */
+  int pend_fd;     /* a terminal whose cursor sits after a \r progress line, or -1 */
+  int pend_src;    /* local*3+stream that wrote it */
+  char *scratch;
+  size_t scratch_cap;
+};
+
+dt_out *dt__out_create(int nlocal, int rank_base, dt_out_mode mode, bool raw_stdout,
+                       int tail_lines) {
+  dt_out *o = calloc(1, sizeof *o);
+  if (!o)
+    return NULL;
+  o->nlocal = nlocal;
+  o->rank_base = rank_base;
+  o->mode = mode;
+  o->raw_stdout = raw_stdout;
+  o->tail_cap = tail_lines > 0 ? tail_lines : 1;
+  o->pend_fd = -1;
+  o->tty[1] = isatty(1);
+  o->tty[2] = isatty(2);
+  o->r = calloc((size_t)nlocal, sizeof *o->r);
+  if (!o->r)
+    goto fail;
+  for (int i = 0; i < nlocal; i++) {
+    o->r[i].tail = calloc((size_t)o->tail_cap, sizeof *o->r[i].tail);
+    if (!o->r[i].tail)
+      goto fail;
+  }
+  return o;
+fail:
+  dt__out_destroy(o);
+  return NULL;
+}
+
+void dt__out_destroy(dt_out *o) {
+  if (!o)
+    return;
+  for (int i = 0; o->r && i < o->nlocal; i++) {
+    for (int s = 1; s <= 2; s++)
+      free(o->r[i].line[s].buf);
+    for (int k = 0; o->r[i].tail && k < o->tail_cap; k++)
+      free(o->r[i].tail[k].text);
+    free(o->r[i].tail);
+  }
+  free(o->r);
+  free(o->scratch);
+  free(o);
+}
+
+/* Writes all of buf; on a broken pipe or other error drops this and later output to fd (the
+ * reader went away; the workers must not die of it). EINTR retries: the signal flags are
+ * acted on by the caller's loop once this line is out. */
+static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
+  while (n && !o->dead[fd]) {
+    ssize_t w = write(fd, buf, n);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      o->dead[fd] = true;
+      if (fd == 1 && errno == EPIPE)
+        o->broken_stdout = true;
+      return;
+    }
+    buf += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Before writing from src: a progress line of another source left on a terminal ends with a
+ * newline, so the new text does not overwrite it and the next progress update starts below. */
+static void out_settle_for(dt_out *o, int src) {
+  if (o->pend_fd >= 0 && o->pend_src != src) {
+    out_write(o, o->pend_fd, "\n", 1);
+    o->pend_fd = -1;
+  }
+}
+
+void dt__out_settle(dt_out *o) { out_settle_for(o, -1); }
+
+static void out_note_end(dt_out *o, int fd, int src, char last) {
+  if (last == '\r' && o->tty[fd]) {
+    o->pend_fd = fd;
+    o->pend_src = src;
+  } else if (o->pend_src == src) {
+    o->pend_fd = -1;
+  }
+}
+
+bool dt__out_is_alert(const char *s, size_t n) {
+  static const char *const words[] = {"error", "warn", "fatal", "hint", "exception", "traceback"};
+  for (size_t i = 0; i < n; i++) {
+    char c = (char)tolower((unsigned char)s[i]);
+    for (size_t k = 0; k < DT_ARRAY_LEN(words); k++) {
+      const char *w = words[k];
+      if (c != w[0])
+        continue;
+      size_t j = 1;
+      while (w[j] && i + j < n && tolower((unsigned char)s[i + j]) == w[j])
+        j++;
+      if (!w[j])
+        return true;
+    }
+  }
+  return false;
+}
+
+static void tail_record(dt_out *o, int local, int stream, const char *s, size_t n, bool cr) {
+  out_rank *r = &o->r[local];
+  if (n > OUT_TAIL_CHARS)
+    n = OUT_TAIL_CHARS;
+  tail_entry *e = NULL;
+  if (r->count > 0) {
+    tail_entry *last = &r->tail[(r->head + r->count - 1) % o->tail_cap];
+    if (last->progress == stream)
+      e = last; /* a progress display's next state, or its final line, replaces it */
+  }
+  if (!e) {
+    if (r->count == o->tail_cap) {
+      e = &r->tail[r->head];
+      r->head = (r->head + 1) % o->tail_cap;
+    } else {
+      e = &r->tail[(r->head + r->count) % o->tail_cap];
+      r->count++;
+    }
+  }
+  char *t = realloc(e->text, n + 1);
+  if (!t)
+    return; /* keep the old text: the tail is a diagnostic aid, not worth failing the job */
+  memcpy(t, s, n);
+  t[n] = '\0';
+  e->text = t;
+  e->progress = cr ? stream : 0;
+}
+
+static char *out_scratch(dt_out *o, size_t n) {
+  if (n > o->scratch_cap) {
+    size_t cap = DT_MAX(n, 2 * o->scratch_cap);
+    char *p = realloc(o->scratch, cap);
+    if (!p)
+      return NULL;
+    o->scratch = p;
+    o->scratch_cap = cap;
+  }
+  return o->scratch;
+}
+
+/* One complete line (without its terminator): record it, then show it per mode. */
+static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, bool cr) {
+  if (cr && n == 0)
+    return; /* "\r" that starts a progress display: nothing to show */
+  tail_record(o, local, stream, s, n, cr);
+  int rank = o->rank_base + local;
+  bool raw0 = o->raw_stdout && rank == 0 && stream == 1;
+  if (raw0)
+    return; /* already copied byte for byte */
+  bool prefix = true;
+  if (o->mode == DT_OUT_RANK0) {
+    if (rank == 0)
+      prefix = false;
+    else if (!dt__out_is_alert(s, n))
+      return;
+  }
+  int fd = (o->raw_stdout && stream == 1) ? 2 : stream;
+  char pre[32];
+  int np = prefix ? snprintf(pre, sizeof pre, "[rank %d] ", rank) : 0;
+  char *b = out_scratch(o, (size_t)np + n + 1);
+  if (!b)
+    return;
+  memcpy(b, pre, (size_t)np);
+  memcpy(b + np, s, n);
+  b[(size_t)np + n] = cr ? '\r' : '\n';
+  int src = local * 3 + stream;
+  out_settle_for(o, src);
+  out_write(o, fd, b, (size_t)np + n + 1);
+  out_note_end(o, fd, src, b[(size_t)np + n]);
+}
+
+static bool lbuf_append(lbuf *l, const char *buf, size_t n) {
+  if (l->len + n > l->cap) {
+    size_t cap = DT_MAX(l->len + n, 2 * l->cap);
+    char *p = realloc(l->buf, cap);
+    if (!p)
+      return false;
+    l->buf = p;
+    l->cap = cap;
+  }
+  memcpy(l->buf + l->len, buf, n);
+  l->len += n;
+  return true;
+}
+
+/* Emits every complete line held for the stream; keeps the rest. A \r at the very end is held
+ * until the next byte tells whether it is \r\n. */
+static void out_split(dt_out *o, int local, int stream) {
+  lbuf *l = &o->r[local].line[stream];
+  size_t start = 0, i = 0;
+  while (i < l->len) {
+    char c = l->buf[i];
+    if (c == '\n') {
+      out_line(o, local, stream, l->buf + start, i - start, false);
+      start = ++i;
+    } else if (c == '\r') {
+      if (i + 1 == l->len)
+        break;
+      bool crlf = l->buf[i + 1] == '\n';
+      out_line(o, local, stream, l->buf + start, i - start, !crlf);
+      i += crlf ? 2 : 1;
+      start = i;
+    } else {
+      i++;
+    }
+  }
+  if (l->len - start >= OUT_MAX_LINE) {
+    out_line(o, local, stream, l->buf + start, l->len - start, false);
+    start = l->len;
+  }
+  memmove(l->buf, l->buf + start, l->len - start);
+  l->len -= start;
+}
+
+void dt__out_feed(dt_out *o, int local, int stream, const char *buf, size_t n) {
+  if (n == 0)
+    return;
+  if (o->raw_stdout && o->rank_base + local == 0 && stream == 1) {
+    int src = local * 3 + stream;
+    out_settle_for(o, src);
+    out_write(o, 1, buf, n);
+    out_note_end(o, 1, src, buf[n - 1]);
+  }
+  lbuf *l = &o->r[local].line[stream];
+  if (!lbuf_append(l, buf, n)) {
+    /* No memory to hold a partial line: show what is held and the new bytes as lines
+     * rather than lose them. */
+    if (l->len)
+      out_line(o, local, stream, l->buf, l->len, false);
+    out_line(o, local, stream, buf, n, false);
+    l->len = 0;
+    return;
+  }
+  out_split(o, local, stream);
+}
+
+void dt__out_eof(dt_out *o, int local, int stream) {
+  lbuf *l = &o->r[local].line[stream];
+  if (l->len == 0)
+    return;
+  bool cr = l->buf[l->len - 1] == '\r';
+  out_line(o, local, stream, l->buf, l->len - (cr ? 1 : 0), cr);
+  l->len = 0;
+}
+
+int dt__out_tail_count(dt_out *o, int local) { return o->r[local].count; }
+
+bool dt__out_stdout_broken(const dt_out *o) { return o->broken_stdout; }
+
+void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent) {
+  out_rank *r = &o->r[local];
+  for (int k = 0; k < r->count; k++) {
+    const char *t = r->tail[(r->head + k) % o->tail_cap].text;
+    if (!t)
+      continue;
+    size_t ni = strlen(indent), nt = strlen(t);
+    char *b = out_scratch(o, ni + nt + 1);
+    if (!b)
+      return;
+    memcpy(b, indent, ni);
+    memcpy(b + ni, t, nt);
+    b[ni + nt] = '\n';
+    out_write(o, fd, b, ni + nt + 1);
+  }
+}

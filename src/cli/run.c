@@ -1,0 +1,410 @@
+/* run.c - `dtrain run`: launch N workers on this host and supervise them (torchrun's and
+ * horovodrun's job). Parses the command line, prepares the job-wide environment (ranks, the
+ * rendezvous address, a per-job secret and id), runs the job (launch_job.c) and prints one
+ * summary when it did not end well.
+ * Several hosts: one `dtrain run` per host with --nnodes/--node-rank/--master; these agents do
+ * not talk to each other (no heartbeats, no restarts: issue 6). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/launch.h"
+#include "core/core.h"
+
+#define RUN_MAX_NPROC 1024
+#define RUN_SECRET_BYTES 32
+#define RUN_JOB_ID_BYTES 8
+
+static void run_help(FILE *f) {
+  fprintf(f,
+"usage: dtrain run -n N [options] [--] COMMAND [ARGS...]\n"
+"\n"
+"Starts N workers running COMMAND on this host, gives each its rank, and supervises them:\n"
+"if one fails the others are stopped and one summary names it; Ctrl-C stops them all.\n"
+"\n"
+"options:\n"
+"  -n, --nproc N         workers on this host (1..%d; required)\n"
+"  --nnodes M            hosts in the job (default 1); run one 'dtrain run' on each host\n"
+"  --node-rank R         this host's index 0..M-1 (required when M > 1); global rank of\n"
+"                        local worker i is R*N + i\n"
+"  --master HOST:PORT    where rank 0 hosts the rendezvous store (required when M > 1;\n"
+"                        on one host the default is 127.0.0.1 and a free port)\n"
+"  --output MODE         prefix: every line of every rank as '[rank R] line' (default)\n"
+"                        rank0:  rank 0's output as is, and from other ranks only lines\n"
+"                                that look like warnings or errors (error, warn, fatal,\n"
+"                                hint, exception, traceback; any case), prefixed\n"
+"  --raw-stdout          rank 0's standard output goes to stdout byte for byte, unprefixed;\n"
+"                        everything else goes to stderr (for --json output a script parses)\n"
+"  --kill-after SECONDS  grace between SIGTERM and SIGKILL when stopping workers (default 5)\n"
+"  --timeout SECONDS     stop the whole job after this long and exit 124 (default: none)\n"
+"  --tail N              lines of the failing rank shown in the summary (default 10)\n"
+"  -h, --help            this text\n"
+"\n"
+"Each worker gets DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK,\n"
+"DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_NODE_RANK, DTRAIN_NNODES, DTRAIN_MASTER_ADDR,\n"
+"DTRAIN_MASTER_PORT, DTRAIN_JOB_ID, and torchrun's RANK, WORLD_SIZE, LOCAL_RANK,\n"
+"LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. DTRAIN_JOB_SECRET is generated per job unless\n"
+"DTRAIN_JOB_SECRET or DTRAIN_JOB_SECRET_FILE is set (then passed through; with --nnodes > 1\n"
+"one of them must be set, the same on every host). Workers read stdin from /dev/null.\n"
+"COMMAND 'dtrain' runs this same dtrain binary.\n"
+"\n"
+"When a worker fails, the others get SIGTERM (SIGKILL after --kill-after) and stderr gets\n"
+"one summary: the first failing rank, its exit code or signal, and its last lines.\n"
+"\n"
+"exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
+"128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
+"after SIGINT/SIGTERM/SIGHUP; 141 if our stdout's reader went away; 124 after --timeout;\n"
+"2 for bad usage.\n",
+          RUN_MAX_NPROC);
+}
+
+#define USAGE_HINT "see 'dtrain run --help'"
+
+static bool run_parse_int(const char *s, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi)
+    return false;
+  *out = (int)v;
+  return true;
+}
+
+static bool run_parse_seconds(const char *s, int64_t *ms) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end || !isfinite(v) || v < 0 || v > 1e7)
+    return false;
+  *ms = (int64_t)llround(v * 1000.0);
+  return true;
+}
+
+/* HOST:PORT or [V6ADDR]:PORT. */
+static bool run_parse_master(const char *s, dt_launch_opts *o) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon == s)
+    return false;
+  const char *h = s;
+  size_t hn = (size_t)(colon - s);
+  if (h[0] == '[') {
+    if (hn < 3 || h[hn - 1] != ']')
+      return false;
+    h++;
+    hn -= 2;
+  } else if (memchr(h, ':', hn)) {
+    return false; /* a bare IPv6 address is ambiguous: it needs brackets */
+  }
+  if (hn == 0 || hn >= sizeof o->master_addr)
+    return false;
+  if (!run_parse_int(colon + 1, 1, 65535, &o->master_port))
+    return false;
+  memcpy(o->master_addr, h, hn);
+  o->master_addr[hn] = '\0';
+  return true;
+}
+
+/* A port nobody listens on now, for rank 0's store: bind port 0, read it back, close. Another
+ * process could take it before rank 0 binds; rank 0 then fails with a clear bind error. */
+static dt_status run_free_port(int *port) {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0)
+    return dt__errno(DT_ERR_SYSTEM, "socket");
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(s, (struct sockaddr *)&a, &len) != 0) {
+    dt_status st = dt__errno(DT_ERR_SYSTEM, "bind 127.0.0.1:0");
+    close(s);
+    return st;
+  }
+  close(s);
+  *port = ntohs(a.sin_port);
+  return DT_OK;
+}
+
+static dt_status run_random_hex(char *out, size_t nbytes) {
+  unsigned char b[64];
+  DT_CHECK(dt__random_bytes(b, nbytes));
+  for (size_t i = 0; i < nbytes; i++)
+    sprintf(out + 2 * i, "%02x", b[i]);
+  memset(b, 0, sizeof b);
+  return DT_OK;
+}
+
+static void run_setenv_int(const char *a, const char *b, int v) {
+  char s[32];
+  snprintf(s, sizeof s, "%d", v);
+  setenv(a, s, 1);
+  if (b)
+    setenv(b, s, 1);
+}
+
+/* The variables every worker of this host shares; per-rank ones are set in each child. */
+static dt_status run_job_env(const dt_launch_opts *o) {
+  run_setenv_int("DTRAIN_WORLD_SIZE", "WORLD_SIZE", o->nnodes * o->nproc);
+  run_setenv_int("DTRAIN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", o->nproc);
+  run_setenv_int("DTRAIN_NODE_RANK", NULL, o->node_rank);
+  run_setenv_int("DTRAIN_NNODES", NULL, o->nnodes);
+  run_setenv_int("DTRAIN_MASTER_PORT", "MASTER_PORT", o->master_port);
+  setenv("DTRAIN_MASTER_ADDR", o->master_addr, 1);
+  setenv("MASTER_ADDR", o->master_addr, 1);
+  /* A fresh id per agent: it names this host's shared-memory segments, so two jobs (or two
+   * agents on one machine) never collide. */
+  char id[2 * RUN_JOB_ID_BYTES + 1];
+  DT_CHECK(run_random_hex(id, RUN_JOB_ID_BYTES));
+  setenv("DTRAIN_JOB_ID", id, 1);
+  if (!dt__env_str("DTRAIN_JOB_SECRET") && !dt__env_str("DTRAIN_JOB_SECRET_FILE")) {
+    char secret[2 * RUN_SECRET_BYTES + 1];
+    DT_CHECK(run_random_hex(secret, RUN_SECRET_BYTES));
+    setenv("DTRAIN_JOB_SECRET", secret, 1);
+    memset(secret, 0, sizeof secret);
+  }
+  return DT_OK;
+}
+
+/* 2 pipes per worker: lift the soft descriptor limit to the hard one for big -n. */
+static void run_raise_nofile(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+static void run_describe_exit(const dt_worker *w, char *buf, size_t n) {
+  if (w->sig)
+    snprintf(buf, n, "killed by signal %d (%s)%s", w->sig, dt__signal_name(w->sig),
+             w->core ? ", core dumped" : "");
+  else
+    snprintf(buf, n, "exit code %d", w->code);
+}
+
+/* One summary for a job that did not end well; returns our exit code. */
+static int run_report(dt_job *job) {
+  const dt_launch_opts *o = job->opts;
+  char what[128];
+  int rc = 0;
+  dt__out_settle(job->out);
+  if (job->outcome == DT_JOB_EXEC) {
+    const dt_worker *w = &job->w[job->first_failed];
+    fprintf(stderr, "dtrain run: cannot execute '%s' (rank %d): %s\n", o->argv[0], w->rank,
+            strerror(w->exec_errno));
+    fprintf(stderr, "---> HINT: %s\n",
+            w->exec_errno == ENOENT
+                ? (strchr(o->argv[0], '/') ? "check the path" : "check the name and PATH")
+                : "check that the file is an executable program and you may run it");
+    rc = w->exec_errno == ENOENT ? 127 : 126;
+  } else if (job->outcome == DT_JOB_FAILED) {
+    const dt_worker *w = &job->w[job->first_failed];
+    run_describe_exit(w, what, sizeof what);
+    fprintf(stderr, "dtrain run: rank %d failed first: %s (local rank %d, pid %d, after %.2f s)\n",
+            w->rank, what, w->local, (int)w->pid, (double)(w->exit_ns - job->start_ns) / 1e9);
+    if (job->stopped > 0)
+      fprintf(stderr, "dtrain run: stopped the other %d running worker%s%s\n", job->stopped,
+              job->stopped == 1 ? "" : "s",
+              job->killed ? " (SIGKILL was needed after the grace period)" : "");
+    int nt = dt__out_tail_count(job->out, w->local);
+    if (nt == 0) {
+      fprintf(stderr, "dtrain run: rank %d wrote no output\n", w->rank);
+    } else {
+      fprintf(stderr, "dtrain run: last %d line%s of rank %d:\n", nt, nt == 1 ? "" : "s", w->rank);
+      dt__out_write_tail(job->out, w->local, 2, "  | ");
+    }
+    rc = w->sig ? 128 + w->sig : w->code;
+  } else if (job->outcome == DT_JOB_SIGNALED && job->stop_signal == SIGPIPE) {
+    rc = 128 + SIGPIPE; /* quiet, like any program whose reader went away */
+  } else if (job->outcome == DT_JOB_SIGNALED) {
+    fprintf(stderr, "dtrain run: got %s; stopped %d running worker%s%s\n",
+            dt__signal_name(job->stop_signal), job->stopped, job->stopped == 1 ? "" : "s",
+            job->killed ? " (SIGKILL was needed after the grace period)" : "");
+    rc = 128 + job->stop_signal;
+  } else if (job->outcome == DT_JOB_TIMED_OUT) {
+    fprintf(stderr, "dtrain run: --timeout %.3g s passed; stopped %d running worker%s%s\n",
+            (double)o->timeout_ms / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
+            job->killed ? " (SIGKILL was needed after the grace period)" : "");
+    rc = 124;
+  }
+  if (job->stuck > 0) {
+    fprintf(stderr, "dtrain run: %d worker%s did not exit even after SIGKILL:", job->stuck,
+            job->stuck == 1 ? "" : "s");
+    for (int i = 0; i < o->nproc; i++)
+      if (job->w[i].pid > 0 && !job->w[i].exited)
+        fprintf(stderr, " rank %d pid %d", job->w[i].rank, (int)job->w[i].pid);
+    fputc('\n', stderr);
+    if (rc == 0)
+      rc = 1;
+  }
+  return rc;
+}
+
+int dt_cli_run(int argc, char **argv) {
+  dt_launch_opts o;
+  memset(&o, 0, sizeof o);
+  o.nproc = 0;
+  o.nnodes = 1;
+  o.node_rank = -1;
+  o.out_mode = DT_OUT_PREFIX;
+  o.kill_after_ms = 5000;
+  o.tail_lines = 10;
+  bool have_master = false;
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--")) {
+      i++;
+      break;
+    }
+    if (a[0] != '-' || !a[1])
+      break; /* the command starts here */
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      run_help(stdout);
+      return 0;
+    }
+    /* --flag=value and --flag value; -n N and -nN. */
+    const char *val = NULL;
+    char name[32];
+    const char *eq = strchr(a, '=');
+    if (a[1] == '-' && eq) {
+      snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
+      val = eq + 1;
+    } else if (a[1] == 'n' && a[2]) {
+      snprintf(name, sizeof name, "-n");
+      val = a + 2;
+    } else {
+      snprintf(name, sizeof name, "%s", a);
+    }
+    bool flag = !strcmp(name, "--raw-stdout");
+    bool known = flag || !strcmp(name, "-n") || !strcmp(name, "--nproc") ||
+                 !strcmp(name, "--nnodes") || !strcmp(name, "--node-rank") ||
+                 !strcmp(name, "--master") || !strcmp(name, "--output") ||
+                 !strcmp(name, "--kill-after") || !strcmp(name, "--timeout") ||
+                 !strcmp(name, "--tail");
+    if (!known)
+      return dt_cli_usage_error("run", USAGE_HINT, "unknown option '%s'", a);
+    if (flag) {
+      if (val)
+        return dt_cli_usage_error("run", USAGE_HINT, "%s takes no value", name);
+      o.raw_stdout = true;
+      continue;
+    }
+    if (!val) {
+      if (i + 1 >= argc)
+        return dt_cli_usage_error("run", USAGE_HINT, "%s needs a value", name);
+      val = argv[++i];
+    }
+    if (!strcmp(name, "-n") || !strcmp(name, "--nproc")) {
+      if (!run_parse_int(val, 1, RUN_MAX_NPROC, &o.nproc))
+        return dt_cli_usage_error("run", "-n is the number of workers on this host, e.g. -n 4",
+                                  "-n '%s' is not a worker count in 1..%d", val, RUN_MAX_NPROC);
+    } else if (!strcmp(name, "--nnodes")) {
+      if (!run_parse_int(val, 1, 65536, &o.nnodes))
+        return dt_cli_usage_error("run", USAGE_HINT, "--nnodes '%s' is not a host count >= 1", val);
+    } else if (!strcmp(name, "--node-rank")) {
+      if (!run_parse_int(val, 0, 65535, &o.node_rank))
+        return dt_cli_usage_error("run", USAGE_HINT, "--node-rank '%s' is not an index >= 0", val);
+    } else if (!strcmp(name, "--master")) {
+      if (!run_parse_master(val, &o))
+        return dt_cli_usage_error("run", "give it as HOST:PORT, e.g. --master 10.0.0.1:29500",
+                                  "--master '%s' is not HOST:PORT with a port in 1..65535", val);
+      have_master = true;
+    } else if (!strcmp(name, "--output")) {
+      if (!strcmp(val, "prefix"))
+        o.out_mode = DT_OUT_PREFIX;
+      else if (!strcmp(val, "rank0"))
+        o.out_mode = DT_OUT_RANK0;
+      else
+        return dt_cli_usage_error("run", "--output is 'prefix' or 'rank0'",
+                                  "unknown --output mode '%s'", val);
+    } else if (!strcmp(name, "--kill-after")) {
+      if (!run_parse_seconds(val, &o.kill_after_ms))
+        return dt_cli_usage_error("run", USAGE_HINT, "--kill-after '%s' is not seconds >= 0", val);
+    } else if (!strcmp(name, "--timeout")) {
+      if (!run_parse_seconds(val, &o.timeout_ms) || o.timeout_ms == 0)
+        return dt_cli_usage_error("run", USAGE_HINT, "--timeout '%s' is not seconds > 0", val);
+    } else if (!strcmp(name, "--tail")) {
+      if (!run_parse_int(val, 1, 10000, &o.tail_lines))
+        return dt_cli_usage_error("run", USAGE_HINT, "--tail '%s' is not a line count >= 1", val);
+    }
+  }
+  if (o.nproc == 0)
+    return dt_cli_usage_error("run", "e.g. dtrain run -n 2 -- dtrain train",
+                              "the number of workers -n is required");
+  if (i >= argc)
+    return dt_cli_usage_error("run", "e.g. dtrain run -n 2 -- dtrain train",
+                              "no command to run");
+  if (o.nnodes > 1) {
+    if (!have_master)
+      return dt_cli_usage_error("run", "every host's agent needs the same --master HOST:PORT",
+                                "--nnodes %d needs --master HOST:PORT", o.nnodes);
+    if (o.node_rank < 0)
+      return dt_cli_usage_error("run", "give each host its index, 0 on the master's host",
+                                "--nnodes %d needs --node-rank", o.nnodes);
+    if (!dt__env_str("DTRAIN_JOB_SECRET") && !dt__env_str("DTRAIN_JOB_SECRET_FILE"))
+      return dt_cli_usage_error("run",
+                                "set DTRAIN_JOB_SECRET (or DTRAIN_JOB_SECRET_FILE) to the same "
+                                "random value on every host",
+                                "--nnodes %d needs a job secret shared by all hosts", o.nnodes);
+  }
+  if (o.node_rank < 0)
+    o.node_rank = 0;
+  if (o.node_rank >= o.nnodes)
+    return dt_cli_usage_error("run", "node ranks are 0..nnodes-1",
+                              "--node-rank %d is not below --nnodes %d", o.node_rank, o.nnodes);
+  if ((long)o.nnodes * o.nproc > INT_MAX / 2)
+    return dt_cli_usage_error("run", USAGE_HINT, "world size %d x %d is too large", o.nnodes,
+                              o.nproc);
+  const char *sf = dt__env_str("DTRAIN_JOB_SECRET_FILE");
+  if (sf && !dt__env_str("DTRAIN_JOB_SECRET") && access(sf, R_OK) != 0)
+    return dt_cli_usage_error("run", "point DTRAIN_JOB_SECRET_FILE at a readable file",
+                              "DTRAIN_JOB_SECRET_FILE '%s': %s", sf, strerror(errno));
+  o.argv = argv + i;
+  o.exec_path = o.argv[0];
+  static char self[PATH_MAX];
+  if (!strcmp(o.argv[0], "dtrain")) {
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+      self[n] = '\0';
+      o.exec_path = self;
+    }
+  }
+  if (!have_master) {
+    snprintf(o.master_addr, sizeof o.master_addr, "127.0.0.1");
+    if (run_free_port(&o.master_port))
+      return dt_cli_fail("run", "cannot find a free port for the rendezvous store");
+  }
+  if (run_job_env(&o))
+    return dt_cli_fail("run", "cannot prepare the job environment");
+  run_raise_nofile();
+
+  dt_out *out = dt__out_create(o.nproc, o.node_rank * o.nproc, o.out_mode, o.raw_stdout,
+                               o.tail_lines);
+  if (!out)
+    return dt_cli_fail("run", "out of memory for %d workers", o.nproc);
+  DT_LOG_INFO("dtrain run: %d workers (ranks %d..%d of %d), store at %s:%d", o.nproc,
+              o.node_rank * o.nproc, o.node_rank * o.nproc + o.nproc - 1, o.nnodes * o.nproc,
+              o.master_addr, o.master_port);
+  dt_job job;
+  if (dt__launch_start(&job, &o, out)) {
+    dt__out_destroy(out);
+    return dt_cli_fail("run", "cannot start the workers");
+  }
+  dt__launch_supervise(&job);
+  int rc = run_report(&job);
+  dt__launch_finish(&job);
+  dt__out_destroy(out);
+  return rc;
+}

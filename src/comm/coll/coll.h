@@ -1,0 +1,121 @@
+/* comm/coll/coll.h - the collective algorithms (one file per family, as gloo does) and what they
+ * share: scratch buffers, f32 accumulation helpers for half types, the call description that the
+ * public entry points (collectives.c) and the progress thread (progress.c) execute.
+ *
+ * Every algorithm here talks only through c->ops->sendrecv with the call's fingerprint, blocks
+ * until done or until `deadline`, and returns the transport's status with its detail untouched
+ * (collectives.c adds the "rank R: allreduce #S with ..." context and raises the job abort).
+ * Buffers: `sbuf` is never NULL here (collectives.c resolves DT_IN_PLACE to rbuf). */
+#ifndef DT_COMM_COLL_H
+#define DT_COMM_COLL_H
+
+#include "comm/comm.h"
+
+/* ---- kernels beyond comm.h's (reduce.c) ---- */
+float dt__f16_to_f32(uint16_t h);
+uint16_t dt__f32_to_f16(float f);
+float dt__bf16_to_f32(uint16_t h);
+uint16_t dt__f32_to_bf16(float f);
+/* dst[i] = (float)src[i] for src of type t (f16, bf16 or f32). */
+void dt__to_f32(float *dst, const void *src, size_t n, dt_dtype t);
+/* dst[i] = round-to-nearest-even(src[i]) into type t (f16, bf16 or f32). */
+void dt__from_f32(void *dst, const float *src, size_t n, dt_dtype t);
+/* out = a op b computed in f32 (then divided by div when div > 1), each of out/a/b of type f32,
+ * f16 or bf16; rounding happens only when storing into a half-typed out. out may alias a or b
+ * exactly. avg sums (pass div to finish it). */
+void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, size_t n,
+                    dt_op op, int div);
+/* Tests: force the portable kernels (1) or back to run-time selection (0). */
+void dt__reduce_force_scalar(int on);
+/* "avx2" or "scalar": what dt__reduce uses now. */
+const char *dt__reduce_isa(void);
+
+/* True when a reduction of type t with op needs an f32 accumulator to round only once. */
+static inline int dt__coll_wide(dt_dtype t, dt_op op) {
+  return (t == DT_F16 || t == DT_BF16) && (op == DT_SUM || op == DT_PROD || op == DT_AVG);
+}
+
+/* ---- scratch (progress.c): per-communicator buffers reused across calls so large
+ * collectives do not pay fresh page faults every time. Used only by whoever holds c->lock.
+ * Returns NULL with DT_ERR_NOMEM detail on failure. Slots: 0 and 1. */
+void *dt__coll_scratch(dt_comm *c, int slot, size_t bytes);
+
+/* ---- algorithms ---- */
+typedef enum dt__algo {
+  DT_ALGO_AUTO = 0,
+  DT_ALGO_RING,  /* allreduce, allgather, reduce_scatter */
+  DT_ALGO_RD,    /* allreduce: recursive doubling */
+  DT_ALGO_SHM,   /* the transport's own fast path (ops->allreduce, ...) */
+  DT_ALGO_TREE,  /* broadcast, reduce: binomial tree */
+  DT_ALGO_CHAIN, /* broadcast: pipelined chain */
+  DT_ALGO_DISSEM, /* barrier: dissemination */
+  DT_ALGO_PAIRWISE, /* alltoall */
+  DT_ALGO_LINEAR, /* gather, scatter */
+  DT_ALGO_COUNT
+} dt__algo;
+const char *dt__algo_name(dt__algo a);
+
+/* One collective call, as queued or run inline. */
+typedef struct dt__coll_call {
+  dt__coll kind;
+  const void *sbuf; /* as the caller passed it (DT_IN_PLACE allowed) */
+  void *rbuf;
+  size_t count;
+  dt_dtype dtype;
+  dt_op op;
+  int root;
+  dt__fp fp;
+} dt__coll_call;
+
+/* Runs one call to completion (collectives.c): chooses the algorithm, runs it, and on failure
+ * prefixes the detail with "rank R: <call>" and raises the job-wide abort. Caller holds c->lock. */
+dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *call);
+
+/* Validates a public call, names it with the next sequence number (c->seq++) and fills *call.
+ * On bad arguments: DT_ERR_INVALID naming the call, and the job abort is raised so peers stop.
+ * Application thread only. */
+dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
+                           dt_op op, int root, dt__coll_call *call);
+
+/* progress.c: runs a prepared call in call order: inline on this thread when nothing is queued
+ * (holding c->lock), else queued behind the pending nonblocking calls and waited for. */
+dt_status dt__progress_run(dt_comm *c, const dt__coll_call *call);
+/* Queues a prepared call on the progress thread (started on first use); *req on success. */
+dt_status dt__progress_submit(dt_comm *c, const dt__coll_call *call, dt_request **req);
+/* Stops the progress thread (queued calls that have not started complete with DT_ERR_STATE;
+ * a running one is waited for) and frees scratch. For dt_comm_destroy. Accepts NULL. */
+void dt__progress_destroy(struct dt__progress *p);
+
+/* ring.c. seg_off/seg_len: n segments in elements. */
+dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                             const dt__fp *fp, int64_t deadline);
+dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                                  const dt__fp *fp, int64_t deadline);
+/* rbuf already holds this rank's block at r * count. */
+dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp, int64_t deadline);
+
+/* rd.c */
+dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                           const dt__fp *fp, int64_t deadline);
+
+/* tree.c. rbuf is only used on the root. */
+dt_status dt__reduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op, int root,
+                          const dt__fp *fp, int64_t deadline);
+dt_status dt__broadcast_tree(dt_comm *c, void *buf, size_t bytes, int root, const dt__fp *fp, int64_t deadline);
+dt_status dt__broadcast_chain(dt_comm *c, void *buf, size_t bytes, int root, const dt__fp *fp, int64_t deadline);
+
+/* simple.c */
+dt_status dt__gather_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
+                            int64_t deadline);
+dt_status dt__scatter_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
+                             int64_t deadline);
+dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, const dt__fp *fp,
+                                int64_t deadline);
+dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline);
+/* One zero-byte message to rank+1 and from rank-1 carrying fp: if any two ranks disagree on the
+ * call, at least one of them gets DT_ERR_MISMATCH (and the abort stops the rest). Rooted
+ * collectives start with it because their data flow alone can leave a mismatch unseen (two
+ * ranks that both believe they are the root only send). */
+dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline);
+
+#endif

@@ -1,0 +1,214 @@
+/* ring.c - ring reduce-scatter, ring allgather, and ring allreduce built from both.
+ *
+ * Allreduce = reduce-scatter then allgather, 2*(n-1) steps; each rank sends and receives
+ * 2*(n-1)/n of the buffer, the bandwidth optimum. Any n >= 1 and any count: the buffer is cut
+ * into n segments of count/n (+1 for the first count%n), possibly empty; empty segments still
+ * exchange a zero-byte message so every rank stays in the same step.
+ *
+ * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes
+ * (default 256 KiB, so a piece and the matching input stay in L2). A piece is received into a
+ * small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
+ * sending the next piece into the transport's buffers (socket buffer, shm ring), so the
+ * reduction of piece p overlaps the transfer of piece p+1. All ranks use the same number of
+ * pieces per step (from the largest segment), so the calls pair up.
+ *
+ * f16/bf16 with sum/prod/avg accumulate in f32 and round once: step 0 sends the rank's own
+ * half-precision input (nothing to round yet); later reduce-scatter steps carry f32 partial
+ * sums; the owner of a segment adds its own input to the last partial and rounds once (after
+ * dividing for avg); the allgather moves half precision. Cost: for n > 2 the reduce-scatter
+ * steps 1..n-2 move 4 instead of 2 bytes per element, i.e. (2 + 4(n-2) + 2(n-1))/(4(n-1)) of
+ * the f32 ring's bytes per element: 0.5 at n=2, 0.67 at n=3, 0.83 at n=8 (half the bytes of
+ * f32 plus the widening); an f32 accumulator of one segment per rank is kept as scratch.
+ * min/max of half types are exact in any order and run on half precision directly.
+ *
+ * Result bits are identical on every rank: each segment is reduced along one path by its owner
+ * and then copied. It deliberately has no hierarchy or multi-ring: that comes with hierarchical
+ * collectives. */
+#include <string.h>
+
+#include "comm/coll/coll.h"
+
+static size_t ring_piece_bytes(void) {
+  static _Atomic size_t cached;
+  size_t v = cached;
+  if (v == 0) {
+    uint64_t b;
+    if (dt__env_size("DTRAIN_RING_PIECE", 256 << 10, &b) != DT_OK || b < 4096)
+      b = 256 << 10;
+    v = (size_t)b;
+    cached = v;
+  }
+  return v;
+}
+
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+/* Splits count into n near-equal segments. */
+static void ring_segments(size_t count, int n, size_t *off, size_t *len) {
+  size_t base = count / (size_t)n, rem = count % (size_t)n, o = 0;
+  for (int i = 0; i < n; i++) {
+    len[i] = base + ((size_t)i < rem);
+    off[i] = o;
+    o += len[i];
+  }
+}
+
+/* The reduce-scatter core. in: the full input (type t) with segment i at off[i]. At step s a
+ * rank sends segment (r - s + shift) and receives (r - s - 1 + shift), so after n-1 steps it
+ * owns segment (r + 1 + shift - n) = (r + shift + 1) mod n, which lands in `out` (type t).
+ * Partials live in acc (type acc_t): at off[seg] when acc_per_seg, else at 0 (one segment). */
+static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const size_t *len, dt_dtype t, dt_op op,
+                         int shift, void *acc, dt_dtype acc_t, int acc_per_seg, void *out, const dt__fp *fp,
+                         int64_t deadline) {
+  int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
+  size_t es = dt_dtype_size(t), aes = dt_dtype_size(acc_t), wes = DT_MAX(es, aes);
+  size_t maxseg = 0;
+  for (int i = 0; i < n; i++)
+    maxseg = DT_MAX(maxseg, len[i]);
+  size_t pe = DT_MAX((size_t)1, ring_piece_bytes() / wes); /* elements per piece */
+  size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
+  if (pe > maxseg)
+    pe = DT_MAX(maxseg, (size_t)1);
+  void *tmp = dt__coll_scratch(c, 1, pe * wes);
+  if (!tmp)
+    return DT_ERR_NOMEM;
+  int wide = acc_t != t;
+  for (int s = 0; s < n - 1; s++) {
+    int sseg = mod(r - s + shift, n), rseg = mod(r - s - 1 + shift, n);
+    int last = s == n - 2;
+    size_t ses = s == 0 ? es : aes; /* what travels at this step */
+    for (size_t p = 0; p < pieces; p++) {
+      size_t slo = DT_MIN(p * pe, len[sseg]), shi = DT_MIN(slo + pe, len[sseg]);
+      size_t rlo = DT_MIN(p * pe, len[rseg]), rhi = DT_MIN(rlo + pe, len[rseg]);
+      const char *sp = s == 0 ? (const char *)in + (off[sseg] + slo) * es
+                              : (const char *)acc + ((acc_per_seg ? off[sseg] : 0) + slo) * aes;
+      dt_status st = c->ops->sendrecv(c->tp, right, sp, (shi - slo) * ses, left, tmp, (rhi - rlo) * ses, fp, deadline);
+      if (st)
+        return st;
+      size_t m = rhi - rlo;
+      if (m == 0)
+        continue;
+      const char *mine = (const char *)in + (off[rseg] + rlo) * es;
+      dt_dtype tt = s == 0 ? t : acc_t; /* type of what arrived */
+      if (last) {
+        char *o = (char *)out + rlo * es;
+        if (wide) {
+          dt__reduce_mix(o, t, mine, t, tmp, tt, m, op, op == DT_AVG ? n : 1);
+        } else {
+          dt__reduce2(o, mine, tmp, m, t, op);
+          dt__reduce_finish(o, m, t, op, n);
+        }
+      } else {
+        char *a = (char *)acc + ((acc_per_seg ? off[rseg] : 0) + rlo) * aes;
+        if (wide)
+          dt__reduce_mix(a, acc_t, mine, t, tmp, tt, m, op, 1);
+        else
+          dt__reduce2(a, mine, tmp, m, t, op);
+      }
+    }
+  }
+  return DT_OK;
+}
+
+/* The allgather core: rbuf (type size es) holds segment (r + shift) complete; at step s a rank
+ * sends segment (r + shift - s) and receives (r + shift - s - 1) in place. */
+static dt_status ring_ag(dt_comm *c, void *rbuf, const size_t *off, const size_t *len, size_t es, int shift,
+                         const dt__fp *fp, int64_t deadline) {
+  int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
+  for (int s = 0; s < n - 1; s++) {
+    int sseg = mod(r + shift - s, n), rseg = mod(r + shift - s - 1, n);
+    dt_status st = c->ops->sendrecv(c->tp, right, (char *)rbuf + off[sseg] * es, len[sseg] * es, left,
+                                    (char *)rbuf + off[rseg] * es, len[rseg] * es, fp, deadline);
+    if (st)
+      return st;
+  }
+  return DT_OK;
+}
+
+/* Segment tables on the stack for small n, else heap. */
+typedef struct segs {
+  size_t *off, *len;
+  size_t small[2][64];
+} segs;
+
+static dt_status segs_init(segs *g, int n) {
+  if (n <= 64) {
+    g->off = g->small[0];
+    g->len = g->small[1];
+    return DT_OK;
+  }
+  g->off = dt__alloc(2 * (size_t)n * sizeof(size_t));
+  if (!g->off)
+    return DT_ERR_NOMEM;
+  g->len = g->off + n;
+  return DT_OK;
+}
+
+static void segs_free(segs *g) {
+  if (g->off != g->small[0])
+    dt__free(g->off);
+}
+
+dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                             const dt__fp *fp, int64_t deadline) {
+  int n = c->size;
+  segs g;
+  DT_CHECK(segs_init(&g, n));
+  ring_segments(count, n, g.off, g.len);
+  size_t es = dt_dtype_size(t);
+  dt_status st;
+  int owned = mod(c->rank + 1, n);
+  if (dt__coll_wide(t, op)) {
+    /* f32 partials of one segment; only needed when some step carries a partial (n > 2) */
+    void *acc = NULL;
+    if (n > 2 && !(acc = dt__coll_scratch(c, 0, g.len[0] * 4))) {
+      st = DT_ERR_NOMEM;
+      goto done;
+    }
+    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, acc, DT_F32, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
+  } else {
+    /* partials accumulate in rbuf itself: no extra memory */
+    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, rbuf, t, 1, (char *)rbuf + g.off[owned] * es, fp, deadline);
+  }
+  if (st == DT_OK)
+    st = ring_ag(c, rbuf, g.off, g.len, es, 1, fp, deadline);
+done:
+  segs_free(&g);
+  return st;
+}
+
+dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                                  const dt__fp *fp, int64_t deadline) {
+  int n = c->size;
+  segs g;
+  DT_CHECK(segs_init(&g, n));
+  for (int i = 0; i < n; i++) {
+    g.off[i] = (size_t)i * count;
+    g.len[i] = count;
+  }
+  dt_dtype acc_t = dt__coll_wide(t, op) ? DT_F32 : t;
+  dt_status st;
+  void *acc = NULL;
+  if (n > 2 && !(acc = dt__coll_scratch(c, 0, count * dt_dtype_size(acc_t)))) {
+    st = DT_ERR_NOMEM;
+    goto done;
+  }
+  /* shift -1: rank r ends owning block r */
+  st = ring_rs(c, sbuf, g.off, g.len, t, op, -1, acc, acc_t, 0, rbuf, fp, deadline);
+done:
+  segs_free(&g);
+  return st;
+}
+
+dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp, int64_t deadline) {
+  int n = c->size;
+  segs g;
+  DT_CHECK(segs_init(&g, n));
+  for (int i = 0; i < n; i++) {
+    g.off[i] = (size_t)i * count;
+    g.len[i] = count;
+  }
+  dt_status st = ring_ag(c, rbuf, g.off, g.len, dt_dtype_size(t), 0, fp, deadline);
+  segs_free(&g);
+  return st;
+}

@@ -1,0 +1,75 @@
+/* simple.c - the collectives whose best algorithm on a few ranks is direct: linear gather and
+ * scatter at the root, pairwise-exchange alltoall, dissemination barrier, and the one-hop
+ * fingerprint check that rooted collectives start with.
+ *
+ * Linear gather/scatter serialize n-1 transfers at the root, which is what the root's link
+ * allows anyway for large blocks; it deliberately has no tree variant for many small blocks. */
+#include <string.h>
+
+#include "comm/coll/coll.h"
+
+static inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline) {
+  int n = c->size, r = c->rank;
+  return c->ops->sendrecv(c->tp, mod(r + 1, n), NULL, 0, mod(r - 1, n), NULL, 0, fp, deadline);
+}
+
+dt_status dt__gather_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
+                            int64_t deadline) {
+  int n = c->size, r = c->rank;
+  if (r != root)
+    return c->ops->sendrecv(c->tp, root, sbuf, bytes, -1, NULL, 0, fp, deadline);
+  char *out = rbuf;
+  if (sbuf != out + (size_t)r * bytes)
+    memcpy(out + (size_t)r * bytes, sbuf, bytes);
+  for (int k = 1; k < n; k++) {
+    int src = mod(root + k, n);
+    DT_CHECK(c->ops->sendrecv(c->tp, -1, NULL, 0, src, out + (size_t)src * bytes, bytes, fp, deadline));
+  }
+  return DT_OK;
+}
+
+dt_status dt__scatter_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
+                             int64_t deadline) {
+  int n = c->size, r = c->rank;
+  if (r != root)
+    return c->ops->sendrecv(c->tp, -1, NULL, 0, root, rbuf, bytes, fp, deadline);
+  const char *in = sbuf;
+  for (int k = 1; k < n; k++) {
+    int dst = mod(root + k, n);
+    DT_CHECK(c->ops->sendrecv(c->tp, dst, in + (size_t)dst * bytes, bytes, -1, NULL, 0, fp, deadline));
+  }
+  if (rbuf != in + (size_t)r * bytes)
+    memmove(rbuf, in + (size_t)r * bytes, bytes);
+  return DT_OK;
+}
+
+dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, const dt__fp *fp,
+                                int64_t deadline) {
+  int n = c->size, r = c->rank;
+  const char *in = sbuf;
+  char *out = rbuf;
+  if (sbuf == rbuf) { /* in place: the input must survive while blocks arrive */
+    char *copy = dt__coll_scratch(c, 0, (size_t)n * bytes);
+    if (!copy)
+      return DT_ERR_NOMEM;
+    memcpy(copy, rbuf, (size_t)n * bytes);
+    in = copy;
+  } else {
+    memcpy(out + (size_t)r * bytes, in + (size_t)r * bytes, bytes);
+  }
+  for (int s = 1; s < n; s++) {
+    int dst = mod(r + s, n), src = mod(r - s, n);
+    DT_CHECK(c->ops->sendrecv(c->tp, dst, in + (size_t)dst * bytes, bytes, src, out + (size_t)src * bytes, bytes, fp,
+                              deadline));
+  }
+  return DT_OK;
+}
+
+dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline) {
+  int n = c->size, r = c->rank;
+  for (int k = 1; k < n; k <<= 1)
+    DT_CHECK(c->ops->sendrecv(c->tp, mod(r + k, n), NULL, 0, mod(r - k, n), NULL, 0, fp, deadline));
+  return DT_OK;
+}

@@ -1,0 +1,370 @@
+/* collectives.c - the public blocking collectives of dtrain/comm.h: argument checks, the
+ * fingerprint (sequence number, call, count, dtype, op, root), the choice of algorithm, and the
+ * error context. The algorithms themselves live in comm/coll/, the ordering with nonblocking
+ * calls in progress.c.
+ *
+ * Every failure leaves a detail "rank R: allreduce #17 with 4096 x f32 sum: <cause>" and raises
+ * the job-wide abort (dt__comm_fail) so that ranks still waiting in the same call stop too; the
+ * communicator is then broken. Count 0 still exchanges one round of zero-byte messages with the
+ * fingerprint, so a rank passing 0 while another passes 4 is reported rather than left to time
+ * out. It deliberately does not cache DTRAIN_ALGO: tests change it between calls. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/coll/coll.h"
+
+static const char *algo_names[DT_ALGO_COUNT] = {
+    [DT_ALGO_AUTO] = "auto",   [DT_ALGO_RING] = "ring",     [DT_ALGO_RD] = "rd",
+    [DT_ALGO_SHM] = "shm",     [DT_ALGO_TREE] = "tree",     [DT_ALGO_CHAIN] = "chain",
+    [DT_ALGO_DISSEM] = "dissem", [DT_ALGO_PAIRWISE] = "pairwise", [DT_ALGO_LINEAR] = "linear",
+};
+
+const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
+
+/* Which algorithms each collective has (bit per dt__algo). */
+static unsigned algos_of(dt__coll k) {
+#define B(a) (1u << (a))
+  switch (k) {
+  case DT_COLL_ALLREDUCE: return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM);
+  case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM);
+  case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
+  case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
+  case DT_COLL_REDUCE: return B(DT_ALGO_TREE);
+  case DT_COLL_GATHER: case DT_COLL_SCATTER: return B(DT_ALGO_LINEAR);
+  case DT_COLL_ALLTOALL: return B(DT_ALGO_PAIRWISE);
+  case DT_COLL_BARRIER: return B(DT_ALGO_DISSEM) | B(DT_ALGO_SHM);
+  default: return 0;
+  }
+#undef B
+}
+
+/* The transport's fast path for a collective, if it has one. */
+static int has_fast(const dt_transport_ops *ops, dt__coll k) {
+  switch (k) {
+  case DT_COLL_ALLREDUCE: return ops->allreduce != NULL;
+  case DT_COLL_BROADCAST: return ops->broadcast != NULL;
+  case DT_COLL_ALLGATHER: return ops->allgather != NULL;
+  case DT_COLL_REDUCE_SCATTER: return ops->reduce_scatter != NULL;
+  case DT_COLL_BARRIER: return ops->barrier != NULL;
+  default: return 0;
+  }
+}
+
+/* The one place algorithms are chosen: a pure function of (collective, ranks, bytes per rank,
+ * transport). Thresholds are from `dtrain bench <coll> -n 2 --algo X --sizes 4:64M` on the
+ * 2-core EPYC VM (docs/BENCHMARKS.md has the runs):
+ *   allreduce: recursive doubling wins while latency dominates (<= 32 KiB on tcp and on shm);
+ *              above that the transport's shared-memory fast path when it has one, else ring.
+ *   broadcast: binomial tree up to 256 KiB, then the pipelined chain (one piece = 256 KiB, so
+ *              below that the chain is just a slower tree).
+ *   barrier:   the transport's own when present (one shared counter beats log2(n) messages). */
+static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
+  switch (k) {
+  case DT_COLL_ALLREDUCE:
+    if (bytes <= (32u << 10) || n <= 1)
+      return DT_ALGO_RD;
+    return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_RING;
+  case DT_COLL_BROADCAST:
+    return bytes <= (256u << 10) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
+  case DT_COLL_ALLGATHER:
+  case DT_COLL_REDUCE_SCATTER:
+    return DT_ALGO_RING;
+  case DT_COLL_REDUCE:
+    return DT_ALGO_TREE;
+  case DT_COLL_GATHER:
+  case DT_COLL_SCATTER:
+    return DT_ALGO_LINEAR;
+  case DT_COLL_ALLTOALL:
+    return DT_ALGO_PAIRWISE;
+  case DT_COLL_BARRIER:
+    return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_DISSEM;
+  default:
+    return DT_ALGO_AUTO;
+  }
+}
+
+/* DTRAIN_ALGO: comma-separated items; "name" applies to allreduce, "coll=name" to that
+ * collective ("ring", "broadcast=chain,barrier=dissem"). Any unknown collective or name is
+ * DT_ERR_INVALID. *out = DT_ALGO_AUTO when nothing applies to k. */
+static dt_status algo_override(dt__coll k, dt__algo *out) {
+  *out = DT_ALGO_AUTO;
+  const char *env = dt__env_str("DTRAIN_ALGO");
+  if (!env)
+    return DT_OK;
+  char buf[256];
+  if (strlen(env) >= sizeof buf)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO is too long");
+  strcpy(buf, env);
+  char *save = NULL;
+  for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+    dt__coll ik = DT_COLL_ALLREDUCE;
+    char *name = item, *eq = strchr(item, '=');
+    if (eq) {
+      *eq = '\0';
+      name = eq + 1;
+      ik = DT_COLL_NONE;
+      for (int j = DT_COLL_ALLREDUCE; j <= DT_COLL_BARRIER; j++)
+        if (!strcmp(item, dt__coll_name(j)))
+          ik = (dt__coll)j;
+      if (ik == DT_COLL_NONE)
+        return dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO=%s: unknown collective '%s'", env, item);
+    }
+    dt__algo a = DT_ALGO_AUTO;
+    for (int j = 1; j < DT_ALGO_COUNT; j++)
+      if (!strcmp(name, algo_names[j]) && (algos_of(ik) & (1u << j)))
+        a = (dt__algo)j;
+    if (a == DT_ALGO_AUTO && strcmp(name, "auto")) {
+      char list[128] = "";
+      for (int j = 1; j < DT_ALGO_COUNT; j++)
+        if (algos_of(ik) & (1u << j))
+          snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? ", " : "", algo_names[j]);
+      return dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO=%s: unknown algorithm '%s' for %s (auto, %s)", env, name,
+                          dt__coll_name(ik), list);
+    }
+    if (ik == k)
+      *out = a;
+  }
+  return DT_OK;
+}
+
+static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
+  dt__algo a;
+  *st = algo_override(k, &a);
+  if (*st)
+    return DT_ALGO_AUTO;
+  if (a == DT_ALGO_SHM && !has_fast(c->ops, k)) {
+    *st = dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO asks for the shm %s but transport %s has no such fast path",
+                       dt__coll_name(k), c->ops->name);
+    return DT_ALGO_AUTO;
+  }
+  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, c->ops);
+}
+
+/* Single rank: the result is the input. */
+static void exec_local(dt_comm *c, const dt__coll_call *k) {
+  size_t bytes = k->count * dt_dtype_size(k->dtype);
+  const void *s = k->sbuf;
+  char *r = k->rbuf;
+  if (!s || !bytes)
+    return;
+  switch (k->kind) {
+  case DT_COLL_ALLREDUCE:
+  case DT_COLL_REDUCE:
+  case DT_COLL_REDUCE_SCATTER:
+  case DT_COLL_ALLGATHER:
+  case DT_COLL_GATHER:
+  case DT_COLL_SCATTER:
+  case DT_COLL_ALLTOALL:
+    if (r && s != r)
+      memmove(r, s, bytes);
+    break;
+  default:
+    break;
+  }
+}
+
+static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
+  int n = c->size, r = c->rank;
+  const dt__fp *fp = &k->fp;
+  int64_t deadline = dt__comm_deadline(c);
+  size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
+  if (n == 1) {
+    exec_local(c, k);
+    return DT_OK;
+  }
+  if (k->count == 0 && k->kind != DT_COLL_BARRIER)
+    return dt__barrier_dissem(c, fp, deadline);
+  dt_status st = DT_OK;
+  dt__algo a = pick(c, k->kind, bytes, &st);
+  if (st)
+    return st;
+  char *rb = k->rbuf;
+  const void *sb = k->sbuf;
+  switch (k->kind) {
+  case DT_COLL_ALLREDUCE:
+    if (a == DT_ALGO_SHM)
+      return c->ops->allreduce(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
+    if (!sb)
+      sb = rb;
+    if (a == DT_ALGO_RD)
+      return dt__allreduce_rd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
+    return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
+  case DT_COLL_REDUCE:
+    DT_CHECK(dt__coll_check(c, fp, deadline));
+    return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
+  case DT_COLL_BROADCAST:
+    DT_CHECK(dt__coll_check(c, fp, deadline));
+    if (a == DT_ALGO_SHM)
+      return c->ops->broadcast(c->tp, rb, k->count, k->dtype, k->root, fp, deadline);
+    if (a == DT_ALGO_CHAIN)
+      return dt__broadcast_chain(c, rb, bytes, k->root, fp, deadline);
+    return dt__broadcast_tree(c, rb, bytes, k->root, fp, deadline);
+  case DT_COLL_ALLGATHER:
+    if (a == DT_ALGO_SHM)
+      return c->ops->allgather(c->tp, k->sbuf, rb, k->count, k->dtype, fp, deadline);
+    if (sb && sb != rb + (size_t)r * bytes)
+      memmove(rb + (size_t)r * bytes, sb, bytes);
+    return dt__allgather_ring(c, rb, k->count, k->dtype, fp, deadline);
+  case DT_COLL_REDUCE_SCATTER:
+    if (a == DT_ALGO_SHM)
+      return c->ops->reduce_scatter(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
+    return dt__reduce_scatter_ring(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, fp, deadline);
+  case DT_COLL_GATHER:
+    DT_CHECK(dt__coll_check(c, fp, deadline));
+    return dt__gather_linear(c, sb ? sb : rb + (size_t)r * bytes, rb, bytes, k->root, fp, deadline);
+  case DT_COLL_SCATTER:
+    DT_CHECK(dt__coll_check(c, fp, deadline));
+    return dt__scatter_linear(c, sb, rb, bytes, k->root, fp, deadline);
+  case DT_COLL_ALLTOALL:
+    return dt__alltoall_pairwise(c, sb ? sb : rb, rb, bytes, fp, deadline);
+  case DT_COLL_BARRIER:
+    if (a == DT_ALGO_SHM)
+      return c->ops->barrier(c->tp, fp, deadline);
+    return dt__barrier_dissem(c, fp, deadline);
+  default:
+    return dt_set_error(DT_ERR_INVALID, "unknown collective %d", (int)k->kind);
+  }
+}
+
+static void call_context(const dt_comm *c, const dt__fp *fp, char *buf, size_t n) {
+  char me[64], what[160];
+  dt__comm_peer_name(c, c->rank, me, sizeof me);
+  dt__fp_format(fp, what, sizeof what);
+  snprintf(buf, n, "%s: %s", me, what);
+}
+
+dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *k) {
+  char ctx[256];
+  dt_status st;
+  if (dt__comm_aborted(c)) {
+    st = dt__comm_abort_status(c);
+    call_context(c, &k->fp, ctx, sizeof ctx);
+    return dt__error_prefix(st, "%s", ctx);
+  }
+  st = exec_call(c, k);
+  if (st == DT_OK)
+    return DT_OK;
+  call_context(c, &k->fp, ctx, sizeof ctx);
+  dt__error_prefix(st, "%s", ctx);
+  return dt__comm_fail(c, st);
+}
+
+dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
+                           dt_op op, int root, dt__coll_call *k) {
+  const char *name = dt__coll_name(kind);
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "%s: communicator is NULL", name);
+  memset(k, 0, sizeof *k);
+  k->kind = kind;
+  k->sbuf = sbuf;
+  k->rbuf = rbuf;
+  k->count = count;
+  k->dtype = t;
+  k->op = op;
+  k->root = root;
+  k->fp.seq = ++c->seq;
+  k->fp.count = count;
+  k->fp.coll = (uint8_t)kind;
+  k->fp.dtype = (uint8_t)t;
+  k->fp.op = (uint8_t)op;
+  k->fp.root = root;
+  char me[64];
+  dt__comm_peer_name(c, c->rank, me, sizeof me);
+  const char *bad = NULL;
+  char why[160];
+  int has_op = kind == DT_COLL_ALLREDUCE || kind == DT_COLL_REDUCE || kind == DT_COLL_REDUCE_SCATTER;
+  int rooted = kind == DT_COLL_REDUCE || kind == DT_COLL_BROADCAST || kind == DT_COLL_GATHER || kind == DT_COLL_SCATTER;
+  int is_root = rooted && root == c->rank;
+  if (kind != DT_COLL_BARRIER && (unsigned)t >= DT_DTYPE_COUNT) {
+    snprintf(why, sizeof why, "dtype %d is not a dt_dtype", (int)t);
+    bad = why;
+  } else if (has_op && (unsigned)op >= DT_OP_COUNT) {
+    snprintf(why, sizeof why, "op %d is not a dt_op", (int)op);
+    bad = why;
+  } else if (rooted && (root < 0 || root >= c->size)) {
+    snprintf(why, sizeof why, "root %d is not a rank of this communicator (size %d)", root, c->size);
+    bad = why;
+  } else if (count > 0 && count > SIZE_MAX / 8 / (size_t)c->size) {
+    snprintf(why, sizeof why, "count %zu is too large", count);
+    bad = why;
+  } else if (count > 0) {
+    switch (kind) {
+    case DT_COLL_REDUCE:
+      if (is_root && !rbuf)
+        bad = "recvbuf is NULL on the root";
+      else if (!is_root && !sbuf && !rbuf)
+        bad = "sendbuf is NULL (in place needs recvbuf)";
+      break;
+    case DT_COLL_GATHER:
+      if ((is_root || !sbuf) && !rbuf)
+        bad = is_root ? "recvbuf is NULL on the root" : "sendbuf is NULL (in place needs recvbuf)";
+      break;
+    case DT_COLL_SCATTER:
+      if (is_root && !sbuf)
+        bad = "sendbuf is NULL on the root";
+      else if (!rbuf)
+        bad = "recvbuf is NULL";
+      break;
+    case DT_COLL_BARRIER:
+      break;
+    default:
+      if (!rbuf)
+        bad = kind == DT_COLL_BROADCAST ? "buf is NULL" : "recvbuf is NULL";
+      break;
+    }
+  }
+  if (!bad)
+    return DT_OK;
+  if (bad == why)
+    dt_set_error(DT_ERR_INVALID, "%s: %s #%llu: %s", me, name, (unsigned long long)k->fp.seq, bad);
+  else {
+    char what[160];
+    dt__fp_format(&k->fp, what, sizeof what);
+    dt_set_error(DT_ERR_INVALID, "%s: %s: %s", me, what, bad);
+  }
+  return dt__comm_fail(c, DT_ERR_INVALID);
+}
+
+#define RUN(kind, s, r, cnt, t, op, root)                                  \
+  do {                                                                     \
+    dt__coll_call call_;                                                   \
+    DT_CHECK(dt__coll_prepare(c, kind, s, r, cnt, t, op, root, &call_));   \
+    return dt__progress_run(c, &call_);                                    \
+  } while (0)
+
+dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op) {
+  RUN(DT_COLL_ALLREDUCE, sendbuf, recvbuf, count, t, op, -1);
+}
+
+dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op,
+                         int root) {
+  RUN(DT_COLL_REDUCE, sendbuf, recvbuf, count, t, op, root);
+}
+
+dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root) {
+  RUN(DT_COLL_BROADCAST, NULL, buf, count, t, 0, root);
+}
+
+dt_status dt_comm_allgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t) {
+  RUN(DT_COLL_ALLGATHER, sendbuf, recvbuf, count, t, 0, -1);
+}
+
+dt_status dt_comm_reduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t,
+                                 dt_op op) {
+  RUN(DT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, count, t, op, -1);
+}
+
+dt_status dt_comm_gather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root) {
+  RUN(DT_COLL_GATHER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root) {
+  RUN(DT_COLL_SCATTER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t) {
+  RUN(DT_COLL_ALLTOALL, sendbuf, recvbuf, count, t, 0, -1);
+}
+
+dt_status dt_comm_barrier(dt_comm *c) { RUN(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }

@@ -1,0 +1,488 @@
+/* reduce.c - element-wise reduction kernels for every dtype x op, and the f16/bf16 <-> f32
+ * conversions the collectives use to accumulate half types in f32 and round once.
+ *
+ * Two implementations of each kernel: AVX2 (+F16C for f16, FMA allowed) chosen at run time
+ * with __builtin_cpu_supports, and a portable scalar one that also handles the vector loops'
+ * tails. Both give bit-identical results (same operation order per element, same NaN rule), so
+ * ranks on different CPUs agree. Semantics, shared by both:
+ *   - floats: IEEE; min/max propagate NaN (if a is NaN -> a, else if b is NaN -> b); with equal
+ *     operands (+0/-0) min/max return b, as x86's minps/maxps do.
+ *   - integers wrap modulo 2^bits on sum and prod (two's complement, no UB); avg truncates toward
+ *     zero after the wrapped sum (u8 avg of large values is therefore meaningless: use i32).
+ *   - f16/bf16: both operands converted to f32, reduced, rounded once to nearest-even; NaN stays
+ *     a quiet NaN, overflow gives Inf. Conversions are written here (no library).
+ * avg is a sum here; dt__reduce_finish divides by the number of contributions.
+ * It deliberately does no threading and no non-temporal stores: callers pass cache-sized chunks. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "comm/coll/coll.h"
+#include "comm/comm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RED_X86 1
+#endif
+
+/* ---------- scalar conversions ---------- */
+
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static inline float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+float dt__f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1f)
+    return bits_f32(sign | 0x7f800000u | (m << 13));
+  if (e == 0) {
+    /* zero or subnormal: m * 2^-24, exact in f32 */
+    float f = (float)m * 0x1p-24f;
+    return bits_f32(f32_bits(f) | sign);
+  }
+  return bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+
+uint16_t dt__f32_to_f16(float f) {
+  uint32_t x = f32_bits(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) /* Inf, or NaN made quiet keeping the top payload bits (as F16C does) */
+    return sign | (x > 0x7f800000u ? (uint16_t)(0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00u);
+  if (x >= 0x477ff000u) /* >= 65520 = halfway between 65504 and 2^16: rounds to Inf */
+    return sign | 0x7c00u;
+  if (x < 0x38800000u) { /* below 2^-14: f16 subnormal (or zero) */
+    if (x < 0x33000000u) /* <= half of the smallest subnormal 2^-24: rounds to 0 */
+      return sign;
+    uint32_t e = x >> 23, m = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 */
+    uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1)))
+      r++; /* may carry into the smallest normal, whose encoding is the next integer */
+    return sign | (uint16_t)r;
+  }
+  uint32_t r = x - 0x38000000u; /* rebias exponent 127 -> 15 */
+  r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+  return sign | (uint16_t)r;
+}
+
+float dt__bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t dt__f32_to_bf16(float f) {
+  uint32_t x = f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN, never rounded into Inf */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* ---------- scalar kernels ---------- */
+
+#define F_MIN(x, y) ((x) != (x) ? (x) : ((x) < (y) ? (x) : (y)))
+#define F_MAX(x, y) ((x) != (x) ? (x) : ((x) > (y) ? (x) : (y)))
+#define I_MIN(x, y) ((x) < (y) ? (x) : (y))
+#define I_MAX(x, y) ((x) > (y) ? (x) : (y))
+
+typedef void (*red_fn)(void *o, const void *a, const void *b, size_t n);
+
+#define SCALAR(name, T, EXPR)                                                 \
+  static void name(void *o_, const void *a_, const void *b_, size_t n) {    \
+    T *o = o_;                                                               \
+    const T *a = a_, *b = b_;                                                \
+    for (size_t i = 0; i < n; i++) {                                         \
+      T x = a[i], y = b[i];                                                  \
+      o[i] = (EXPR);                                                         \
+    }                                                                        \
+  }
+
+SCALAR(s_f32_sum, float, x + y)
+SCALAR(s_f32_prod, float, x *y)
+SCALAR(s_f32_min, float, F_MIN(x, y))
+SCALAR(s_f32_max, float, F_MAX(x, y))
+SCALAR(s_f64_sum, double, x + y)
+SCALAR(s_f64_prod, double, x *y)
+SCALAR(s_f64_min, double, F_MIN(x, y))
+SCALAR(s_f64_max, double, F_MAX(x, y))
+SCALAR(s_i32_sum, int32_t, (int32_t)((uint32_t)x + (uint32_t)y))
+SCALAR(s_i32_prod, int32_t, (int32_t)((uint32_t)x * (uint32_t)y))
+SCALAR(s_i32_min, int32_t, I_MIN(x, y))
+SCALAR(s_i32_max, int32_t, I_MAX(x, y))
+SCALAR(s_i64_sum, int64_t, (int64_t)((uint64_t)x + (uint64_t)y))
+SCALAR(s_i64_prod, int64_t, (int64_t)((uint64_t)x * (uint64_t)y))
+SCALAR(s_i64_min, int64_t, I_MIN(x, y))
+SCALAR(s_i64_max, int64_t, I_MAX(x, y))
+SCALAR(s_u8_sum, uint8_t, (uint8_t)(x + y))
+SCALAR(s_u8_prod, uint8_t, (uint8_t)(x * y))
+SCALAR(s_u8_min, uint8_t, I_MIN(x, y))
+SCALAR(s_u8_max, uint8_t, I_MAX(x, y))
+
+#define SCALAR_HALF(name, TO, FROM, EXPR)                                     \
+  static void name(void *o_, const void *a_, const void *b_, size_t n) {    \
+    uint16_t *o = o_;                                                        \
+    const uint16_t *a = a_, *b = b_;                                         \
+    for (size_t i = 0; i < n; i++) {                                         \
+      float x = TO(a[i]), y = TO(b[i]);                                      \
+      o[i] = FROM(EXPR);                                                     \
+    }                                                                        \
+  }
+
+SCALAR_HALF(s_f16_sum, dt__f16_to_f32, dt__f32_to_f16, x + y)
+SCALAR_HALF(s_f16_prod, dt__f16_to_f32, dt__f32_to_f16, x *y)
+SCALAR_HALF(s_f16_min, dt__f16_to_f32, dt__f32_to_f16, F_MIN(x, y))
+SCALAR_HALF(s_f16_max, dt__f16_to_f32, dt__f32_to_f16, F_MAX(x, y))
+SCALAR_HALF(s_bf16_sum, dt__bf16_to_f32, dt__f32_to_bf16, x + y)
+SCALAR_HALF(s_bf16_prod, dt__bf16_to_f32, dt__f32_to_bf16, x *y)
+SCALAR_HALF(s_bf16_min, dt__bf16_to_f32, dt__f32_to_bf16, F_MIN(x, y))
+SCALAR_HALF(s_bf16_max, dt__bf16_to_f32, dt__f32_to_bf16, F_MAX(x, y))
+
+/* [dtype][sum, prod, min, max] */
+static const red_fn scalar_tab[DT_DTYPE_COUNT][4] = {
+    [DT_F32] = {s_f32_sum, s_f32_prod, s_f32_min, s_f32_max},
+    [DT_F64] = {s_f64_sum, s_f64_prod, s_f64_min, s_f64_max},
+    [DT_F16] = {s_f16_sum, s_f16_prod, s_f16_min, s_f16_max},
+    [DT_BF16] = {s_bf16_sum, s_bf16_prod, s_bf16_min, s_bf16_max},
+    [DT_I32] = {s_i32_sum, s_i32_prod, s_i32_min, s_i32_max},
+    [DT_I64] = {s_i64_sum, s_i64_prod, s_i64_min, s_i64_max},
+    [DT_U8] = {s_u8_sum, s_u8_prod, s_u8_min, s_u8_max},
+};
+
+static void s_to_f32(float *dst, const uint16_t *src, size_t n, dt_dtype t) {
+  if (t == DT_F16)
+    for (size_t i = 0; i < n; i++)
+      dst[i] = dt__f16_to_f32(src[i]);
+  else
+    for (size_t i = 0; i < n; i++)
+      dst[i] = dt__bf16_to_f32(src[i]);
+}
+
+static void s_from_f32(uint16_t *dst, const float *src, size_t n, dt_dtype t) {
+  if (t == DT_F16)
+    for (size_t i = 0; i < n; i++)
+      dst[i] = dt__f32_to_f16(src[i]);
+  else
+    for (size_t i = 0; i < n; i++)
+      dst[i] = dt__f32_to_bf16(src[i]);
+}
+
+/* ---------- AVX2 kernels ---------- */
+#ifdef RED_X86
+#define TGT __attribute__((target("avx2,f16c,fma")))
+
+TGT static inline __m256 v_f32_sum(__m256 x, __m256 y) { return _mm256_add_ps(x, y); }
+TGT static inline __m256 v_f32_prod(__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }
+/* minps(x, y) = x < y ? x : y (y when unordered); then x's NaN wins, as in F_MIN */
+TGT static inline __m256 v_f32_min(__m256 x, __m256 y) {
+  return _mm256_blendv_ps(_mm256_min_ps(x, y), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+TGT static inline __m256 v_f32_max(__m256 x, __m256 y) {
+  return _mm256_blendv_ps(_mm256_max_ps(x, y), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+TGT static inline __m256d v_f64_sum(__m256d x, __m256d y) { return _mm256_add_pd(x, y); }
+TGT static inline __m256d v_f64_prod(__m256d x, __m256d y) { return _mm256_mul_pd(x, y); }
+TGT static inline __m256d v_f64_min(__m256d x, __m256d y) {
+  return _mm256_blendv_pd(_mm256_min_pd(x, y), x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+TGT static inline __m256d v_f64_max(__m256d x, __m256d y) {
+  return _mm256_blendv_pd(_mm256_max_pd(x, y), x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+TGT static inline __m256i v_i32_sum(__m256i x, __m256i y) { return _mm256_add_epi32(x, y); }
+TGT static inline __m256i v_i32_prod(__m256i x, __m256i y) { return _mm256_mullo_epi32(x, y); }
+TGT static inline __m256i v_i32_min(__m256i x, __m256i y) { return _mm256_min_epi32(x, y); }
+TGT static inline __m256i v_i32_max(__m256i x, __m256i y) { return _mm256_max_epi32(x, y); }
+TGT static inline __m256i v_i64_sum(__m256i x, __m256i y) { return _mm256_add_epi64(x, y); }
+TGT static inline __m256i v_i64_min(__m256i x, __m256i y) {
+  return _mm256_blendv_epi8(x, y, _mm256_cmpgt_epi64(x, y));
+}
+TGT static inline __m256i v_i64_max(__m256i x, __m256i y) {
+  return _mm256_blendv_epi8(y, x, _mm256_cmpgt_epi64(x, y));
+}
+TGT static inline __m256i v_u8_sum(__m256i x, __m256i y) { return _mm256_add_epi8(x, y); }
+TGT static inline __m256i v_u8_min(__m256i x, __m256i y) { return _mm256_min_epu8(x, y); }
+TGT static inline __m256i v_u8_max(__m256i x, __m256i y) { return _mm256_max_epu8(x, y); }
+
+TGT static inline __m256 ld_ps(const float *p) { return _mm256_loadu_ps(p); }
+TGT static inline void st_ps(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+TGT static inline __m256d ld_pd(const double *p) { return _mm256_loadu_pd(p); }
+TGT static inline void st_pd(double *p, __m256d v) { _mm256_storeu_pd(p, v); }
+TGT static inline __m256i ld_si(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+TGT static inline void st_si(void *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+TGT static inline __m256 ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+TGT static inline void st_f16(uint16_t *p, __m256 v) {
+  _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+TGT static inline __m256 ld_bf16(const uint16_t *p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+/* Same rounding as dt__f32_to_bf16: add 0x7fff + lsb, keep the top half; NaN -> quiet NaN. */
+TGT static inline void st_bf16(uint16_t *p, __m256 v) {
+  __m256i b = _mm256_castps_si256(v);
+  __m256i hi = _mm256_srli_epi32(b, 16);
+  __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  __m256i packed = _mm256_packus_epi32(r, r); /* per lane: [r0..3 r0..3 | r4..7 r4..7] */
+  packed = _mm256_permute4x64_epi64(packed, 0x08);
+  _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
+/* name: kernel; T: element; W: elements per vector; VT: vector type; LD/ST: load/store; VOP:
+ * vector op; TAIL: scalar kernel for the last n % W elements. Two vectors per iteration so
+ * the loads of the second overlap the op of the first. */
+#define VKERN(name, T, W, VT, LD, ST, VOP, TAIL)                                    \
+  TGT static void name(void *o_, const void *a_, const void *b_, size_t n) {      \
+    T *o = o_;                                                                     \
+    const T *a = a_, *b = b_;                                                      \
+    size_t i = 0;                                                                  \
+    for (; i + 2 * (W) <= n; i += 2 * (W)) {                                       \
+      VT x0 = LD(a + i), y0 = LD(b + i), x1 = LD(a + i + (W)), y1 = LD(b + i + (W)); \
+      ST(o + i, VOP(x0, y0));                                                      \
+      ST(o + i + (W), VOP(x1, y1));                                                \
+    }                                                                              \
+    for (; i + (W) <= n; i += (W))                                                 \
+      ST(o + i, VOP(LD(a + i), LD(b + i)));                                        \
+    TAIL(o + i, a + i, b + i, n - i);                                              \
+  }
+
+VKERN(v_f32_sum_k, float, 8, __m256, ld_ps, st_ps, v_f32_sum, s_f32_sum)
+VKERN(v_f32_prod_k, float, 8, __m256, ld_ps, st_ps, v_f32_prod, s_f32_prod)
+VKERN(v_f32_min_k, float, 8, __m256, ld_ps, st_ps, v_f32_min, s_f32_min)
+VKERN(v_f32_max_k, float, 8, __m256, ld_ps, st_ps, v_f32_max, s_f32_max)
+VKERN(v_f64_sum_k, double, 4, __m256d, ld_pd, st_pd, v_f64_sum, s_f64_sum)
+VKERN(v_f64_prod_k, double, 4, __m256d, ld_pd, st_pd, v_f64_prod, s_f64_prod)
+VKERN(v_f64_min_k, double, 4, __m256d, ld_pd, st_pd, v_f64_min, s_f64_min)
+VKERN(v_f64_max_k, double, 4, __m256d, ld_pd, st_pd, v_f64_max, s_f64_max)
+VKERN(v_i32_sum_k, int32_t, 8, __m256i, ld_si, st_si, v_i32_sum, s_i32_sum)
+VKERN(v_i32_prod_k, int32_t, 8, __m256i, ld_si, st_si, v_i32_prod, s_i32_prod)
+VKERN(v_i32_min_k, int32_t, 8, __m256i, ld_si, st_si, v_i32_min, s_i32_min)
+VKERN(v_i32_max_k, int32_t, 8, __m256i, ld_si, st_si, v_i32_max, s_i32_max)
+VKERN(v_i64_sum_k, int64_t, 4, __m256i, ld_si, st_si, v_i64_sum, s_i64_sum)
+VKERN(v_i64_min_k, int64_t, 4, __m256i, ld_si, st_si, v_i64_min, s_i64_min)
+VKERN(v_i64_max_k, int64_t, 4, __m256i, ld_si, st_si, v_i64_max, s_i64_max)
+VKERN(v_u8_sum_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_sum, s_u8_sum)
+VKERN(v_u8_min_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_min, s_u8_min)
+VKERN(v_u8_max_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_max, s_u8_max)
+VKERN(v_f16_sum_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_sum, s_f16_sum)
+VKERN(v_f16_prod_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_prod, s_f16_prod)
+VKERN(v_f16_min_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_min, s_f16_min)
+VKERN(v_f16_max_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_max, s_f16_max)
+VKERN(v_bf16_sum_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_sum, s_bf16_sum)
+VKERN(v_bf16_prod_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_prod, s_bf16_prod)
+VKERN(v_bf16_min_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_min, s_bf16_min)
+VKERN(v_bf16_max_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_max, s_bf16_max)
+
+/* AVX2 has no 64-bit or 8-bit multiply: those products stay scalar. */
+static const red_fn avx2_tab[DT_DTYPE_COUNT][4] = {
+    [DT_F32] = {v_f32_sum_k, v_f32_prod_k, v_f32_min_k, v_f32_max_k},
+    [DT_F64] = {v_f64_sum_k, v_f64_prod_k, v_f64_min_k, v_f64_max_k},
+    [DT_F16] = {v_f16_sum_k, v_f16_prod_k, v_f16_min_k, v_f16_max_k},
+    [DT_BF16] = {v_bf16_sum_k, v_bf16_prod_k, v_bf16_min_k, v_bf16_max_k},
+    [DT_I32] = {v_i32_sum_k, v_i32_prod_k, v_i32_min_k, v_i32_max_k},
+    [DT_I64] = {v_i64_sum_k, s_i64_prod, v_i64_min_k, v_i64_max_k},
+    [DT_U8] = {v_u8_sum_k, s_u8_prod, v_u8_min_k, v_u8_max_k},
+};
+
+TGT static void v_to_f32(float *dst, const uint16_t *src, size_t n, dt_dtype t) {
+  size_t i = 0;
+  if (t == DT_F16)
+    for (; i + 8 <= n; i += 8)
+      st_ps(dst + i, ld_f16(src + i));
+  else
+    for (; i + 8 <= n; i += 8)
+      st_ps(dst + i, ld_bf16(src + i));
+  s_to_f32(dst + i, src + i, n - i, t);
+}
+
+TGT static void v_from_f32(uint16_t *dst, const float *src, size_t n, dt_dtype t) {
+  size_t i = 0;
+  if (t == DT_F16)
+    for (; i + 8 <= n; i += 8)
+      st_f16(dst + i, ld_ps(src + i));
+  else
+    for (; i + 8 <= n; i += 8)
+      st_bf16(dst + i, ld_ps(src + i));
+  s_from_f32(dst + i, src + i, n - i, t);
+}
+
+TGT static void v_div_f32(float *p, size_t n, float d) {
+  size_t i = 0;
+  __m256 vd = _mm256_set1_ps(d);
+  for (; i + 8 <= n; i += 8)
+    st_ps(p + i, _mm256_div_ps(ld_ps(p + i), vd));
+  for (; i < n; i++)
+    p[i] = p[i] / d;
+}
+#endif /* RED_X86 */
+
+/* ---------- dispatch ---------- */
+
+static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2 */
+static atomic_int force_scalar;
+
+static bool use_avx2(void) {
+#ifdef RED_X86
+  if (atomic_load_explicit(&force_scalar, memory_order_relaxed))
+    return false;
+  int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
+  if (s == 0) {
+    __builtin_cpu_init();
+    s = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) ? 2 : 1;
+    if (dt__env_str("DTRAIN_NO_SIMD"))
+      s = 1;
+    atomic_store_explicit(&simd_state, s, memory_order_relaxed);
+  }
+  return s == 2;
+#else
+  return false;
+#endif
+}
+
+void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on ? 1 : 0); }
+
+const char *dt__reduce_isa(void) { return use_avx2() ? "avx2" : "scalar"; }
+
+static red_fn pick(dt_dtype t, dt_op op) {
+  int o = op == DT_AVG ? 0 : (int)op; /* avg sums; finish divides */
+#ifdef RED_X86
+  if (use_avx2())
+    return avx2_tab[t][o];
+#endif
+  return scalar_tab[t][o];
+}
+
+void dt__reduce2(void *out, const void *a, const void *b, size_t count, dt_dtype t, dt_op op) {
+  if (count == 0 || (unsigned)t >= DT_DTYPE_COUNT || (unsigned)op >= DT_OP_COUNT)
+    return;
+  pick(t, op)(out, a, b, count);
+}
+
+void dt__reduce(void *dst, const void *src, size_t count, dt_dtype t, dt_op op) {
+  dt__reduce2(dst, dst, src, count, t, op);
+}
+
+void dt__to_f32(float *dst, const void *src, size_t n, dt_dtype t) {
+  if (t == DT_F32) {
+    if ((const void *)dst != src)
+      memmove(dst, src, n * 4);
+    return;
+  }
+#ifdef RED_X86
+  if (use_avx2()) {
+    v_to_f32(dst, src, n, t);
+    return;
+  }
+#endif
+  s_to_f32(dst, src, n, t);
+}
+
+void dt__from_f32(void *dst, const float *src, size_t n, dt_dtype t) {
+  if (t == DT_F32) {
+    if (dst != (const void *)src)
+      memmove(dst, src, n * 4);
+    return;
+  }
+#ifdef RED_X86
+  if (use_avx2()) {
+    v_from_f32(dst, src, n, t);
+    return;
+  }
+#endif
+  s_from_f32(dst, src, n, t);
+}
+
+static void div_f32(float *p, size_t n, int d) {
+#ifdef RED_X86
+  if (use_avx2()) {
+    v_div_f32(p, n, (float)d);
+    return;
+  }
+#endif
+  for (size_t i = 0; i < n; i++)
+    p[i] = p[i] / (float)d;
+}
+
+/* Block of f32 scratch on the stack: 2 KiB per operand keeps both in L1. */
+#define MIX_BLOCK 512
+
+void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, size_t n,
+                    dt_op op, int div) {
+  float fa[MIX_BLOCK], fb[MIX_BLOCK], fo[MIX_BLOCK];
+  red_fn k = pick(DT_F32, op);
+  for (size_t off = 0; off < n; off += MIX_BLOCK) {
+    size_t m = DT_MIN((size_t)MIX_BLOCK, n - off);
+    const float *pa, *pb;
+    if (at == DT_F32) {
+      pa = (const float *)a + off;
+    } else {
+      dt__to_f32(fa, (const uint16_t *)a + off, m, at);
+      pa = fa;
+    }
+    if (bt == DT_F32) {
+      pb = (const float *)b + off;
+    } else {
+      dt__to_f32(fb, (const uint16_t *)b + off, m, bt);
+      pb = fb;
+    }
+    float *po = ot == DT_F32 ? (float *)out + off : fo;
+    k(po, pa, pb, m);
+    if (div > 1)
+      div_f32(po, m, div);
+    if (ot != DT_F32)
+      dt__from_f32((uint16_t *)out + off, po, m, ot);
+  }
+}
+
+void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
+  if (op != DT_AVG || n <= 1 || count == 0)
+    return;
+  switch (t) {
+  case DT_F32:
+    div_f32(buf, count, n);
+    break;
+  case DT_F64: {
+    double *p = buf;
+    for (size_t i = 0; i < count; i++)
+      p[i] = p[i] / (double)n;
+    break;
+  }
+  case DT_F16:
+  case DT_BF16: {
+    float f[MIX_BLOCK];
+    for (size_t off = 0; off < count; off += MIX_BLOCK) {
+      size_t m = DT_MIN((size_t)MIX_BLOCK, count - off);
+      dt__to_f32(f, (uint16_t *)buf + off, m, t);
+      div_f32(f, m, n);
+      dt__from_f32((uint16_t *)buf + off, f, m, t);
+    }
+    break;
+  }
+  case DT_I32: {
+    int32_t *p = buf;
+    for (size_t i = 0; i < count; i++)
+      p[i] = p[i] / n;
+    break;
+  }
+  case DT_I64: {
+    int64_t *p = buf;
+    for (size_t i = 0; i < count; i++)
+      p[i] = p[i] / n;
+    break;
+  }
+  case DT_U8: {
+    uint8_t *p = buf;
+    for (size_t i = 0; i < count; i++)
+      p[i] = (uint8_t)(p[i] / n);
+    break;
+  }
+  default:
+    break;
+  }
+}

@@ -1,0 +1,436 @@
+/* layers.c - forward and backward kernels of every layer, and the softmax cross-entropy loss.
+ * B = batch, C = channels, H/W = height/width, K = KH*KW*IC (one im2col row), F = features.
+ * Activations are channels-last: sample n, pixel (h, w), channel c is at ((n*H + h)*W + w)*C + c.
+ * Kernels only read and write buffers the model allocated up front: they never allocate, never
+ * fail, and trust the shapes checked by the spec parser. Backward kernels ADD parameter gradients
+ * (accumulation across micro-batches) and OVERWRITE input gradients. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "nn/nn.h"
+
+/* ---- linear: y (B, OUT) = x (B, IN) W^T + b, W (OUT, IN) ---- */
+
+static void bias_act(float *y, const float *b, size_t rows, int n, bool relu) {
+  for (size_t r = 0; r < rows; r++) {
+    float *yr = y + r * (size_t)n;
+    if (relu)
+      for (int j = 0; j < n; j++) {
+        float v = yr[j] + b[j];
+        yr[j] = v > 0.0f ? v : 0.0f;
+      }
+    else
+      for (int j = 0; j < n; j++)
+        yr[j] += b[j];
+  }
+}
+
+/* db[j] += sum over rows of dy[r][j] */
+static void bias_grad(float *db, const float *dy, size_t rows, int n) {
+  for (size_t r = 0; r < rows; r++) {
+    const float *d = dy + r * (size_t)n;
+    for (int j = 0; j < n; j++)
+      db[j] += d[j];
+  }
+}
+
+static void linear_forward(nn_layer *l, const float *P, int B) {
+  int in = l->in.c, out = l->out.c;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, l->x, in, P + l->w_off,
+              in, 0.0f, l->y, out);
+  bias_act(l->y, P + l->b_off, (size_t)B, out, l->relu_fused);
+}
+
+static void linear_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+  int in = l->in.c, out = l->out.c;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, l->dy, out, l->x, in,
+              1.0f, G + l->w_off, in);
+  bias_grad(G + l->b_off, l->dy, (size_t)B, out);
+  if (need_dx)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, l->dy, out,
+                P + l->w_off, in, 0.0f, l->dx, in);
+}
+
+/* ---- conv2d: im2col over a chunk of samples, then one sgemm per chunk ----
+ * A col row holds the KxK window of one output pixel in (kh, kw, ic) order, which matches the
+ * weight layout (OC, KH, KW, IC): within a kernel row the window is contiguous in NHWC memory,
+ * so each (pixel, kh) is one memcpy of up to K*IC floats plus zero borders. */
+
+static void im2col(const nn_layer *l, const float *x, int nb, float *col) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride, Pd = l->pad;
+  const int OH = l->out.h, OW = l->out.w;
+  const size_t rowlen = (size_t)k * k * C, seg = (size_t)k * C;
+  for (int n = 0; n < nb; n++) {
+    const float *xs = x + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        float *r = col + (((size_t)n * OH + oh) * OW + ow) * rowlen;
+        int iw0 = ow * S - Pd;
+        int kw_lo = iw0 < 0 ? -iw0 : 0;
+        int kw_hi = W - iw0 < k ? W - iw0 : k; /* exclusive */
+        for (int kh = 0; kh < k; kh++, r += seg) {
+          int ih = oh * S - Pd + kh;
+          if (ih < 0 || ih >= H || kw_hi <= kw_lo) {
+            memset(r, 0, seg * sizeof(float));
+            continue;
+          }
+          if (kw_lo > 0)
+            memset(r, 0, (size_t)kw_lo * C * sizeof(float));
+          memcpy(r + (size_t)kw_lo * C, xs + ((size_t)ih * W + iw0 + kw_lo) * C,
+                 (size_t)(kw_hi - kw_lo) * C * sizeof(float));
+          if (kw_hi < k)
+            memset(r + (size_t)kw_hi * C, 0, (size_t)(k - kw_hi) * C * sizeof(float));
+        }
+      }
+  }
+}
+
+/* dx (already zeroed) += the windows in dcol, the adjoint of im2col. */
+static void col2im(const nn_layer *l, const float *dcol, int nb, float *dx) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride, Pd = l->pad;
+  const int OH = l->out.h, OW = l->out.w;
+  const size_t rowlen = (size_t)k * k * C, seg = (size_t)k * C;
+  for (int n = 0; n < nb; n++) {
+    float *ds = dx + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        const float *r = dcol + (((size_t)n * OH + oh) * OW + ow) * rowlen;
+        int iw0 = ow * S - Pd;
+        int kw_lo = iw0 < 0 ? -iw0 : 0;
+        int kw_hi = W - iw0 < k ? W - iw0 : k;
+        for (int kh = 0; kh < k; kh++, r += seg) {
+          int ih = oh * S - Pd + kh;
+          if (ih < 0 || ih >= H || kw_hi <= kw_lo)
+            continue;
+          float *d = ds + ((size_t)ih * W + iw0 + kw_lo) * C;
+          const float *s = r + (size_t)kw_lo * C;
+          size_t len = (size_t)(kw_hi - kw_lo) * C;
+          for (size_t i = 0; i < len; i++)
+            d[i] += s[i];
+        }
+      }
+  }
+}
+
+static void conv_forward(nn_layer *l, const float *P, int B) {
+  const int OC = l->out.c, K = l->k * l->k * l->in.c;
+  const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
+  const int pix = l->out.h * l->out.w;
+  for (int b0 = 0; b0 < B; b0 += l->chunk) {
+    int nb = B - b0 < l->chunk ? B - b0 : l->chunk;
+    im2col(l, l->x + (size_t)b0 * in_sz, nb, l->ws);
+    float *y = l->y + (size_t)b0 * out_sz;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb * pix, OC, K, 1.0f, l->ws, K,
+                P + l->w_off, K, 0.0f, y, OC);
+    bias_act(y, P + l->b_off, (size_t)nb * pix, OC, l->relu_fused);
+  }
+}
+
+static void conv_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+  const int OC = l->out.c, K = l->k * l->k * l->in.c;
+  const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
+  const int pix = l->out.h * l->out.w;
+  for (int b0 = 0; b0 < B; b0 += l->chunk) {
+    int nb = B - b0 < l->chunk ? B - b0 : l->chunk;
+    int rows = nb * pix;
+    const float *dy = l->dy + (size_t)b0 * out_sz;
+    im2col(l, l->x + (size_t)b0 * in_sz, nb, l->ws);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, dy, OC, l->ws, K,
+                1.0f, G + l->w_off, K);
+    bias_grad(G + l->b_off, dy, (size_t)rows, OC);
+    if (need_dx) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, OC, 1.0f, dy, OC,
+                  P + l->w_off, K, 0.0f, l->ws2, K);
+      float *dx = l->dx + (size_t)b0 * in_sz;
+      memset(dx, 0, (size_t)nb * in_sz * sizeof(float));
+      col2im(l, l->ws2, nb, dx);
+    }
+  }
+}
+
+/* ---- pooling (no padding): windows k x k, stride S ---- */
+
+static void maxpool_forward(nn_layer *l, int B) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
+  const int OH = l->out.h, OW = l->out.w;
+  for (int n = 0; n < B; n++) {
+    const float *xs = l->x + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        size_t o = (((size_t)n * OH + oh) * OW + ow) * C;
+        float *y = l->y + o;
+        int32_t *ix = l->idx + o;
+        int32_t base = (int32_t)(((size_t)(oh * S) * W + (size_t)(ow * S)) * C);
+        for (int c = 0; c < C; c++) {
+          y[c] = xs[base + c];
+          ix[c] = base + c;
+        }
+        for (int kh = 0; kh < k; kh++)
+          for (int kw = 0; kw < k; kw++) {
+            if (!kh && !kw)
+              continue;
+            int32_t off = (int32_t)(((size_t)(oh * S + kh) * W + (size_t)(ow * S + kw)) * C);
+            const float *xv = xs + off;
+            for (int c = 0; c < C; c++)
+              if (xv[c] > y[c]) {
+                y[c] = xv[c];
+                ix[c] = off + c;
+              }
+          }
+      }
+  }
+}
+
+static void maxpool_backward(nn_layer *l, int B) {
+  const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
+  memset(l->dx, 0, (size_t)B * in_sz * sizeof(float));
+  for (int n = 0; n < B; n++) {
+    float *dx = l->dx + (size_t)n * in_sz;
+    const float *dy = l->dy + (size_t)n * out_sz;
+    const int32_t *ix = l->idx + (size_t)n * out_sz;
+    for (size_t i = 0; i < out_sz; i++)
+      dx[ix[i]] += dy[i];
+  }
+}
+
+static void avgpool_forward(nn_layer *l, int B) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
+  const int OH = l->out.h, OW = l->out.w;
+  const float inv = 1.0f / (float)(k * k);
+  for (int n = 0; n < B; n++) {
+    const float *xs = l->x + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        float *y = l->y + (((size_t)n * OH + oh) * OW + ow) * C;
+        memset(y, 0, (size_t)C * sizeof(float));
+        for (int kh = 0; kh < k; kh++)
+          for (int kw = 0; kw < k; kw++) {
+            const float *xv = xs + ((size_t)(oh * S + kh) * W + (size_t)(ow * S + kw)) * C;
+            for (int c = 0; c < C; c++)
+              y[c] += xv[c];
+          }
+        for (int c = 0; c < C; c++)
+          y[c] *= inv;
+      }
+  }
+}
+
+static void avgpool_backward(nn_layer *l, int B) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
+  const int OH = l->out.h, OW = l->out.w;
+  const float inv = 1.0f / (float)(k * k);
+  memset(l->dx, 0, (size_t)B * nn_shape_size(l->in) * sizeof(float));
+  for (int n = 0; n < B; n++) {
+    float *ds = l->dx + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        const float *dy = l->dy + (((size_t)n * OH + oh) * OW + ow) * C;
+        for (int kh = 0; kh < k; kh++)
+          for (int kw = 0; kw < k; kw++) {
+            float *d = ds + ((size_t)(oh * S + kh) * W + (size_t)(ow * S + kw)) * C;
+            for (int c = 0; c < C; c++)
+              d[c] += dy[c] * inv;
+          }
+      }
+  }
+}
+
+/* ---- elementwise: relu and dropout run in place (y == x, dx == dy); gelu does not ---- */
+
+static void relu_forward(nn_layer *l, int B) {
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  float *y = l->y;
+  for (size_t i = 0; i < n; i++)
+    y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+}
+
+static void relu_backward(nn_layer *l, int B) {
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  const float *y = l->y;
+  float *d = l->dx;
+  for (size_t i = 0; i < n; i++)
+    d[i] = y[i] > 0.0f ? d[i] : 0.0f;
+}
+
+/* Exact (erf) GELU as PyTorch's default: y = x * Phi(x). */
+static void gelu_forward(nn_layer *l, int B) {
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  for (size_t i = 0; i < n; i++) {
+    float x = l->x[i];
+    l->y[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  }
+}
+
+static void gelu_backward(nn_layer *l, int B) {
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  for (size_t i = 0; i < n; i++) {
+    float x = l->x[i];
+    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+    l->dx[i] = l->dy[i] * (cdf + x * pdf);
+  }
+}
+
+/* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. The
+ * mask draws 16 bits per value from the model's RNG (4 values per 64-bit draw). */
+static void dropout_forward(nn_layer *l, int B, bool train, dt_rng *rng) {
+  if (!train || l->p <= 0.0f)
+    return;
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  const uint32_t thresh = (uint32_t)((double)l->p * 65536.0);
+  const float scale = 1.0f / (1.0f - l->p);
+  uint64_t bits = 0;
+  for (size_t i = 0; i < n; i++) {
+    if ((i & 3) == 0)
+      bits = dt_rng_next(rng);
+    uint8_t keep = (uint32_t)(bits & 0xffff) >= thresh;
+    bits >>= 16;
+    l->mask[i] = keep;
+    l->y[i] = keep ? l->y[i] * scale : 0.0f;
+  }
+}
+
+static void dropout_backward(nn_layer *l, int B) {
+  if (l->p <= 0.0f)
+    return;
+  size_t n = (size_t)B * nn_shape_size(l->in);
+  const float scale = 1.0f / (1.0f - l->p);
+  for (size_t i = 0; i < n; i++)
+    l->dx[i] = l->mask[i] ? l->dx[i] * scale : 0.0f;
+}
+
+/* ---- layernorm over the F features of each sample, eps 1e-5 as PyTorch ---- */
+
+#define LN_EPS 1e-5
+
+static void layernorm_forward(nn_layer *l, const float *P, int B) {
+  const int F = l->in.c;
+  const float *g = P + l->w_off, *be = P + l->b_off;
+  for (int n = 0; n < B; n++) {
+    const float *x = l->x + (size_t)n * F;
+    float *y = l->y + (size_t)n * F;
+    double s = 0.0, s2 = 0.0;
+    for (int i = 0; i < F; i++)
+      s += x[i];
+    double mean = s / F;
+    for (int i = 0; i < F; i++) {
+      double d = x[i] - mean;
+      s2 += d * d;
+    }
+    float rstd = (float)(1.0 / sqrt(s2 / F + LN_EPS));
+    float mf = (float)mean;
+    l->ws[2 * n] = mf;
+    l->ws[2 * n + 1] = rstd;
+    for (int i = 0; i < F; i++)
+      y[i] = (x[i] - mf) * rstd * g[i] + be[i];
+  }
+}
+
+static void layernorm_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+  const int F = l->in.c;
+  const float *g = P + l->w_off;
+  float *dg = G + l->w_off, *db = G + l->b_off;
+  for (int n = 0; n < B; n++) {
+    const float *x = l->x + (size_t)n * F, *dy = l->dy + (size_t)n * F;
+    float mean = l->ws[2 * n], rstd = l->ws[2 * n + 1];
+    double sd = 0.0, sdx = 0.0; /* sums of dxhat and dxhat*xhat */
+    for (int i = 0; i < F; i++) {
+      float xh = (x[i] - mean) * rstd;
+      float dxh = dy[i] * g[i];
+      dg[i] += dy[i] * xh;
+      db[i] += dy[i];
+      sd += dxh;
+      sdx += (double)dxh * xh;
+    }
+    if (!need_dx)
+      continue;
+    float md = (float)(sd / F), mdx = (float)(sdx / F);
+    float *dx = l->dx + (size_t)n * F;
+    for (int i = 0; i < F; i++) {
+      float xh = (x[i] - mean) * rstd;
+      dx[i] = rstd * (dy[i] * g[i] - md - xh * mdx);
+    }
+  }
+}
+
+/* ---- dispatch ---- */
+
+void dt__nn_forward_layer(nn_layer *l, const float *params, int B, bool train, dt_rng *rng) {
+  switch (l->kind) {
+  case NN_LINEAR: linear_forward(l, params, B); break;
+  case NN_CONV: conv_forward(l, params, B); break;
+  case NN_MAXPOOL: maxpool_forward(l, B); break;
+  case NN_AVGPOOL: avgpool_forward(l, B); break;
+  case NN_RELU:
+    if (!l->fused_away)
+      relu_forward(l, B);
+    break;
+  case NN_GELU: gelu_forward(l, B); break;
+  case NN_DROPOUT: dropout_forward(l, B, train, rng); break;
+  case NN_FLATTEN: break;
+  case NN_LAYERNORM: layernorm_forward(l, params, B); break;
+  }
+}
+
+void dt__nn_backward_layer(nn_layer *l, const float *params, float *grads, int B, bool need_dx) {
+  switch (l->kind) {
+  case NN_LINEAR: linear_backward(l, params, grads, B, need_dx); break;
+  case NN_CONV: conv_backward(l, params, grads, B, need_dx); break;
+  case NN_LAYERNORM: layernorm_backward(l, params, grads, B, need_dx); break;
+  case NN_MAXPOOL:
+    if (need_dx)
+      maxpool_backward(l, B);
+    break;
+  case NN_AVGPOOL:
+    if (need_dx)
+      avgpool_backward(l, B);
+    break;
+  case NN_RELU:
+    if (need_dx)
+      relu_backward(l, B);
+    break;
+  case NN_GELU:
+    if (need_dx)
+      gelu_backward(l, B);
+    break;
+  case NN_DROPOUT:
+    if (need_dx)
+      dropout_backward(l, B);
+    break;
+  case NN_FLATTEN: break;
+  }
+}
+
+/* ---- softmax cross-entropy, mean over the batch ---- */
+
+double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int B, int C, float scale,
+                           float *dlogits, int64_t *correct) {
+  double total = 0.0;
+  const float inv = scale / (float)B;
+  for (int n = 0; n < B; n++) {
+    const float *z = logits + (size_t)n * C;
+    int best = 0;
+    float mx = z[0];
+    for (int j = 1; j < C; j++)
+      if (z[j] > mx) {
+        mx = z[j];
+        best = j;
+      }
+    double sum = 0.0;
+    for (int j = 0; j < C; j++)
+      sum += exp((double)(z[j] - mx));
+    int y = labels[n];
+    total += log(sum) - (double)(z[y] - mx);
+    if (correct && best == y)
+      (*correct)++;
+    if (dlogits) {
+      float *d = dlogits + (size_t)n * C;
+      float isum = (float)(1.0 / sum);
+      for (int j = 0; j < C; j++)
+        d[j] = expf(z[j] - mx) * isum * inv;
+      d[y] -= inv;
+    }
+  }
+  return total / B;
+}

@@ -1,0 +1,348 @@
+/* test_reduce.c - the reduction kernels and dtype helpers against an independent scalar
+ * reference: every dtype x op, lengths around the vector widths with unaligned starts, both the
+ * AVX2 and the portable kernels, f16/bf16 rounding corner cases (ties, overflow, subnormals),
+ * NaN propagation, avg finishing and the mixed-precision kernel the ring uses. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "comm/coll/coll.h"
+
+/* ---- independent references: f16 via the compiler's _Float16, bf16 by picking the nearer
+ * of the two neighbours in double precision ---- */
+static uint16_t ref_f16(float f) {
+  _Float16 h = (_Float16)f;
+  uint16_t u;
+  memcpy(&u, &h, 2);
+  return u;
+}
+static float ref_f16_to_f32(uint16_t u) {
+  _Float16 h;
+  memcpy(&h, &u, 2);
+  return (float)h;
+}
+static float bf_val(uint16_t u) {
+  uint32_t x = (uint32_t)u << 16;
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+static uint16_t ref_bf16(float f) {
+  if (isnan(f))
+    return 0x7fc0;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint16_t lo = (uint16_t)(x >> 16), hi = (uint16_t)(lo + 1); /* truncation and next away from 0 */
+  if ((x & 0xffff) == 0)
+    return lo;
+  double dl = fabs((double)f - (double)bf_val(lo));
+  double dh = isinf(bf_val(hi)) ? fabs((double)f - ((double)bf_val(lo) + ldexp(1.0, 128 - 8) * (f < 0 ? -1 : 1)))
+                                : fabs((double)f - (double)bf_val(hi));
+  if (dl < dh)
+    return lo;
+  if (dh < dl)
+    return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+static double ref_op(double x, double y, dt_op op) {
+  switch (op) {
+  case DT_SUM: case DT_AVG: return x + y;
+  case DT_PROD: return x * y;
+  case DT_MIN: return isnan(x) ? x : (x < y ? x : y);
+  default: return isnan(x) ? x : (x > y ? x : y);
+  }
+}
+
+/* Reference for one element: values as raw bytes of type t. */
+static void ref_elem(void *o, const void *a, const void *b, dt_dtype t, dt_op op) {
+  switch (t) {
+  case DT_F32: { float x, y, r; memcpy(&x, a, 4); memcpy(&y, b, 4);
+    r = op == DT_SUM || op == DT_AVG ? x + y : op == DT_PROD ? x * y : (float)ref_op(x, y, op);
+    memcpy(o, &r, 4); break; }
+  case DT_F64: { double x, y, r; memcpy(&x, a, 8); memcpy(&y, b, 8); r = ref_op(x, y, op); memcpy(o, &r, 8); break; }
+  case DT_F16: { uint16_t x, y; memcpy(&x, a, 2); memcpy(&y, b, 2);
+    float fx = ref_f16_to_f32(x), fy = ref_f16_to_f32(y);
+    float r = op == DT_SUM || op == DT_AVG ? fx + fy : op == DT_PROD ? fx * fy : (float)ref_op(fx, fy, op);
+    uint16_t h = ref_f16(r); memcpy(o, &h, 2); break; }
+  case DT_BF16: { uint16_t x, y; memcpy(&x, a, 2); memcpy(&y, b, 2);
+    float fx = bf_val(x), fy = bf_val(y);
+    float r = op == DT_SUM || op == DT_AVG ? fx + fy : op == DT_PROD ? fx * fy : (float)ref_op(fx, fy, op);
+    uint16_t h = ref_bf16(r); memcpy(o, &h, 2); break; }
+  case DT_I32: { int32_t x, y; int64_t r; memcpy(&x, a, 4); memcpy(&y, b, 4);
+    r = op == DT_SUM || op == DT_AVG ? (int64_t)x + y : op == DT_PROD ? (int64_t)x * y : op == DT_MIN ? (x < y ? x : y) : (x > y ? x : y);
+    int32_t w = (int32_t)(uint32_t)(uint64_t)r; memcpy(o, &w, 4); break; }
+  case DT_I64: { int64_t x, y; memcpy(&x, a, 8); memcpy(&y, b, 8);
+    uint64_t r = op == DT_SUM || op == DT_AVG ? (uint64_t)x + (uint64_t)y : op == DT_PROD ? (uint64_t)x * (uint64_t)y
+               : (uint64_t)(op == DT_MIN ? (x < y ? x : y) : (x > y ? x : y));
+    memcpy(o, &r, 8); break; }
+  default: { uint8_t x = *(const uint8_t *)a, y = *(const uint8_t *)b;
+    unsigned r = op == DT_SUM || op == DT_AVG ? x + y : op == DT_PROD ? x * y : op == DT_MIN ? (x < y ? x : y) : (x > y ? x : y);
+    *(uint8_t *)o = (uint8_t)r; break; }
+  }
+}
+
+static int same_bits_or_nan(const void *x, const void *y, dt_dtype t) {
+  size_t es = dt_dtype_size(t);
+  if (!memcmp(x, y, es))
+    return 1;
+  if (t == DT_F32) { float a, b; memcpy(&a, x, 4); memcpy(&b, y, 4); return isnan(a) && isnan(b); }
+  if (t == DT_F64) { double a, b; memcpy(&a, x, 8); memcpy(&b, y, 8); return isnan(a) && isnan(b); }
+  if (t == DT_F16) { uint16_t a, b; memcpy(&a, x, 2); memcpy(&b, y, 2); return (a & 0x7fff) > 0x7c00 && (b & 0x7fff) > 0x7c00; }
+  if (t == DT_BF16) { uint16_t a, b; memcpy(&a, x, 2); memcpy(&b, y, 2); return (a & 0x7fff) > 0x7f80 && (b & 0x7fff) > 0x7f80; }
+  return 0;
+}
+
+static void fill(void *p, size_t n, dt_dtype t, dt_rng *rng, int specials) {
+  for (size_t i = 0; i < n; i++) {
+    double v = (dt_rng_uniform(rng) - 0.5) * 8;
+    if (specials && dt_rng_below(rng, 16) == 0) {
+      static const double sp[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 65504.0, 1e-7, 3.0e38};
+      v = sp[dt_rng_below(rng, 8)];
+    }
+    switch (t) {
+    case DT_F32: { float f = (float)v; memcpy((float *)p + i, &f, 4); break; }
+    case DT_F64: ((double *)p)[i] = v; break;
+    case DT_F16: ((uint16_t *)p)[i] = ref_f16((float)v); break;
+    case DT_BF16: ((uint16_t *)p)[i] = ref_bf16((float)v); break;
+    case DT_I32: ((int32_t *)p)[i] = (int32_t)dt_rng_next(rng); break;
+    case DT_I64: ((int64_t *)p)[i] = (int64_t)dt_rng_next(rng); break;
+    default: ((uint8_t *)p)[i] = (uint8_t)dt_rng_next(rng); break;
+    }
+  }
+}
+
+static void check_kernels(int scalar) {
+  dt__reduce_force_scalar(scalar);
+  if (!scalar)
+    printf("# vector kernels: %s\n", dt__reduce_isa());
+  static const size_t lens[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 1027};
+  dt_rng rng;
+  dt_rng_seed(&rng, 42);
+  for (int t = 0; t < DT_DTYPE_COUNT; t++)
+    for (int op = 0; op < DT_OP_COUNT; op++)
+      for (size_t li = 0; li < DT_ARRAY_LEN(lens); li++)
+        for (int mis = 0; mis < 2; mis++) {
+          size_t n = lens[li], es = dt_dtype_size((dt_dtype)t);
+          char *a = malloc((n + 2) * es), *b = malloc((n + 2) * es), *o = malloc((n + 2) * es), *ref = malloc((n + 1) * es);
+          char *pa = a + mis * es, *pb = b + mis * es, *po = o + mis * es; /* unaligned start */
+          fill(pa, n, (dt_dtype)t, &rng, 1);
+          fill(pb, n, (dt_dtype)t, &rng, 1);
+          for (size_t i = 0; i < n; i++)
+            ref_elem(ref + i * es, pa + i * es, pb + i * es, (dt_dtype)t, (dt_op)op);
+          dt__reduce2(po, pa, pb, n, (dt_dtype)t, (dt_op)op);
+          for (size_t i = 0; i < n; i++)
+            if (!same_bits_or_nan(po + i * es, ref + i * es, (dt_dtype)t)) {
+              fail_msg("%s %s %s n=%zu off=%d: element %zu differs from the reference", scalar ? "scalar" : "simd",
+                       dt_dtype_name((dt_dtype)t), dt_op_name((dt_op)op), n, mis, i);
+            }
+          /* in place: dst = dst op src gives the same */
+          dt__reduce(pa, pb, n, (dt_dtype)t, (dt_op)op);
+          for (size_t i = 0; i < n; i++)
+            assert_true(same_bits_or_nan(pa + i * es, ref + i * es, (dt_dtype)t));
+          free(a), free(b), free(o), free(ref);
+        }
+  dt__reduce_force_scalar(0);
+}
+
+static void test_kernels_simd(void **s) { (void)s; check_kernels(0); }
+static void test_kernels_scalar(void **s) { (void)s; check_kernels(1); }
+
+static void test_f16_rounding(void **s) {
+  (void)s;
+  for (int sc = 0; sc < 2; sc++) {
+    dt__reduce_force_scalar(sc);
+    struct { float in; uint16_t out; } cases[] = {
+        {1.0f, 0x3c00},                      {1.0f + 0x1p-11f, 0x3c00},   /* tie -> even (down) */
+        {1.0f + 3 * 0x1p-11f, 0x3c02},       /* tie -> even (up) */
+        {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01}, /* just above the tie */
+        {65504.0f, 0x7bff},                  {65519.0f, 0x7bff},          {65520.0f, 0x7c00},
+        {-65520.0f, 0xfc00},                 {0x1p-24f, 0x0001},          {0x1p-25f, 0x0000},
+        {0x1p-25f * 1.0001f, 0x0001},        {0x1.8p-24f, 0x0002},        /* 1.5 subnormal ulps: tie -> 2 */
+        {0x1p-14f, 0x0400},                  {0x1.ffcp-15f, 0x0400},      /* rounds up into the normals */
+        {-0.0f, 0x8000},                     {INFINITY, 0x7c00},          {-INFINITY, 0xfc00},
+        {1e-10f, 0x0000},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+      assert_int_equal(dt__f32_to_f16(cases[i].in), cases[i].out);
+      assert_int_equal(ref_f16(cases[i].in), cases[i].out);
+      /* the vector path (8 at once) agrees */
+      float v[9];
+      uint16_t h[9];
+      for (int j = 0; j < 9; j++)
+        v[j] = cases[i].in;
+      dt__from_f32(h, v, 9, DT_F16);
+      for (int j = 0; j < 9; j++)
+        assert_int_equal(h[j], cases[i].out);
+    }
+    uint16_t nan = dt__f32_to_f16(NAN);
+    assert_true((nan & 0x7c00) == 0x7c00 && (nan & 0x3ff));
+    /* every f16 round-trips exactly */
+    for (uint32_t u = 0; u < 0x10000; u++) {
+      float f = dt__f16_to_f32((uint16_t)u);
+      if ((u & 0x7fff) > 0x7c00) {
+        assert_true(isnan(f));
+        continue;
+      }
+      assert_true(f == ref_f16_to_f32((uint16_t)u) || (f == 0 && ref_f16_to_f32((uint16_t)u) == 0));
+      assert_int_equal(dt__f32_to_f16(f), u);
+    }
+  }
+  dt__reduce_force_scalar(0);
+}
+
+static void test_bf16_rounding(void **s) {
+  (void)s;
+  for (int sc = 0; sc < 2; sc++) {
+    dt__reduce_force_scalar(sc);
+    struct { float in; uint16_t out; } cases[] = {
+        {1.0f, 0x3f80},           {1.0f + 0x1p-8f, 0x3f80},             /* tie -> even */
+        {1.0f + 3 * 0x1p-8f, 0x3f82}, {1.0f + 0x1p-8f + 0x1p-20f, 0x3f81},
+        {0x1.fffffep127f, 0x7f80}, /* max float rounds to Inf */
+        {-0.0f, 0x8000},          {INFINITY, 0x7f80},                   {0x1p-133f, 0x0001}, {0x1p-134f, 0x0000}, {0x1.8p-133f, 0x0002},
+    };
+    for (size_t i = 0; i < DT_ARRAY_LEN(cases); i++) {
+      assert_int_equal(dt__f32_to_bf16(cases[i].in), cases[i].out);
+      assert_int_equal(ref_bf16(cases[i].in), cases[i].out);
+      float v[9];
+      uint16_t h[9];
+      for (int j = 0; j < 9; j++)
+        v[j] = cases[i].in;
+      dt__from_f32(h, v, 9, DT_BF16);
+      for (int j = 0; j < 9; j++)
+        assert_int_equal(h[j], cases[i].out);
+    }
+    /* NaN stays NaN, even one whose payload would carry into the exponent */
+    uint32_t nb = 0x7fffffff;
+    float nf;
+    memcpy(&nf, &nb, 4);
+    float v[9];
+    uint16_t h[9];
+    for (int j = 0; j < 9; j++)
+      v[j] = nf;
+    dt__from_f32(h, v, 9, DT_BF16);
+    for (int j = 0; j < 9; j++)
+      assert_true((h[j] & 0x7fff) > 0x7f80);
+    assert_true((dt__f32_to_bf16(nf) & 0x7fff) > 0x7f80);
+  }
+  dt__reduce_force_scalar(0);
+}
+
+static void test_nan_minmax(void **s) {
+  (void)s;
+  float a[16], b[16], o[16];
+  for (int i = 0; i < 16; i++)
+    a[i] = (float)i, b[i] = (float)(16 - i);
+  a[3] = NAN;
+  b[5] = NAN;
+  a[12] = NAN;
+  b[12] = 1;
+  for (int op = DT_MIN; op <= DT_MAX; op++) {
+    dt__reduce2(o, a, b, 16, DT_F32, (dt_op)op);
+    assert_true(isnan(o[3]) && isnan(o[5]) && isnan(o[12]));
+    assert_true(o[0] == (op == DT_MIN ? 0 : 16));
+  }
+  dt__reduce2(o, a, b, 16, DT_F32, DT_SUM);
+  assert_true(isnan(o[3]) && isnan(o[5]) && o[0] == 16);
+}
+
+static void test_finish_and_mix(void **s) {
+  (void)s;
+  int32_t vi[9] = {7, -7, 8, 9, -9, 0, 1, -1, 100};
+  dt__reduce_finish(vi, 9, DT_I32, DT_AVG, 4);
+  int32_t ei[9] = {1, -1, 2, 2, -2, 0, 0, 0, 25}; /* truncation toward zero */
+  assert_memory_equal(vi, ei, sizeof vi);
+  int64_t vl[3] = {-10, 10, 3};
+  dt__reduce_finish(vl, 3, DT_I64, DT_AVG, 3);
+  assert_true(vl[0] == -3 && vl[1] == 3 && vl[2] == 1);
+  uint8_t vu[2] = {250, 9};
+  dt__reduce_finish(vu, 2, DT_U8, DT_AVG, 4);
+  assert_true(vu[0] == 62 && vu[1] == 2);
+  float vf[11];
+  for (int i = 0; i < 11; i++)
+    vf[i] = (float)(3 * i);
+  dt__reduce_finish(vf, 11, DT_F32, DT_AVG, 3);
+  for (int i = 0; i < 11; i++)
+    assert_true(vf[i] == (float)i);
+  dt__reduce_finish(vf, 11, DT_F32, DT_SUM, 3); /* not avg: untouched */
+  assert_true(vf[10] == 10.0f);
+  uint16_t vh[10];
+  for (int i = 0; i < 10; i++)
+    vh[i] = ref_f16((float)(6 * i));
+  dt__reduce_finish(vh, 10, DT_F16, DT_AVG, 6);
+  for (int i = 0; i < 10; i++)
+    assert_int_equal(vh[i], ref_f16((float)i));
+  double vd[2] = {1, 3};
+  dt__reduce_finish(vd, 2, DT_F64, DT_AVG, 2);
+  assert_true(vd[0] == 0.5 && vd[1] == 1.5);
+
+  /* mixed: f16 + f32 partial -> f16 rounded once; f16 + f16 -> f32 exact */
+  enum { N = 1100 };
+  static uint16_t h1[N], h2[N], out[N];
+  static float part[N], out32[N];
+  dt_rng rng;
+  dt_rng_seed(&rng, 7);
+  for (int i = 0; i < N; i++) {
+    h1[i] = ref_f16((float)(dt_rng_uniform(&rng) * 4 - 2));
+    h2[i] = ref_f16((float)(dt_rng_uniform(&rng) * 4 - 2));
+    part[i] = (float)(dt_rng_uniform(&rng) * 4 - 2);
+  }
+  dt__reduce_mix(out, DT_F16, h1, DT_F16, part, DT_F32, N, DT_SUM, 1);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(out[i], ref_f16(ref_f16_to_f32(h1[i]) + part[i]));
+  dt__reduce_mix(out, DT_F16, h1, DT_F16, part, DT_F32, N, DT_AVG, 3);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(out[i], ref_f16((ref_f16_to_f32(h1[i]) + part[i]) / 3.0f));
+  dt__reduce_mix(out32, DT_F32, h1, DT_F16, h2, DT_F16, N, DT_PROD, 1);
+  for (int i = 0; i < N; i++)
+    assert_true(out32[i] == ref_f16_to_f32(h1[i]) * ref_f16_to_f32(h2[i]));
+  for (int i = 0; i < N; i++)
+    h1[i] = ref_bf16((float)i * 0.37f);
+  dt__reduce_mix(out, DT_BF16, h1, DT_BF16, part, DT_F32, N, DT_SUM, 1);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(out[i], ref_bf16(bf_val(h1[i]) + part[i]));
+}
+
+static void test_dtype_helpers(void **s) {
+  (void)s;
+  static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
+  for (int t = 0; t < DT_DTYPE_COUNT; t++) {
+    dt_dtype back;
+    assert_int_equal(dt_dtype_size((dt_dtype)t), sizes[t]);
+    assert_int_equal(dt_dtype_parse(dt_dtype_name((dt_dtype)t), &back), DT_OK);
+    assert_int_equal(back, t);
+  }
+  assert_int_equal(dt_dtype_size((dt_dtype)99), 0);
+  dt_dtype d;
+  assert_int_equal(dt_dtype_parse("float32", &d), DT_OK);
+  assert_int_equal(d, DT_F32);
+  assert_int_equal(dt_dtype_parse("bfloat16", &d), DT_OK);
+  assert_int_equal(d, DT_BF16);
+  assert_int_equal(dt_dtype_parse("f128", &d), DT_ERR_INVALID);
+  assert_non_null(strstr(dt_last_error(), "f128"));
+  for (int o = 0; o < DT_OP_COUNT; o++) {
+    dt_op back;
+    assert_int_equal(dt_op_parse(dt_op_name((dt_op)o), &back), DT_OK);
+    assert_int_equal(back, o);
+  }
+  dt_op op;
+  assert_int_equal(dt_op_parse("xor", &op), DT_ERR_INVALID);
+  assert_non_null(strstr(dt_last_error(), "xor"));
+  assert_string_equal(dt_op_name(DT_AVG), "avg");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
+      cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
+      cmocka_unit_test(test_dtype_helpers),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

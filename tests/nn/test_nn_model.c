@@ -1,0 +1,380 @@
+/* test_nn_model.c - the spec language (presets, good specs, every kind of bad spec), the
+ * parameter layout and tensor table, seeded initialization, the backward hook order, gradient
+ * accumulation, evaluation, and small learning problems that must actually be learned. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dtrain/nn.h"
+
+static dt_model *make(const char *spec, int B, uint64_t seed) {
+  dt_model *m = NULL;
+  if (dt_model_create(spec, B, seed, &m) != DT_OK)
+    fail_msg("%s: %s", spec, dt_last_error());
+  return m;
+}
+
+static void test_presets(void **s) {
+  dt_model *m = make("mlp", 4, 1);
+  /* 784*1024+1024 + 1024*1024+1024 + 1024*10+10 */
+  assert_int_equal(dt_model_param_count(m), 1863690);
+  assert_int_equal(dt_model_input_size(m), 784);
+  assert_int_equal(dt_model_output_size(m), 10);
+  assert_string_equal(dt_model_spec(m),
+                      "in=1x28x28,flatten,linear:1024,relu,linear:1024,relu,linear:10");
+  dt_model_destroy(m);
+  m = make("cnn", 4, 1);
+  /* conv1 32*25+32, conv2 64*25*32+64, fc1 3136*512+512, fc2 512*10+10 */
+  assert_int_equal(dt_model_param_count(m), 832 + 51264 + 1606144 + 5130);
+  assert_int_equal(dt_model_output_size(m), 10);
+  const dt_tensor *t = dt_model_find_tensor(m, "conv2.weight");
+  assert_non_null(t);
+  assert_int_equal(t->ndim, 4);
+  assert_int_equal(t->shape[0], 64);
+  assert_int_equal(t->shape[1], 5);
+  assert_int_equal(t->shape[2], 5);
+  assert_int_equal(t->shape[3], 32);
+  t = dt_model_find_tensor(m, "fc1.weight");
+  assert_int_equal(t->shape[0], 512);
+  assert_int_equal(t->shape[1], 3136);
+  /* the canonical spec rebuilds the same architecture */
+  dt_model *m2 = make(dt_model_spec(m), 4, 1);
+  assert_string_equal(dt_model_spec(m2), dt_model_spec(m));
+  assert_int_equal(dt_model_param_count(m2), dt_model_param_count(m));
+  assert_memory_equal(dt_model_params(m), dt_model_params(m2),
+                      dt_model_param_count(m) * sizeof(float));
+  dt_model_destroy(m2);
+  dt_model_destroy(m);
+  assert_non_null(strstr(dt_model_spec_help(), "conv"));
+  dt_model_destroy(NULL);
+}
+
+static void test_good_specs(void **s) {
+  struct {
+    const char *spec;
+    size_t params, in, out;
+  } cases[] = {
+      {"linear:10", 784 * 10 + 10, 784, 10},
+      {"in=20, linear:8 ,gelu,dropout:0.5,layernorm,linear:3", 20 * 8 + 8 + 16 + 8 * 3 + 3, 20, 3},
+      {"in=3x32x32,conv3x3:8:s2:p1,relu,avgpool2,fc:5", 8 * 27 + 8 + 8 * 8 * 8 * 5 + 5, 3072, 5},
+      {"conv5:4,maxpool3:s1,flatten", 4 * 25 + 4, 784, 4 * 22 * 22},
+      {"in=6", 0, 6, 6},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dt_model *m = make(cases[i].spec, 2, 1);
+    if (dt_model_param_count(m) != cases[i].params || dt_model_input_size(m) != cases[i].in ||
+        dt_model_output_size(m) != cases[i].out)
+      fail_msg("%s: params %zu in %zu out %zu", cases[i].spec, dt_model_param_count(m),
+               dt_model_input_size(m), dt_model_output_size(m));
+    dt_model_destroy(m);
+  }
+}
+
+static void test_bad_specs(void **s) {
+  struct {
+    const char *spec, *token, *why;
+  } cases[] = {
+      {"linear:10,softmax", "\"softmax\"", "unknown layer"},
+      {"linear:0", "\"linear:0\"", "output size"},
+      {"linear:ten", "\"linear:ten\"", "output size"},
+      {"conv5x5:0", "\"conv5x5:0\"", "output channels"},
+      {"conv5x3:8,flatten", "\"conv5x3:8\"", "square"},
+      {"conv5x5:8:p5,flatten", "\"conv5x5:8:p5\"", "padding"},
+      {"conv5x5:8:q2,flatten", "\"conv5x5:8:q2\"", "unknown option"},
+      {"conv5x5:8:s0,flatten", "\"conv5x5:8:s0\"", "stride"},
+      {"in=1x4x4,conv5x5:8,flatten", "\"conv5x5:8\"", "does not fit"},
+      {"flatten,conv3x3:8", "\"conv3x3:8\"", "image input"},
+      {"in=8,maxpool2", "\"maxpool2\"", "image input"},
+      {"in=2x3x3,maxpool4,flatten", "\"maxpool4\"", "does not fit"},
+      {"conv3x3:4", "\"(end)\"", "add flatten"},
+      {"in=1x28x28", "\"(end)\"", "add flatten"},
+      {"linear:10,,linear:5", "token 2", "empty token"},
+      {"linear:10,in=5", "\"in=5\"", "first token"},
+      {"in=0x28x28,linear:10", "\"in=0x28x28\"", "input sizes"},
+      {"in=28x28,linear:10", "\"in=28x28\"", "in=CxHxW"},
+      {"linear:10,dropout:1", "\"dropout:1\"", "probability"},
+      {"linear:10,dropout", "\"dropout\"", "dropout:P"},
+      {"conv3x3:4,layernorm,flatten", "\"layernorm\"", "flat input"},
+      {"in=1,layernorm", "\"layernorm\"", "at least 2"},
+      {"linear:99999999", "\"linear:99999999\"", "output size"},
+      {"in=100000,linear:100000", "\"linear:100000\"", "too large"},
+      {"", "", "empty"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dt_model *m = (dt_model *)1;
+    dt_status st = dt_model_create(cases[i].spec, 2, 1, &m);
+    const char *msg = dt_last_error();
+    if (st != DT_ERR_INVALID || m != NULL || !strstr(msg, cases[i].token) ||
+        !strstr(msg, cases[i].why))
+      fail_msg("spec \"%s\": status %d, message \"%s\" (want %s and %s)", cases[i].spec, st, msg,
+               cases[i].token, cases[i].why);
+  }
+  dt_model *m = (dt_model *)1;
+  assert_int_equal(dt_model_create(NULL, 2, 1, &m), DT_ERR_INVALID);
+  assert_int_equal(dt_model_create("mlp", 0, 1, &m), DT_ERR_INVALID);
+  assert_null(m);
+}
+
+static void test_layout(void **s) {
+  dt_model *m = make("cnn", 2, 1);
+  /* tensors tile the buffer in increasing offsets, last layer first, weight before bias */
+  const char *order[] = {"fc2.weight", "fc2.bias",   "fc1.weight",   "fc1.bias",
+                         "conv2.weight", "conv2.bias", "conv1.weight", "conv1.bias"};
+  assert_int_equal(dt_model_tensor_count(m), 8);
+  size_t off = 0;
+  for (size_t i = 0; i < 8; i++) {
+    const dt_tensor *t = dt_model_tensor(m, i);
+    assert_string_equal(t->name, order[i]);
+    assert_int_equal(t->offset, off);
+    size_t c = 1;
+    for (int d = 0; d < t->ndim; d++)
+      c *= (size_t)t->shape[d];
+    assert_int_equal(c, t->count);
+    off += t->count;
+  }
+  assert_int_equal(off, dt_model_param_count(m));
+  assert_null(dt_model_tensor(m, 8));
+  assert_null(dt_model_find_tensor(m, "fc3.weight"));
+  dt_model_destroy(m);
+}
+
+static void test_init(void **s) {
+  dt_model *a = make("mlp", 1, 42), *b = make("mlp", 1, 42), *c = make("mlp", 1, 43);
+  size_t n = dt_model_param_count(a);
+  assert_memory_equal(dt_model_params(a), dt_model_params(b), n * sizeof(float));
+  assert_memory_not_equal(dt_model_params(a), dt_model_params(c), n * sizeof(float));
+  /* Kaiming-normal for fc1 (followed by relu): std sqrt(2/784); Xavier-uniform for fc3 */
+  const dt_tensor *w1 = dt_model_find_tensor(a, "fc1.weight");
+  const float *p = dt_model_params(a) + w1->offset;
+  double sq = 0, mean = 0;
+  for (size_t i = 0; i < w1->count; i++) {
+    sq += (double)p[i] * p[i];
+    mean += p[i];
+  }
+  assert_float_equal(sqrt(sq / w1->count), sqrt(2.0 / 784), 0.01 * sqrt(2.0 / 784));
+  assert_true(fabs(mean / w1->count) < 1e-3);
+  const dt_tensor *w3 = dt_model_find_tensor(a, "fc3.weight");
+  double lim = sqrt(6.0 / (1024 + 10)), mx = 0;
+  p = dt_model_params(a) + w3->offset;
+  for (size_t i = 0; i < w3->count; i++)
+    mx = fmax(mx, fabs(p[i]));
+  assert_true(mx <= lim && mx > 0.9 * lim);
+  const dt_tensor *b1 = dt_model_find_tensor(a, "fc1.bias");
+  for (size_t i = 0; i < b1->count; i++)
+    assert_true(dt_model_params(a)[b1->offset + i] == 0.0f);
+  dt_model_destroy(a);
+  dt_model_destroy(b);
+  dt_model_destroy(c);
+  dt_model *ln = make("in=4,linear:6,layernorm,linear:2", 1, 1);
+  const dt_tensor *g = dt_model_find_tensor(ln, "ln1.weight");
+  assert_float_equal(dt_model_params(ln)[g->offset + 5], 1.0, 0);
+  dt_model_destroy(ln);
+}
+
+static void rand_batch(dt_rng *r, float *x, int32_t *y, size_t in, int B, int classes) {
+  for (size_t i = 0; i < in * (size_t)B; i++)
+    x[i] = (float)dt_rng_uniform(r);
+  for (int i = 0; i < B; i++)
+    y[i] = (int32_t)dt_rng_below(r, (uint64_t)classes);
+}
+
+typedef struct {
+  int calls;
+  size_t ranges[16][2];
+} hook_log;
+
+static void log_hook(void *ctx, size_t off, size_t count) {
+  hook_log *h = ctx;
+  h->ranges[h->calls][0] = off;
+  h->ranges[h->calls][1] = count;
+  h->calls++;
+}
+
+static void test_hook_and_state(void **s) {
+  dt_model *m = make("cnn", 4, 1);
+  float x[4 * 784];
+  int32_t y[4];
+  dt_rng r;
+  dt_rng_seed(&r, 5);
+  rand_batch(&r, x, y, 784, 4, 10);
+  hook_log h = {0};
+  float loss;
+  /* backward before any forward, or after an eval forward, is a state error */
+  assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_ERR_STATE);
+  assert_int_equal(dt_model_forward(m, x, 4, 0, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_ERR_STATE);
+  assert_int_equal(dt_model_forward(m, x, 5, 1, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_forward(m, x, 4, 1, NULL), DT_OK);
+  int32_t bad[4] = {0, 1, 10, 2};
+  assert_int_equal(dt_model_backward(m, bad, 1.0f, NULL, NULL, &loss), DT_ERR_INVALID);
+  assert_non_null(strstr(dt_last_error(), "label 10 of sample 2"));
+  assert_int_equal(dt_model_backward(m, y, 1.0f, log_hook, &h, &loss), DT_OK);
+  /* one call per parameterized layer, fc2 first, each a range right after the previous */
+  assert_int_equal(h.calls, 4);
+  const size_t counts[4] = {5130, 1606144, 51264, 832};
+  size_t off = 0;
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(h.ranges[i][0], off);
+    assert_int_equal(h.ranges[i][1], counts[i]);
+    off += counts[i];
+  }
+  /* random labels of 10 classes at init: loss near log(10) */
+  assert_true(loss > 1.5f && loss < 4.0f);
+  dt_model_destroy(m);
+}
+
+/* Two half-batches with loss_scale 1/2 accumulate to the full batch's gradient. */
+static void test_accumulation(void **s) {
+  const int B = 8;
+  dt_model *m = make("in=1x8x8,conv3x3:4:p1,relu,maxpool2,flatten,linear:16,relu,linear:5", B, 3);
+  float x[8 * 64];
+  int32_t y[8];
+  dt_rng r;
+  dt_rng_seed(&r, 9);
+  rand_batch(&r, x, y, 64, B, 5);
+  size_t n = dt_model_param_count(m);
+  float *full = malloc(n * sizeof(float));
+  dt_model_zero_grad(m);
+  float l_full, l1, l2;
+  assert_int_equal(dt_model_forward(m, x, B, 1, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &l_full), DT_OK);
+  memcpy(full, dt_model_grads(m), n * sizeof(float));
+  dt_model_zero_grad(m);
+  for (size_t i = 0; i < n; i++)
+    assert_true(dt_model_grads(m)[i] == 0.0f);
+  assert_int_equal(dt_model_forward(m, x, B / 2, 1, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(m, y, 0.5f, NULL, NULL, &l1), DT_OK);
+  assert_int_equal(dt_model_forward(m, x + B / 2 * 64, B / 2, 1, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(m, y + B / 2, 0.5f, NULL, NULL, &l2), DT_OK);
+  assert_float_equal((l1 + l2) / 2, l_full, 1e-5);
+  double maxd = 0, maxg = 0;
+  for (size_t i = 0; i < n; i++) {
+    maxd = fmax(maxd, fabs(dt_model_grads(m)[i] - full[i]));
+    maxg = fmax(maxg, fabs(full[i]));
+  }
+  assert_true(maxg > 1e-3);
+  assert_true(maxd < 1e-5 * (1 + maxg));
+  free(full);
+  dt_model_destroy(m);
+}
+
+/* Points in 2D from 3 Gaussian blobs; an MLP with SGD momentum must fit them. */
+static void test_learn_mlp(void **s) {
+  const int B = 64, classes = 3;
+  for (int opt = 0; opt < 2; opt++) {
+    dt_model *m = make("in=2,linear:32,relu,linear:32,gelu,linear:3", B, 11);
+    dt_optim_config c = dt_optim_defaults(opt ? DT_OPTIM_ADAMW : DT_OPTIM_SGD);
+    c.momentum = opt ? 0.0f : 0.9f;
+    dt_optim *o;
+    assert_int_equal(dt_optim_create(&c, m, &o), DT_OK);
+    dt_rng r;
+    dt_rng_seed(&r, 1);
+    const float cx[3] = {-2, 2, 0}, cy[3] = {-1, -1, 2};
+    float x[64 * 2];
+    int32_t y[64];
+    float first = 0, loss = 0;
+    for (int step = 0; step < 300; step++) {
+      for (int i = 0; i < B; i++) {
+        y[i] = (int32_t)dt_rng_below(&r, classes);
+        x[2 * i] = cx[y[i]] + 0.5f * (float)dt_rng_normal(&r);
+        x[2 * i + 1] = cy[y[i]] + 0.5f * (float)dt_rng_normal(&r);
+      }
+      dt_model_zero_grad(m);
+      assert_int_equal(dt_model_forward(m, x, B, 1, NULL), DT_OK);
+      assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_OK);
+      if (step == 0)
+        first = loss;
+      assert_int_equal(dt_optim_step(o, opt ? 0.01f : 0.05f), DT_OK);
+    }
+    double lsum = 0;
+    int64_t correct = 0;
+    assert_int_equal(dt_model_eval_batch(m, x, y, B, &lsum, &correct), DT_OK);
+    if (!(lsum / B < 0.1 && correct >= 62 && first > 0.5))
+      fail_msg("optimizer %d: first loss %.3f, final eval loss %.4f, %lld/64 correct", opt,
+               (double)first, lsum / B, (long long)correct);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+  }
+}
+
+/* 8x8 images with one horizontal or vertical bar: a small CNN must tell them apart. */
+static void test_learn_cnn(void **s) {
+  const int B = 32;
+  dt_model *m = make("in=1x8x8,conv3x3:4:p1,relu,maxpool2,conv3x3:8,relu,flatten,linear:2", B, 2);
+  dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
+  c.momentum = 0.9f;
+  c.nesterov = 1;
+  dt_optim *o;
+  assert_int_equal(dt_optim_create(&c, m, &o), DT_OK);
+  dt_rng r;
+  dt_rng_seed(&r, 3);
+  float x[32 * 64];
+  int32_t y[32];
+  float loss = 0;
+  for (int step = 0; step < 200; step++) {
+    for (int i = 0; i < B; i++) {
+      y[i] = (int32_t)dt_rng_below(&r, 2);
+      int pos = (int)dt_rng_below(&r, 8);
+      for (int j = 0; j < 64; j++)
+        x[i * 64 + j] = 0.1f * (float)dt_rng_uniform(&r);
+      for (int k = 0; k < 8; k++)
+        x[i * 64 + (y[i] ? k * 8 + pos : pos * 8 + k)] = 1.0f;
+    }
+    dt_model_zero_grad(m);
+    assert_int_equal(dt_model_forward(m, x, B, 1, NULL), DT_OK);
+    assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_OK);
+    assert_int_equal(dt_optim_step(o, 0.02f), DT_OK);
+  }
+  double lsum = 0;
+  int64_t correct = 0;
+  assert_int_equal(dt_model_eval_batch(m, x, y, B, &lsum, &correct), DT_OK);
+  if (!(lsum / B < 0.05 && correct == B))
+    fail_msg("final eval loss %.4f, %lld/32 correct", lsum / B, (long long)correct);
+  dt_optim_destroy(o);
+  dt_model_destroy(m);
+}
+
+/* Same seed, same data => bit-identical parameters after several steps (with dropout). */
+static void test_determinism(void **s) {
+  float out[2][64];
+  for (int run = 0; run < 2; run++) {
+    dt_model *m = make("in=16,linear:32,relu,dropout:0.3,linear:4", 8, 77);
+    dt_optim_config c = dt_optim_defaults(DT_OPTIM_ADAMW);
+    dt_optim *o;
+    assert_int_equal(dt_optim_create(&c, m, &o), DT_OK);
+    dt_rng r;
+    dt_rng_seed(&r, 4);
+    float x[8 * 16];
+    int32_t y[8];
+    for (int step = 0; step < 20; step++) {
+      rand_batch(&r, x, y, 16, 8, 4);
+      dt_model_zero_grad(m);
+      assert_int_equal(dt_model_forward(m, x, 8, 1, NULL), DT_OK);
+      assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, NULL), DT_OK);
+      assert_int_equal(dt_optim_step(o, 0.01f), DT_OK);
+    }
+    memcpy(out[run], dt_model_params(m), sizeof out[run]);
+    dt_optim_destroy(o);
+    dt_model_destroy(m);
+  }
+  assert_memory_equal(out[0], out[1], sizeof out[0]);
+}
+
+int main(void) {
+  dt_nn_set_threads(1);
+  assert_int_equal(dt_nn_threads(), 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_presets),        cmocka_unit_test(test_good_specs),
+      cmocka_unit_test(test_bad_specs),      cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_init),           cmocka_unit_test(test_hook_and_state),
+      cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),
+      cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
