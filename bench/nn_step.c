@@ -4,8 +4,15 @@
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "dtrain/nn.h"
+
+static double cpu_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -13,6 +20,7 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+  printf("OpenBLAS core %s\n", openblas_get_corename());
   const char *spec = argc > 1 ? argv[1] : "mlp";
   int B = argc > 2 ? atoi(argv[2]) : 128;
   int threads = argc > 3 ? atoi(argv[3]) : 1;
@@ -37,7 +45,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < B; i++)
     y[i] = (int32_t)dt_rng_below(&r, dt_model_output_size(m));
   double *t = malloc(sizeof(double) * steps);
-  double tf = 0, tb = 0, tu = 0;
+  double tf = 0, tb = 0, tu = 0, c0 = 0;
   for (int s = -3; s < steps; s++) {
     int64_t t0 = dt_now_ns();
     dt_model_zero_grad(m);
@@ -48,6 +56,8 @@ int main(int argc, char **argv) {
     int64_t t2 = dt_now_ns();
     dt_optim_step(o, 0.01f);
     int64_t t3 = dt_now_ns();
+    if (s == 0)
+      c0 = cpu_s() - (t3 - t0) * 1e-9 * threads; /* approximate: count from step 0 */
     if (s >= 0) {
       t[s] = (t3 - t0) * 1e-9;
       tf += (t1 - t0) * 1e-9;
@@ -55,12 +65,15 @@ int main(int argc, char **argv) {
       tu += (t3 - t2) * 1e-9;
     }
   }
+  double cpu = cpu_s() - c0;
   qsort(t, steps, sizeof(double), cmp);
   printf("%s B=%d threads=%d: median %.2f ms/step = %.0f samples/s (min %.0f, max %.0f); "
          "fwd %.2f bwd %.2f upd %.2f ms\n",
          spec, B, threads, t[steps / 2] * 1e3, B / t[steps / 2], B / t[steps - 1], B / t[0],
          tf / steps * 1e3, tb / steps * 1e3, tu / steps * 1e3);
-  /* sgemm reference: 1024^3 */
+  printf("  cpu %.2f ms/step (all threads)\n", cpu / steps * 1e3);
+  /* sgemm reference: 1024^3 with OpenBLAS's own threads */
+  openblas_set_num_threads(threads);
   int n = 1024;
   float *a = calloc((size_t)n * n, 4), *b = calloc((size_t)n * n, 4), *c = calloc((size_t)n * n, 4);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);

@@ -18,15 +18,19 @@
  * grads[0 .. k) as soon as the hook has passed k, and a bucket is simply a prefix range.
  * Within one layer the weight comes before the bias.
  *
- * Activation layout is channels-last (NHWC): a sample of shape CxHxW is stored as H*W*C floats,
- * channel fastest. For single-channel inputs (MNIST-style 1x28x28) this is the plain row-major
- * image. Conv weights are stored (OC, KH, KW, IC) and the tensor table states that shape; flatten
- * keeps the HWC order, so the first linear layer after a conv stack sees features in (h, w, c)
- * order. Linear weights are (out, in) as in PyTorch, so MLP weights export unchanged.
+ * Layouts. Inputs are (B, C, H, W) as PyTorch's and dtrain/data.h's. Inside, activations are
+ * channels-last (H, W, C per sample, channel fastest; the input copy converts), which makes
+ * im2col a run of contiguous copies. So conv weights are stored (OC, KH, KW, IC) and the tensor
+ * table states that shape, and flatten keeps the (h, w, c) order, which is the order the first
+ * linear layer after a conv stack sees its features in (PyTorch's flatten would give (c, h, w)).
+ * Linear weights are (out, in) as in PyTorch, so MLP weights export unchanged.
  *
- * Threads. Matrix products go through CBLAS (OpenBLAS); dt_nn_set_threads sets its thread
- * count. A model and an optimizer may be used by one thread at a time; the gradient hook is
- * called on the thread running backward.
+ * Threads. A model splits each batch over its own compute threads (the count set by
+ * dt_nn_set_threads when it was created; the calling thread is one of them, the others sleep
+ * between passes) and calls CBLAS (OpenBLAS, driven single-threaded) on each slice. Results are
+ * deterministic for a given thread count; different counts differ by float rounding. A model and
+ * its optimizer may be used by one thread at a time; the gradient hook is called on the thread
+ * that called dt_model_backward.
  *
  * Not here: data loading (dtrain/data.h), checkpoints and safetensors (ckpt), communication. */
 #ifndef DTRAIN_NN_H
@@ -92,8 +96,8 @@ const dt_tensor *dt_model_tensor(const dt_model *m, size_t i);
 /* The tensor with this name, or NULL. */
 const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name);
 
-/* Forward pass on x (batch * input_size floats, channels-last), copied into the model so the
- * caller may reuse x at once. train != 0 enables dropout and records what backward needs.
+/* Forward pass on x (batch samples of C*H*W floats, (C, H, W) order), copied into the model so
+ * the caller may reuse x at once. train != 0 enables dropout and records what backward needs.
  * *logits (batch * output_size floats, owned by the model) is valid until the next forward.
  * Fails with DT_ERR_INVALID if batch is not in [1, max_batch]. Never allocates. */
 dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, const float **logits);
@@ -111,8 +115,10 @@ dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale
 /* Sets every gradient to zero (start of a step; backward accumulates). */
 void dt_model_zero_grad(dt_model *m);
 
-/* Evaluation of one batch in eval mode: adds the SUM of per-sample losses to *loss_sum and the
- * number of samples whose arg-max logit equals the label to *correct. Does not touch grads. */
+/* Evaluation in eval mode of batch samples (any number >= 1: more than max_batch are done in
+ * pieces): adds the SUM of per-sample losses to *loss_sum and the number of samples whose
+ * arg-max logit equals the label to *correct. Does not touch grads; ends any pending backward
+ * (a following dt_model_backward is DT_ERR_STATE). */
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct);
 
@@ -125,9 +131,12 @@ float dt_model_clip_grad_norm(dt_model *m, float max_norm);
 /* The same on any float buffer (e.g. after an allreduce of a custom layout). */
 float dt_clip_grad_norm(float *grads, size_t count, float max_norm);
 
-/* OpenBLAS thread count for matrix products (n >= 1); process-wide. */
+/* Compute threads for models created from now on (n >= 1, default 1); process-wide. Also sets
+ * OpenBLAS to one thread, as models do their own threading. */
 void dt_nn_set_threads(int n);
 int dt_nn_threads(void);
+/* The compute threads of this model. */
+int dt_model_threads(const dt_model *m);
 
 /* ---- optimizers ---- */
 

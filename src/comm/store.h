@@ -14,10 +14,15 @@
 #ifndef DT_COMM_STORE_H
 #define DT_COMM_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/core.h"
+
+#define DT_STORE_KEY_MAX 255             /* bytes, without the terminating NUL */
+#define DT_STORE_VALUE_MAX (16u << 20)   /* 16 MiB */
+#define DT_STORE_MSG_MAX 1024            /* abort messages and verdicts are cut to this */
 
 typedef struct dt__store_server dt__store_server;
 typedef struct dt__store dt__store;
@@ -26,27 +31,47 @@ typedef struct dt__store dt__store;
  * *port_out tells which). world_size is the number of ranks whose heartbeats it watches. */
 dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secret, size_t secret_len,
                                  int world_size, int fault_timeout_ms, dt__store_server **out, int *port_out);
-/* Stops the thread and closes every connection. Accepts NULL. */
+/* Stops the thread and closes every connection. Accepts NULL. Other ranks' heartbeat threads
+ * treat a vanished store as its host's failure, so the hosting rank should first release its
+ * own health (goodbye) and dt__store_server_drain with a short deadline. */
 void dt__store_server_stop(dt__store_server *s);
+/* Waits (at most until the deadline) until every rank that ever sent a heartbeat has said
+ * goodbye or been declared failed, so the hosting rank can stop the server without the others'
+ * health threads seeing the store vanish under them. Returns the number of ranks still live
+ * (0 = all gone). Safe from any thread while the server runs. */
+int dt__store_server_drain(dt__store_server *s, int64_t deadline);
 
 /* Connects and authenticates (retrying until the deadline while the server starts). `rank`
  * identifies the client in logs. Each dt__store handle is used by one thread at a time. */
 dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len,
                             int rank, int64_t deadline, dt__store **out);
 void dt__store_close(dt__store *st);
+/* True once the connection is lost or out of step (closed, reset, a reply cut by a deadline):
+ * every later call fails; close and reconnect. A verdict or a timed-out wait does not break it. */
+bool dt__store_broken(const dt__store *st);
 
 dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
 /* Copies the value into buf (cap bytes); *n is its full length. DT_ERR_NOT_FOUND if absent,
  * DT_ERR_INVALID if cap is too small. Never blocks waiting for the key. */
 dt_status dt__store_get(dt__store *st, const char *key, void *buf, size_t cap, size_t *n, int64_t deadline);
-/* Like get, but waits until the key exists or the deadline passes (DT_ERR_TIMEOUT). */
+/* Like get, but waits until the key exists or the deadline passes (DT_ERR_TIMEOUT). Once the
+ * job has a verdict (a rank failed or aborted) a wait for a missing key returns it at once
+ * (DT_ERR_PEER / DT_ERR_ABORTED): nobody waits for a rank that is gone. */
 dt_status dt__store_wait(dt__store *st, const char *key, void *buf, size_t cap, size_t *n, int64_t deadline);
-/* Atomically adds delta to the integer stored at key (absent = 0); *result is the new value. */
+/* dt__store_wait with flags: DT_STORE_WAIT_IGNORE_VERDICT keeps waiting after a verdict (for
+ * agents and tools that coordinate after a failure, e.g. to re-form the job). */
+#define DT_STORE_WAIT_IGNORE_VERDICT 1u
+dt_status dt__store_wait_flags(dt__store *st, const char *key, void *buf, size_t cap, size_t *n, unsigned flags,
+                               int64_t deadline);
+/* Atomically adds delta to the integer stored at key (absent = 0); *result is the new value.
+ * The value is kept as decimal text, so get/wait see "42"; a non-integer value or an overflow
+ * is DT_ERR_INVALID. */
 dt_status dt__store_add(dt__store *st, const char *key, int64_t delta, int64_t *result, int64_t deadline);
-/* Sets key to desired iff its current value equals expected (expected_n == 0 and absent key
- * also match). *swapped = 1 if it did; the current value is returned in cur/cur_n if cur. */
+/* Sets key to desired iff its current value equals expected (expected_n == 0 matches an absent
+ * key or an empty value). *swapped = 1 if it did, 0 if the value differed. */
 dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, size_t expected_n,
                         const void *desired, size_t desired_n, int *swapped, int64_t deadline);
+/* Removes key; deleting an absent key is not an error. */
 dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline);
 
 /* Heartbeat from `rank` (the handle passed to dt__store_connect). Returns DT_OK while the job

@@ -1,9 +1,15 @@
 /* layers.c - forward and backward kernels of every layer, and the softmax cross-entropy loss.
  * B = batch, C = channels, H/W = height/width, K = KH*KW*IC (one im2col row), F = features.
  * Activations are channels-last: sample n, pixel (h, w), channel c is at ((n*H + h)*W + w)*C + c.
+ * Every kernel works on one thread's slice of the batch (nn_slice: samples [b0, b0+nb)).
  * Kernels only read and write buffers the model allocated up front: they never allocate, never
  * fail, and trust the shapes checked by the spec parser. Backward kernels ADD parameter gradients
  * (accumulation across micro-batches) and OVERWRITE input gradients. */
+/* The elementwise loops here need the vectorizer's full cost model (-O2 in GCC 12 only
+ * vectorizes loops without epilogues): bias+relu, pooling and updates ran 3-5x slower without. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -35,21 +41,37 @@ static void bias_grad(float *db, const float *dy, size_t rows, int n) {
   }
 }
 
-static void linear_forward(nn_layer *l, const float *P, int B) {
+/* Row pointers of a slice: sample b0 of a buffer with sz floats per sample. */
+#define ROWS(buf, sz) ((buf) + (size_t)s->b0 * (sz))
+
+static void linear_forward(nn_layer *l, const float *P, const nn_slice *s) {
   int in = l->in.c, out = l->out.c;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, l->x, in, P + l->w_off,
-              in, 0.0f, l->y, out);
-  bias_act(l->y, P + l->b_off, (size_t)B, out, l->relu_fused);
+  float *y = ROWS(l->y, out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->nb, out, in, 1.0f, ROWS(l->x, in), in,
+              P + l->w_off, in, 0.0f, y, out);
+  bias_act(y, P + l->b_off, (size_t)s->nb, out, l->relu_fused);
 }
 
-static void linear_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+/* With several threads, thread t computes output rows [o0, o1) of dW and db from all B
+ * samples (every thread's dy is ready: the caller put a barrier before this layer), and dx for
+ * its own samples. */
+static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool need_dx) {
   int in = l->in.c, out = l->out.c;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, l->dy, out, l->x, in,
-              1.0f, G + l->w_off, in);
-  bias_grad(G + l->b_off, l->dy, (size_t)B, out);
-  if (need_dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, l->dy, out,
-                P + l->w_off, in, 0.0f, l->dx, in);
+  int o0 = (int)((int64_t)out * s->t / s->T), o1 = (int)((int64_t)out * (s->t + 1) / s->T);
+  if (o1 > o0) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, in, s->B, 1.0f, l->dy + o0, out,
+                l->x, in, 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
+    float *db = s->model_grads + l->b_off;
+    for (int r = 0; r < s->B; r++) {
+      const float *d = l->dy + (size_t)r * out;
+      for (int k = o0; k < o1; k++)
+        db[k] += d[k];
+    }
+  }
+  const float *dy = ROWS(l->dy, out);
+  if (need_dx && s->nb > 0)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->nb, in, out, 1.0f, dy, out,
+                P + l->w_off, in, 0.0f, ROWS(l->dx, in), in);
 }
 
 /* ---- conv2d: im2col over a chunk of samples, then one sgemm per chunk ----
@@ -77,8 +99,13 @@ static void im2col(const nn_layer *l, const float *x, int nb, float *col) {
           }
           if (kw_lo > 0)
             memset(r, 0, (size_t)kw_lo * C * sizeof(float));
-          memcpy(r + (size_t)kw_lo * C, xs + ((size_t)ih * W + iw0 + kw_lo) * C,
-                 (size_t)(kw_hi - kw_lo) * C * sizeof(float));
+          const float *src = xs + ((size_t)ih * W + iw0 + kw_lo) * C;
+          size_t len = (size_t)(kw_hi - kw_lo) * C;
+          if (len < 32) /* few channels (the first conv): a call per segment costs more */
+            for (size_t i = 0; i < len; i++)
+              r[(size_t)kw_lo * C + i] = src[i];
+          else
+            memcpy(r + (size_t)kw_lo * C, src, len * sizeof(float));
           if (kw_hi < k)
             memset(r + (size_t)kw_hi * C, 0, (size_t)(k - kw_hi) * C * sizeof(float));
         }
@@ -104,57 +131,59 @@ static void col2im(const nn_layer *l, const float *dcol, int nb, float *dx) {
           if (ih < 0 || ih >= H || kw_hi <= kw_lo)
             continue;
           float *d = ds + ((size_t)ih * W + iw0 + kw_lo) * C;
-          const float *s = r + (size_t)kw_lo * C;
+          const float *src = r + (size_t)kw_lo * C;
           size_t len = (size_t)(kw_hi - kw_lo) * C;
           for (size_t i = 0; i < len; i++)
-            d[i] += s[i];
+            d[i] += src[i];
         }
       }
   }
 }
 
-static void conv_forward(nn_layer *l, const float *P, int B) {
+static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
-  for (int b0 = 0; b0 < B; b0 += l->chunk) {
-    int nb = B - b0 < l->chunk ? B - b0 : l->chunk;
-    im2col(l, l->x + (size_t)b0 * in_sz, nb, l->ws);
-    float *y = l->y + (size_t)b0 * out_sz;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb * pix, OC, K, 1.0f, l->ws, K,
+  for (int c0 = 0; c0 < s->nb; c0 += l->chunk) {
+    int nb = s->nb - c0 < l->chunk ? s->nb - c0 : l->chunk;
+    size_t b = (size_t)s->b0 + (size_t)c0;
+    im2col(l, l->x + b * in_sz, nb, s->col);
+    float *y = l->y + b * out_sz;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb * pix, OC, K, 1.0f, s->col, K,
                 P + l->w_off, K, 0.0f, y, OC);
     bias_act(y, P + l->b_off, (size_t)nb * pix, OC, l->relu_fused);
   }
 }
 
-static void conv_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool need_dx) {
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
-  for (int b0 = 0; b0 < B; b0 += l->chunk) {
-    int nb = B - b0 < l->chunk ? B - b0 : l->chunk;
+  for (int c0 = 0; c0 < s->nb; c0 += l->chunk) {
+    int nb = s->nb - c0 < l->chunk ? s->nb - c0 : l->chunk;
+    size_t b = (size_t)s->b0 + (size_t)c0;
     int rows = nb * pix;
-    const float *dy = l->dy + (size_t)b0 * out_sz;
-    im2col(l, l->x + (size_t)b0 * in_sz, nb, l->ws);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, dy, OC, l->ws, K,
-                1.0f, G + l->w_off, K);
-    bias_grad(G + l->b_off, dy, (size_t)rows, OC);
+    const float *dy = l->dy + b * out_sz;
+    im2col(l, l->x + b * in_sz, nb, s->col);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, dy, OC, s->col, K,
+                1.0f, s->grads + l->w_off, K);
+    bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
     if (need_dx) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, OC, 1.0f, dy, OC,
-                  P + l->w_off, K, 0.0f, l->ws2, K);
-      float *dx = l->dx + (size_t)b0 * in_sz;
+                  P + l->w_off, K, 0.0f, s->dcol, K);
+      float *dx = l->dx + b * in_sz;
       memset(dx, 0, (size_t)nb * in_sz * sizeof(float));
-      col2im(l, l->ws2, nb, dx);
+      col2im(l, s->dcol, nb, dx);
     }
   }
 }
 
 /* ---- pooling (no padding): windows k x k, stride S ---- */
 
-static void maxpool_forward(nn_layer *l, int B) {
+static void maxpool_forward(nn_layer *l, const nn_slice *s) {
   const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
   const int OH = l->out.h, OW = l->out.w;
-  for (int n = 0; n < B; n++) {
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *xs = l->x + (size_t)n * H * W * C;
     for (int oh = 0; oh < OH; oh++)
       for (int ow = 0; ow < OW; ow++) {
@@ -172,20 +201,20 @@ static void maxpool_forward(nn_layer *l, int B) {
               continue;
             int32_t off = (int32_t)(((size_t)(oh * S + kh) * W + (size_t)(ow * S + kw)) * C);
             const float *xv = xs + off;
-            for (int c = 0; c < C; c++)
-              if (xv[c] > y[c]) {
-                y[c] = xv[c];
-                ix[c] = off + c;
-              }
+            for (int c = 0; c < C; c++) {
+              bool gt = xv[c] > y[c];
+              y[c] = gt ? xv[c] : y[c];
+              ix[c] = gt ? off + c : ix[c];
+            }
           }
       }
   }
 }
 
-static void maxpool_backward(nn_layer *l, int B) {
+static void maxpool_backward(nn_layer *l, const nn_slice *s) {
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
-  memset(l->dx, 0, (size_t)B * in_sz * sizeof(float));
-  for (int n = 0; n < B; n++) {
+  memset(ROWS(l->dx, in_sz), 0, (size_t)s->nb * in_sz * sizeof(float));
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     float *dx = l->dx + (size_t)n * in_sz;
     const float *dy = l->dy + (size_t)n * out_sz;
     const int32_t *ix = l->idx + (size_t)n * out_sz;
@@ -194,11 +223,11 @@ static void maxpool_backward(nn_layer *l, int B) {
   }
 }
 
-static void avgpool_forward(nn_layer *l, int B) {
+static void avgpool_forward(nn_layer *l, const nn_slice *s) {
   const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
   const int OH = l->out.h, OW = l->out.w;
   const float inv = 1.0f / (float)(k * k);
-  for (int n = 0; n < B; n++) {
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *xs = l->x + (size_t)n * H * W * C;
     for (int oh = 0; oh < OH; oh++)
       for (int ow = 0; ow < OW; ow++) {
@@ -216,12 +245,13 @@ static void avgpool_forward(nn_layer *l, int B) {
   }
 }
 
-static void avgpool_backward(nn_layer *l, int B) {
+static void avgpool_backward(nn_layer *l, const nn_slice *s) {
   const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
   const int OH = l->out.h, OW = l->out.w;
   const float inv = 1.0f / (float)(k * k);
-  memset(l->dx, 0, (size_t)B * nn_shape_size(l->in) * sizeof(float));
-  for (int n = 0; n < B; n++) {
+  memset(ROWS(l->dx, nn_shape_size(l->in)), 0,
+         (size_t)s->nb * nn_shape_size(l->in) * sizeof(float));
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     float *ds = l->dx + (size_t)n * H * W * C;
     for (int oh = 0; oh < OH; oh++)
       for (int ow = 0; ow < OW; ow++) {
@@ -238,102 +268,112 @@ static void avgpool_backward(nn_layer *l, int B) {
 
 /* ---- elementwise: relu and dropout run in place (y == x, dx == dy); gelu does not ---- */
 
-static void relu_forward(nn_layer *l, int B) {
-  size_t n = (size_t)B * nn_shape_size(l->in);
-  float *y = l->y;
+static void relu_forward(nn_layer *l, const nn_slice *s) {
+  size_t sz = nn_shape_size(l->in), n = (size_t)s->nb * sz;
+  float *y = ROWS(l->y, sz);
   for (size_t i = 0; i < n; i++)
     y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 }
 
-static void relu_backward(nn_layer *l, int B) {
-  size_t n = (size_t)B * nn_shape_size(l->in);
-  const float *y = l->y;
-  float *d = l->dx;
+static void relu_backward(nn_layer *l, const nn_slice *s) {
+  size_t sz = nn_shape_size(l->in), n = (size_t)s->nb * sz;
+  const float *y = ROWS(l->y, sz);
+  float *d = ROWS(l->dx, sz);
   for (size_t i = 0; i < n; i++)
     d[i] = y[i] > 0.0f ? d[i] : 0.0f;
 }
 
 /* Exact (erf) GELU as PyTorch's default: y = x * Phi(x). */
-static void gelu_forward(nn_layer *l, int B) {
-  size_t n = (size_t)B * nn_shape_size(l->in);
+static void gelu_forward(nn_layer *l, const nn_slice *s) {
+  size_t sz = nn_shape_size(l->in), n = (size_t)s->nb * sz;
+  const float *x = ROWS(l->x, sz);
+  float *y = ROWS(l->y, sz);
+  for (size_t i = 0; i < n; i++)
+    y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+static void gelu_backward(nn_layer *l, const nn_slice *s) {
+  size_t sz = nn_shape_size(l->in), n = (size_t)s->nb * sz;
+  const float *x = ROWS(l->x, sz), *dy = ROWS(l->dy, sz);
+  float *dx = ROWS(l->dx, sz);
   for (size_t i = 0; i < n; i++) {
-    float x = l->x[i];
-    l->y[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    float cdf = 0.5f * (1.0f + erff(x[i] * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * expf(-0.5f * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
   }
 }
 
-static void gelu_backward(nn_layer *l, int B) {
-  size_t n = (size_t)B * nn_shape_size(l->in);
-  for (size_t i = 0; i < n; i++) {
-    float x = l->x[i];
-    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
-    l->dx[i] = l->dy[i] * (cdf + x * pdf);
-  }
-}
-
-/* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. The
- * mask draws 16 bits per value from the model's RNG (4 values per 64-bit draw). */
-static void dropout_forward(nn_layer *l, int B, bool train, dt_rng *rng) {
+/* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. Each
+ * sample's mask comes from its own stream keyed by (forward key, layer, sample), so the masks
+ * do not depend on how the batch is split across threads. 16 bits per value. */
+static void dropout_forward(nn_layer *l, const nn_slice *s, bool train) {
   if (!train || l->p <= 0.0f)
     return;
-  size_t n = (size_t)B * nn_shape_size(l->in);
+  const size_t sz = nn_shape_size(l->in);
   const uint32_t thresh = (uint32_t)((double)l->p * 65536.0);
   const float scale = 1.0f / (1.0f - l->p);
-  uint64_t bits = 0;
-  for (size_t i = 0; i < n; i++) {
-    if ((i & 3) == 0)
-      bits = dt_rng_next(rng);
-    uint8_t keep = (uint32_t)(bits & 0xffff) >= thresh;
-    bits >>= 16;
-    l->mask[i] = keep;
-    l->y[i] = keep ? l->y[i] * scale : 0.0f;
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
+    dt_rng r;
+    dt_rng_seed(&r, s->key ^ ((uint64_t)l->seq << 40) ^ (uint64_t)n);
+    float *y = l->y + (size_t)n * sz;
+    uint8_t *mask = l->mask + (size_t)n * sz;
+    uint64_t bits = 0;
+    for (size_t i = 0; i < sz; i++) {
+      if ((i & 3) == 0)
+        bits = dt_rng_next(&r);
+      uint8_t keep = (uint32_t)(bits & 0xffff) >= thresh;
+      bits >>= 16;
+      mask[i] = keep;
+      y[i] = keep ? y[i] * scale : 0.0f;
+    }
   }
 }
 
-static void dropout_backward(nn_layer *l, int B) {
+static void dropout_backward(nn_layer *l, const nn_slice *s) {
   if (l->p <= 0.0f)
     return;
-  size_t n = (size_t)B * nn_shape_size(l->in);
+  size_t sz = nn_shape_size(l->in), n = (size_t)s->nb * sz;
   const float scale = 1.0f / (1.0f - l->p);
+  float *dx = ROWS(l->dx, sz);
+  const uint8_t *mask = l->mask + (size_t)s->b0 * sz;
   for (size_t i = 0; i < n; i++)
-    l->dx[i] = l->mask[i] ? l->dx[i] * scale : 0.0f;
+    dx[i] = mask[i] ? dx[i] * scale : 0.0f;
 }
 
 /* ---- layernorm over the F features of each sample, eps 1e-5 as PyTorch ---- */
 
 #define LN_EPS 1e-5
 
-static void layernorm_forward(nn_layer *l, const float *P, int B) {
+static void layernorm_forward(nn_layer *l, const float *P, const nn_slice *s) {
   const int F = l->in.c;
   const float *g = P + l->w_off, *be = P + l->b_off;
-  for (int n = 0; n < B; n++) {
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *x = l->x + (size_t)n * F;
     float *y = l->y + (size_t)n * F;
-    double s = 0.0, s2 = 0.0;
+    double sum = 0.0, s2 = 0.0;
     for (int i = 0; i < F; i++)
-      s += x[i];
-    double mean = s / F;
+      sum += x[i];
+    double mean = sum / F;
     for (int i = 0; i < F; i++) {
       double d = x[i] - mean;
       s2 += d * d;
     }
     float rstd = (float)(1.0 / sqrt(s2 / F + LN_EPS));
     float mf = (float)mean;
-    l->ws[2 * n] = mf;
-    l->ws[2 * n + 1] = rstd;
+    l->stats[2 * n] = mf;
+    l->stats[2 * n + 1] = rstd;
     for (int i = 0; i < F; i++)
       y[i] = (x[i] - mf) * rstd * g[i] + be[i];
   }
 }
 
-static void layernorm_backward(nn_layer *l, const float *P, float *G, int B, bool need_dx) {
+static void layernorm_backward(nn_layer *l, const float *P, const nn_slice *s, bool need_dx) {
   const int F = l->in.c;
   const float *g = P + l->w_off;
-  float *dg = G + l->w_off, *db = G + l->b_off;
-  for (int n = 0; n < B; n++) {
+  float *dg = s->grads + l->w_off, *db = s->grads + l->b_off;
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *x = l->x + (size_t)n * F, *dy = l->dy + (size_t)n * F;
-    float mean = l->ws[2 * n], rstd = l->ws[2 * n + 1];
+    float mean = l->stats[2 * n], rstd = l->stats[2 * n + 1];
     double sd = 0.0, sdx = 0.0; /* sums of dxhat and dxhat*xhat */
     for (int i = 0; i < F; i++) {
       float xh = (x[i] - mean) * rstd;
@@ -356,60 +396,63 @@ static void layernorm_backward(nn_layer *l, const float *P, float *G, int B, boo
 
 /* ---- dispatch ---- */
 
-void dt__nn_forward_layer(nn_layer *l, const float *params, int B, bool train, dt_rng *rng) {
+void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train) {
+  if (s->nb <= 0)
+    return;
   switch (l->kind) {
-  case NN_LINEAR: linear_forward(l, params, B); break;
-  case NN_CONV: conv_forward(l, params, B); break;
-  case NN_MAXPOOL: maxpool_forward(l, B); break;
-  case NN_AVGPOOL: avgpool_forward(l, B); break;
+  case NN_LINEAR: linear_forward(l, params, s); break;
+  case NN_CONV: conv_forward(l, params, s); break;
+  case NN_MAXPOOL: maxpool_forward(l, s); break;
+  case NN_AVGPOOL: avgpool_forward(l, s); break;
   case NN_RELU:
     if (!l->fused_away)
-      relu_forward(l, B);
+      relu_forward(l, s);
     break;
-  case NN_GELU: gelu_forward(l, B); break;
-  case NN_DROPOUT: dropout_forward(l, B, train, rng); break;
+  case NN_GELU: gelu_forward(l, s); break;
+  case NN_DROPOUT: dropout_forward(l, s, train); break;
   case NN_FLATTEN: break;
-  case NN_LAYERNORM: layernorm_forward(l, params, B); break;
+  case NN_LAYERNORM: layernorm_forward(l, params, s); break;
   }
 }
 
-void dt__nn_backward_layer(nn_layer *l, const float *params, float *grads, int B, bool need_dx) {
+void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, bool need_dx) {
+  if (s->nb <= 0 && l->kind != NN_LINEAR)
+    return;
   switch (l->kind) {
-  case NN_LINEAR: linear_backward(l, params, grads, B, need_dx); break;
-  case NN_CONV: conv_backward(l, params, grads, B, need_dx); break;
-  case NN_LAYERNORM: layernorm_backward(l, params, grads, B, need_dx); break;
+  case NN_LINEAR: linear_backward(l, params, s, need_dx); break;
+  case NN_CONV: conv_backward(l, params, s, need_dx); break;
+  case NN_LAYERNORM: layernorm_backward(l, params, s, need_dx); break;
   case NN_MAXPOOL:
     if (need_dx)
-      maxpool_backward(l, B);
+      maxpool_backward(l, s);
     break;
   case NN_AVGPOOL:
     if (need_dx)
-      avgpool_backward(l, B);
+      avgpool_backward(l, s);
     break;
   case NN_RELU:
     if (need_dx)
-      relu_backward(l, B);
+      relu_backward(l, s);
     break;
   case NN_GELU:
     if (need_dx)
-      gelu_backward(l, B);
+      gelu_backward(l, s);
     break;
   case NN_DROPOUT:
     if (need_dx)
-      dropout_backward(l, B);
+      dropout_backward(l, s);
     break;
   case NN_FLATTEN: break;
   }
 }
 
-/* ---- softmax cross-entropy, mean over the batch ---- */
+/* ---- softmax cross-entropy ---- */
 
-double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int B, int C, float scale,
-                           float *dlogits, int64_t *correct) {
+double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int n, int C,
+                           float grad_scale, float *dlogits, int64_t *correct) {
   double total = 0.0;
-  const float inv = scale / (float)B;
-  for (int n = 0; n < B; n++) {
-    const float *z = logits + (size_t)n * C;
+  for (int r = 0; r < n; r++) {
+    const float *z = logits + (size_t)r * C;
     int best = 0;
     float mx = z[0];
     for (int j = 1; j < C; j++)
@@ -420,17 +463,17 @@ double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int B, in
     double sum = 0.0;
     for (int j = 0; j < C; j++)
       sum += exp((double)(z[j] - mx));
-    int y = labels[n];
+    int y = labels[r];
     total += log(sum) - (double)(z[y] - mx);
     if (correct && best == y)
       (*correct)++;
     if (dlogits) {
-      float *d = dlogits + (size_t)n * C;
+      float *d = dlogits + (size_t)r * C;
       float isum = (float)(1.0 / sum);
       for (int j = 0; j < C; j++)
-        d[j] = expf(z[j] - mx) * isum * inv;
-      d[y] -= inv;
+        d[j] = expf(z[j] - mx) * isum * grad_scale;
+      d[y] -= grad_scale;
     }
   }
-  return total / B;
+  return total;
 }

@@ -13,6 +13,11 @@
  * gradient near L2/L3 while the sgemm still sees >= ~1000 rows on the cnn preset's layers. */
 #define CONV_CHUNK_FLOATS ((size_t)1 << 20)
 
+/* Models split batches over their own threads (dt_nn_set_threads), so OpenBLAS runs
+ * single-threaded inside each: two thread pools on the same cores would fight (PEERS.md saw
+ * 2.3x from that with PyTorch). */
+static _Atomic int g_threads = 1;
+
 static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 static bool kind_inplace(nn_kind k) { return k == NN_RELU || k == NN_DROPOUT || k == NN_FLATTEN; }
@@ -204,8 +209,13 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     }
   }
 
-  /* activation arena: plan sizes first, then carve */
+  /* activation arena: plan sizes first, then carve. Conv workspaces are per thread and shared
+   * by all conv layers (they run one after another), sized for the largest. */
+  const int T = m->nthreads = g_threads;
+  openblas_set_num_threads(1);
   const size_t B = (size_t)max_batch;
+  const size_t Bt = (B + (size_t)T - 1) / (size_t)T; /* samples per thread at most */
+  size_t colf = 0;
   size_t total = 2 * align16(B * nn_shape_size(in)); /* input copy and its gradient */
   for (int i = 0; i < n; i++) {
     nn_layer *l = &m->layers[i];
@@ -218,8 +228,8 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       if (dt__env_int("DTRAIN_CONV_CHUNK", (int64_t)CONV_CHUNK_FLOATS, &target) != DT_OK || target < 1)
         target = (int64_t)CONV_CHUNK_FLOATS;
       size_t ch = (size_t)target / rowf;
-      l->chunk = (int)(ch < 1 ? 1 : ch > B ? B : ch);
-      total += 2 * align16((size_t)l->chunk * rowf);
+      l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
+      colf = DT_MAX(colf, (size_t)l->chunk * rowf);
     } else if (l->kind == NN_MAXPOOL) {
       total += align16(osz); /* int32 arg-max, same size as a float */
     } else if (l->kind == NN_DROPOUT) {
@@ -229,9 +239,32 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     }
   }
   m->arena_floats = total;
-  m->arena = dt__calloc(total * sizeof(float));
-  if (!m->arena)
+  /* not zeroed: every buffer is written before it is read, and untouched pages of a large
+   * max batch then cost no memory until used */
+  m->arena = dt__alloc(total * sizeof(float));
+  m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
+  m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
+  m->slices = calloc((size_t)T, sizeof *m->slices);
+  m->loss_part = calloc((size_t)T, sizeof *m->loss_part);
+  m->correct_part = calloc((size_t)T, sizeof *m->correct_part);
+  if (!m->arena || (colf && !m->col_arena) || (T > 1 && !m->priv_grads) || !m->slices ||
+      !m->loss_part || !m->correct_part)
     goto nomem;
+  for (int t = 0; t < T; t++) {
+    nn_slice *sl_t = &m->slices[t];
+    sl_t->grads = t == 0 ? m->grads : m->priv_grads + (size_t)(t - 1) * align16(m->nparams);
+    sl_t->model_grads = m->grads;
+    sl_t->t = t;
+    sl_t->T = T;
+    if (colf) {
+      sl_t->col = m->col_arena + (size_t)(2 * t) * align16(colf);
+      sl_t->dcol = m->col_arena + (size_t)(2 * t + 1) * align16(colf);
+    }
+  }
+  if (T > 1 && dt__nn_pool_create(T, &m->pool) != DT_OK) {
+    rc = DT_ERR_SYSTEM;
+    goto fail;
+  }
   float *cur = m->arena;
 #define CARVE(nfloats) (cur += align16(nfloats), cur - align16(nfloats))
   m->input = CARVE(B * nn_shape_size(in));
@@ -249,16 +282,13 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       l->y = CARVE(osz);
       l->dy = CARVE(osz);
     }
-    if (l->kind == NN_CONV) {
-      size_t rowf = (size_t)l->k * l->k * l->in.c * l->out.h * l->out.w;
-      l->ws = CARVE((size_t)l->chunk * rowf);
-      l->ws2 = CARVE((size_t)l->chunk * rowf);
-    } else if (l->kind == NN_MAXPOOL) {
+    l->seq = i;
+    if (l->kind == NN_MAXPOOL) {
       l->idx = (int32_t *)CARVE(osz);
     } else if (l->kind == NN_DROPOUT) {
       l->mask = (uint8_t *)CARVE((osz + 3) / 4);
     } else if (l->kind == NN_LAYERNORM) {
-      l->ws = CARVE(2 * B);
+      l->stats = CARVE(2 * B);
     }
     act = l->y;
     dact = l->dy;
@@ -289,6 +319,10 @@ nomem:
   dt_model_destroy(m);
   return dt_set_error(rc, "model \"%s\": cannot allocate its buffers (max batch %d)", spec,
                       max_batch);
+fail:
+  free(sl);
+  dt_model_destroy(m);
+  return rc;
 }
 
 void dt_model_destroy(dt_model *m) {
@@ -297,6 +331,12 @@ void dt_model_destroy(dt_model *m) {
   dt__free(m->params);
   dt__free(m->grads);
   dt__free(m->arena);
+  dt__nn_pool_destroy(m->pool);
+  dt__free(m->col_arena);
+  dt__free(m->priv_grads);
+  free(m->slices);
+  free(m->loss_part);
+  free(m->correct_part);
   free(m->tensors);
   free(m->names);
   free(m->layers);
@@ -325,17 +365,73 @@ const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name) {
   return NULL;
 }
 
-dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, const float **logits) {
-  if (logits)
-    *logits = NULL;
+/* Splits the batch across the model's threads: thread t gets samples [b0, b0 + nb). */
+static void split_batch(dt_model *m, int batch, uint64_t key) {
+  for (int t = 0; t < m->nthreads; t++) {
+    nn_slice *s = &m->slices[t];
+    s->b0 = (int)((int64_t)batch * t / m->nthreads);
+    s->nb = (int)((int64_t)batch * (t + 1) / m->nthreads) - s->b0;
+    s->B = batch;
+    s->key = key;
+  }
+}
+
+void dt__nn_parallel(dt_model *m, void (*fn)(void *arg, int t), void *arg) {
+  if (m->pool)
+    dt__nn_pool_run(m->pool, fn, arg);
+  else
+    fn(arg, 0);
+}
+
+typedef struct {
+  dt_model *m;
+  bool train;
+  const int32_t *labels; /* eval: also the loss and hits of each slice */
+} fwd_job;
+
+static void forward_job(void *arg, int t) {
+  fwd_job *j = arg;
+  dt_model *m = j->m;
+  const nn_slice *s = &m->slices[t];
+  for (int i = 0; i < m->nlayers; i++)
+    dt__nn_forward_layer(&m->layers[i], m->params, s, j->train);
+  if (j->labels && s->nb > 0) {
+    m->correct_part[t] = 0;
+    m->loss_part[t] = dt__nn_softmax_xent(m->logits + (size_t)s->b0 * m->nout, j->labels + s->b0,
+                                          s->nb, (int)m->nout, 0.0f, NULL, &m->correct_part[t]);
+  } else {
+    m->loss_part[t] = 0.0;
+    m->correct_part[t] = 0;
+  }
+}
+
+static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
+                             const int32_t *labels) {
   if (batch < 1 || batch > m->max_batch)
     return dt_set_error(DT_ERR_INVALID, "model forward: batch %d outside [1, %d] (max batch)",
                         batch, m->max_batch);
-  memcpy(m->input, x, (size_t)batch * nn_shape_size(m->in) * sizeof(float));
-  for (int i = 0; i < m->nlayers; i++)
-    dt__nn_forward_layer(&m->layers[i], m->params, batch, train != 0, &m->rng);
+  const size_t C = (size_t)m->in.c, HW = (size_t)m->in.h * (size_t)m->in.w;
+  if (C == 1 || HW == 1) {
+    memcpy(m->input, x, (size_t)batch * C * HW * sizeof(float));
+  } else { /* (C, H, W) per sample to channels-last (H, W, C) */
+    for (size_t n = 0; n < (size_t)batch; n++)
+      for (size_t c = 0; c < C; c++)
+        for (size_t p = 0; p < HW; p++)
+          m->input[(n * HW + p) * C + c] = x[(n * C + c) * HW + p];
+  }
+  /* one draw per training forward keys every dropout mask of this pass */
+  split_batch(m, batch, train ? dt_rng_next(&m->rng) : 0);
+  fwd_job j = {m, train, labels};
+  dt__nn_parallel(m, forward_job, &j);
   m->batch = batch;
-  m->trained_forward = train != 0;
+  m->trained_forward = train;
+  return DT_OK;
+}
+
+dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, const float **logits) {
+  if (logits)
+    *logits = NULL;
+  DT_CHECK(run_forward(m, x, batch, train != 0, NULL));
   if (logits)
     *logits = m->logits;
   return DT_OK;
@@ -349,16 +445,35 @@ static dt_status check_labels(const dt_model *m, const int32_t *labels, int batc
   return DT_OK;
 }
 
-dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,
-                            void *ctx, float *loss) {
-  if (!m->trained_forward)
-    return dt_set_error(DT_ERR_STATE, "model backward: needs a forward pass in train mode first");
-  const int B = m->batch;
-  DT_CHECK(check_labels(m, labels, B, "model backward"));
-  double l = dt__nn_softmax_xent(m->logits, labels, B, (int)m->nout, loss_scale, m->dlogits, NULL);
-  if (loss)
-    *loss = (float)l;
-  /* the first parameterized layer needs no input gradient, and layers before it no backward */
+typedef struct {
+  dt_model *m;
+  const int32_t *labels;
+  float loss_scale;
+  dt_grad_hook hook;
+  void *ctx;
+} bwd_job;
+
+/* Every thread runs the whole backward on its samples, with two ways to combine weight
+ * gradients across threads:
+ *  - linear layers (the big weights): after a barrier (every thread's dy ready), thread t
+ *    computes rows [t*OUT/T, (t+1)*OUT/T) of dW from ALL samples straight into the model's
+ *    gradients: no private copy, no reduction pass;
+ *  - conv and layernorm (small weights, per-sample work): each thread accumulates its samples
+ *    into its own buffer (thread 0: the model's; others: private ones cleared just before use)
+ *    and thread 0 adds the others in once they are done with the layer.
+ * Thread 0 calls the hook when a layer's gradient is complete in the model's buffer, so the
+ * hook still sees final gradients in reverse layer order. */
+static void backward_job(void *arg, int t) {
+  bwd_job *j = arg;
+  dt_model *m = j->m;
+  const nn_slice *s = &m->slices[t];
+  const int B = s->B;
+  if (s->nb > 0)
+    m->loss_part[t] = dt__nn_softmax_xent(
+        m->logits + (size_t)s->b0 * m->nout, j->labels + s->b0, s->nb, (int)m->nout,
+        j->loss_scale / (float)B, m->dlogits + (size_t)s->b0 * m->nout, NULL);
+  else
+    m->loss_part[t] = 0.0;
   int first = m->nlayers;
   for (int i = 0; i < m->nlayers; i++)
     if (m->layers[i].nparams) {
@@ -366,30 +481,87 @@ dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale
       break;
     }
   int stop = m->want_dinput ? 0 : first;
+  int done = 0;
   for (int i = m->nlayers - 1; i >= stop; i--) {
     nn_layer *ly = &m->layers[i];
-    dt__nn_backward_layer(ly, m->params, m->grads, B, m->want_dinput || i > first);
-    if (ly->nparams && hook)
-      hook(ctx, ly->p_off, ly->nparams);
+    bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
+    if (split)
+      dt__nn_pool_barrier(m->pool);
+    else if (ly->nparams && t > 0)
+      memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float));
+    dt__nn_backward_layer(ly, m->params, s, m->want_dinput || i > first);
+    if (!ly->nparams)
+      continue;
+    done++;
+    if (t > 0) {
+      dt__nn_pool_progress(m->pool, t, done);
+      continue;
+    }
+    for (int u = 1; u < m->nthreads; u++) {
+      if (!split && m->slices[u].nb <= 0)
+        continue;
+      dt__nn_pool_wait_progress(m->pool, u, done);
+      if (split)
+        continue;
+      const float *src = m->slices[u].grads + ly->p_off;
+      float *dst = m->grads + ly->p_off;
+      for (size_t k = 0; k < ly->nparams; k++)
+        dst[k] += src[k];
+    }
+    if (j->hook)
+      j->hook(j->ctx, ly->p_off, ly->nparams);
   }
+}
+
+dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,
+                            void *ctx, float *loss) {
+  if (!m->trained_forward)
+    return dt_set_error(DT_ERR_STATE, "model backward: needs a forward pass in train mode first");
+  DT_CHECK(check_labels(m, labels, m->batch, "model backward"));
+  bwd_job j = {m, labels, loss_scale, hook, ctx};
+  dt__nn_parallel(m, backward_job, &j);
+  double total = 0.0;
+  for (int t = 0; t < m->nthreads; t++)
+    total += m->loss_part[t];
+  if (loss)
+    *loss = (float)(total / m->batch);
   m->trained_forward = false;
   return DT_OK;
 }
 
-void dt_model_zero_grad(dt_model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+static void zero_job(void *arg, int t) {
+  dt_model *m = arg;
+  size_t a = m->nparams * (size_t)t / (size_t)m->nthreads;
+  size_t b = m->nparams * (size_t)(t + 1) / (size_t)m->nthreads;
+  memset(m->grads + a, 0, (b - a) * sizeof(float));
+}
+
+void dt_model_zero_grad(dt_model *m) { dt__nn_parallel(m, zero_job, m); }
 
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct) {
-  DT_CHECK(dt_model_forward(m, x, batch, 0, NULL));
+  if (batch < 1)
+    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d must be >= 1", batch);
   DT_CHECK(check_labels(m, labels, batch, "model eval"));
-  int64_t c = 0;
-  double l = dt__nn_softmax_xent(m->logits, labels, batch, (int)m->nout, 1.0f, NULL, &c);
-  if (loss_sum)
-    *loss_sum += l * batch;
-  if (correct)
-    *correct += c;
+  /* larger than the buffers: in pieces of max_batch */
+  for (int b0 = 0; b0 < batch; b0 += m->max_batch) {
+    int nb = DT_MIN(m->max_batch, batch - b0);
+    DT_CHECK(run_forward(m, x + (size_t)b0 * nn_shape_size(m->in), nb, false, labels + b0));
+    for (int t = 0; t < m->nthreads; t++) {
+      if (loss_sum)
+        *loss_sum += m->loss_part[t];
+      if (correct)
+        *correct += m->correct_part[t];
+    }
+  }
   return DT_OK;
 }
 
-void dt_nn_set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
-int dt_nn_threads(void) { return openblas_get_num_threads(); }
+int dt_model_threads(const dt_model *m) { return m->nthreads; }
+
+void dt_nn_set_threads(int n) {
+  g_threads = n < 1 ? 1 : n > 256 ? 256 : n;
+  openblas_set_num_threads(1);
+}
+
+int dt_nn_threads(void) { return g_threads; }

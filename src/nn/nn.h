@@ -47,12 +47,27 @@ typedef struct nn_layer {
   /* buffers (views into the activation arena), sized for max_batch */
   float *x, *y;             /* input and output; in-place layers have y == x */
   float *dx, *dy;           /* gradient of input/output; in-place layers have dx == dy */
-  float *ws;                /* conv: im2col chunk (chunk rows x K); layernorm: mean, rstd */
-  float *ws2;               /* conv: d(im2col) chunk */
-  int32_t *idx;             /* maxpool: arg-max input offset per output; dropout: unused */
+  float *stats;             /* layernorm: mean and rstd per sample (2B) */
+  int32_t *idx;             /* maxpool: arg-max input offset per output */
   uint8_t *mask;            /* dropout keep-mask */
-  int chunk;                /* conv: samples per im2col chunk */
+  int chunk;                /* conv: samples per im2col chunk (per thread) */
+  int seq;                  /* position in the model, keys the dropout stream */
 } nn_layer;
+
+/* What one thread works on during a pass: samples [b0, b0 + nb) of the batch (all buffers are
+ * sample-major, so a thread's part is a row range), its own conv workspace, and the gradient
+ * buffer it accumulates into (the model's for thread 0, a private one for the others). */
+typedef struct nn_slice {
+  int b0, nb;
+  int B;                    /* whole batch (the loss is a mean over it) */
+  float *grads;             /* this thread's accumulation buffer (per-sample layers) */
+  float *model_grads;       /* the model's: linear layers write their row block of dW here */
+  int t, T;                 /* this thread, thread count */
+  float *col, *dcol;        /* conv im2col / d(im2col) chunk, max over layers */
+  uint64_t key;             /* dropout key of this forward */
+} nn_slice;
+
+typedef struct nn_pool nn_pool;
 
 struct dt_model {
   char *spec;               /* canonical spec */
@@ -75,7 +90,31 @@ struct dt_model {
   bool trained_forward;     /* last forward was train mode: backward allowed */
   bool want_dinput;         /* tests: also compute d(loss)/d(input) */
   dt_rng rng;
+  uint64_t fwd_key;         /* dropout key of the last forward */
+  int nthreads;
+  nn_slice *slices;         /* per thread */
+  float *priv_grads;        /* (nthreads - 1) private gradient buffers, nparams each */
+  float *col_arena;         /* per-thread conv workspaces */
+  nn_pool *pool;            /* NULL when nthreads == 1 */
+  /* per-pass results of each thread */
+  double *loss_part;
+  int64_t *correct_part;
 };
+
+/* ---- thread pool (pool.c): the caller is thread 0, workers 1..n-1 ---- */
+dt_status dt__nn_pool_create(int nthreads, nn_pool **out);
+void dt__nn_pool_destroy(nn_pool *p);
+/* Runs fn(arg, t) on every thread t in [0, n) (the caller runs t = 0) and returns when all are
+ * done. fn must not fail. */
+void dt__nn_pool_run(nn_pool *p, void (*fn)(void *arg, int t), void *arg);
+/* Within a running job: thread t reports it finished step k (monotonic per job), and thread 0
+ * waits until thread t reported at least step k. */
+void dt__nn_pool_progress(nn_pool *p, int t, int k);
+void dt__nn_pool_wait_progress(nn_pool *p, int t, int k);
+/* Within a running job: returns when all n threads have called it. */
+void dt__nn_pool_barrier(nn_pool *p);
+/* Runs fn(arg, t, n) over the model's threads (inline when it has one). */
+void dt__nn_parallel(dt_model *m, void (*fn)(void *arg, int t), void *arg);
 
 /* ---- spec parsing (spec.c) ---- */
 typedef struct nn_spec_layer {
@@ -90,12 +129,15 @@ typedef struct nn_spec_layer {
 dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **layers, int *n);
 
 /* ---- kernels (layers.c) ---- */
-void dt__nn_forward_layer(nn_layer *l, const float *params, int B, bool train, dt_rng *rng);
-/* need_dx: compute l->dx (false for the first layer unless the input gradient is wanted). */
-void dt__nn_backward_layer(nn_layer *l, const float *params, float *grads, int B, bool need_dx);
-/* Mean softmax cross-entropy over B rows of C logits; writes scale * dloss/dlogits into dlogits
- * when dlogits != NULL. Returns the mean loss; labels must already be in range. */
-double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int B, int C, float scale,
-                           float *dlogits, int64_t *correct);
+void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);
+/* need_dx: compute l->dx (false for the first layer unless the input gradient is wanted).
+ * Adds the slice's parameter gradients into s->grads. */
+void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, bool need_dx);
+/* Softmax cross-entropy of n rows of C logits: returns the SUM of the row losses, writes
+ * grad_scale * (softmax - onehot) into dlogits when not NULL (grad_scale = loss_scale / batch for
+ * the gradient of a batch mean), counts arg-max hits into *correct when not NULL. Labels must
+ * already be in range. */
+double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int n, int C,
+                           float grad_scale, float *dlogits, int64_t *correct);
 
 #endif

@@ -53,7 +53,7 @@ static double loss_at(dt_model *m, const float *x, const int32_t *y, int B, cons
   *dt_model_rng(m) = *rng0;
   const float *logits;
   assert_int_equal(dt_model_forward(m, x, B, 1, &logits), DT_OK);
-  return dt__nn_softmax_xent(logits, y, B, (int)dt_model_output_size(m), 1.0f, NULL, NULL);
+  return dt__nn_softmax_xent(logits, y, B, (int)dt_model_output_size(m), 0.0f, NULL, NULL) / B;
 }
 
 /* Returns the worst ratio |a-n| / (ATOL + RTOL*|n|) over the checked coordinates (<= 1 passes).
@@ -89,7 +89,14 @@ static double gradcheck(const char *spec, int B, uint64_t seed, double xscale, f
   assert_true(fabs(l0 - loss) < 1e-5 * (1 + fabs(l0)));
   float *g = malloc((np ? np : 1) * sizeof(float)), *gx = malloc(nin * sizeof(float));
   memcpy(g, dt_model_grads(m), np * sizeof(float));
-  memcpy(gx, m->dinput, nin * sizeof(float));
+  /* the model keeps the input gradient channels-last; x is (C, H, W) per sample */
+  {
+    size_t C = (size_t)m->in.c, HW = (size_t)m->in.h * (size_t)m->in.w;
+    for (size_t n = 0; n < (size_t)B; n++)
+      for (size_t c = 0; c < C; c++)
+        for (size_t q = 0; q < HW; q++)
+          gx[(n * C + c) * HW + q] = m->dinput[(n * HW + q) * C + c];
+  }
 
   double worst = 0.0;
   /* every parameter (models here are small), then every input coordinate */
@@ -185,7 +192,8 @@ static dt_model *ref_model(const char *spec, int B, uint64_t seed, float **x) {
   return m;
 }
 
-/* Direct convolution in double from the definition, channels-last, weight (OC, K, K, IC). */
+/* Direct convolution in double from the definition: input (C, H, W), output channels-last,
+ * weight (OC, K, K, IC). */
 static void test_conv_reference(void **s) {
   const int B = 3, C = 2, H = 7, W = 6, OC = 4, K = 3, S = 2, P = 1;
   float *x;
@@ -214,7 +222,7 @@ static void test_conv_reference(void **s) {
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W)
                   continue;
                 acc += (double)w[((oc * K + kh) * K + kw) * C + c] *
-                       x[(((size_t)n * H + ih) * W + iw) * C + c];
+                       x[(((size_t)n * C + c) * H + ih) * W + iw];
               }
           double got = y[(((size_t)n * OH + oh) * OW + ow) * OC + oc];
           maxerr = fmax(maxerr, fabs(got - acc));
@@ -240,7 +248,7 @@ static void test_pool_reference(void **s) {
             double acc = avg ? 0.0 : -INFINITY;
             for (int kh = 0; kh < K; kh++)
               for (int kw = 0; kw < K; kw++) {
-                double v = x[(((size_t)n * H + oh * S + kh) * W + ow * S + kw) * C + c];
+                double v = x[(((size_t)n * C + c) * H + oh * S + kh) * W + ow * S + kw];
                 acc = avg ? acc + v / (K * K) : fmax(acc, v);
               }
             assert_float_equal(y[(((size_t)n * OH + oh) * OW + ow) * C + c], acc, 1e-5);
@@ -279,7 +287,7 @@ static void test_loss_reference(void **s) {
   const int32_t y[2] = {2, 0};
   float d[6];
   int64_t correct = 0;
-  double l = dt__nn_softmax_xent(z, y, 2, 3, 1.0f, d, &correct);
+  double l = dt__nn_softmax_xent(z, y, 2, 3, 0.5f, d, &correct) / 2;
   double l0 = log(exp(1) + exp(2) + exp(3)) - 3, l1 = log(exp(-1) + exp(0) + exp(1)) + 1;
   assert_float_equal(l, (l0 + l1) / 2, 1e-6);
   assert_int_equal(correct, 1);

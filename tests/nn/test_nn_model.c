@@ -13,6 +13,12 @@
 
 #include "dtrain/nn.h"
 
+/* A failed huge allocation must come back as NULL (DT_ERR_NOMEM), not kill the sanitizer run. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+
 static dt_model *make(const char *spec, int B, uint64_t seed) {
   dt_model *m = NULL;
   if (dt_model_create(spec, B, seed, &m) != DT_OK)
@@ -116,6 +122,11 @@ static void test_bad_specs(void **s) {
                cases[i].token, cases[i].why);
   }
   dt_model *m = (dt_model *)1;
+  /* activations for 2^24 samples of 10^6 features (64 TiB) cannot be allocated */
+  assert_int_equal(dt_model_create("in=1000000,linear:10", 1 << 24, 1, &m), DT_ERR_NOMEM);
+  assert_null(m);
+  assert_non_null(strstr(dt_last_error(), "max batch 16777216"));
+  m = (dt_model *)1;
   assert_int_equal(dt_model_create(NULL, 2, 1, &m), DT_ERR_INVALID);
   assert_int_equal(dt_model_create("mlp", 0, 1, &m), DT_ERR_INVALID);
   assert_null(m);
@@ -292,9 +303,16 @@ static void test_learn_mlp(void **s) {
         first = loss;
       assert_int_equal(dt_optim_step(o, opt ? 0.01f : 0.05f), DT_OK);
     }
-    double lsum = 0;
-    int64_t correct = 0;
+    double lsum = 0, lsum2 = 0;
+    int64_t correct = 0, correct2 = 0;
     assert_int_equal(dt_model_eval_batch(m, x, y, B, &lsum, &correct), DT_OK);
+    /* the same 64 samples evaluated by a model whose max batch is 10: pieces of 10 */
+    dt_model *small = make("in=2,linear:32,relu,linear:32,gelu,linear:3", 10, 11);
+    memcpy(dt_model_params(small), dt_model_params(m), dt_model_param_count(m) * sizeof(float));
+    assert_int_equal(dt_model_eval_batch(small, x, y, B, &lsum2, &correct2), DT_OK);
+    assert_int_equal(correct2, correct);
+    assert_float_equal(lsum2, lsum, 1e-4);
+    dt_model_destroy(small);
     if (!(lsum / B < 0.1 && correct >= 62 && first > 0.5))
       fail_msg("optimizer %d: first loss %.3f, final eval loss %.4f, %lld/64 correct", opt,
                (double)first, lsum / B, (long long)correct);
@@ -366,6 +384,69 @@ static void test_determinism(void **s) {
   assert_memory_equal(out[0], out[1], sizeof out[0]);
 }
 
+/* Gradients, loss and logits with 2 and 3 threads equal the single-thread ones up to float
+ * summation order, for every layer kind (dropout masks do not depend on the split), also when
+ * the batch is smaller than the thread count; the hook still reports contiguous prefixes. */
+static void test_threads_match(void **s) {
+  const char *specs[] = {
+      "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
+      "dropout:0.3,linear:12,relu,linear:4",
+      "in=30,linear:40,relu,dropout:0.5,linear:20,relu,linear:7",
+  };
+  const int batches[] = {7, 1, 2};
+  for (size_t si = 0; si < 2; si++)
+    for (size_t bi = 0; bi < 3; bi++) {
+      int B = batches[bi];
+      float *ref = NULL, ref_loss = 0;
+      size_t n = 0;
+      for (int T = 1; T <= 3; T++) {
+        dt_nn_set_threads(T);
+        dt_model *m = make(specs[si], 8, 5);
+        assert_int_equal(dt_model_threads(m), T);
+        n = dt_model_param_count(m);
+        size_t in = dt_model_input_size(m);
+        float x[8 * 100];
+        int32_t y[8];
+        dt_rng r;
+        dt_rng_seed(&r, 12);
+        rand_batch(&r, x, y, in, B, (int)dt_model_output_size(m));
+        hook_log h = {0};
+        float loss;
+        for (int rep = 0; rep < 2; rep++) { /* two accumulated passes */
+          assert_int_equal(dt_model_forward(m, x, B, 1, NULL), DT_OK);
+          assert_int_equal(dt_model_backward(m, y, 0.5f, rep ? NULL : log_hook, &h, &loss), DT_OK);
+        }
+        size_t off = 0;
+        for (int c = 0; c < h.calls; c++) {
+          assert_int_equal(h.ranges[c][0], off);
+          off += h.ranges[c][1];
+        }
+        assert_int_equal(off, n);
+        if (T == 1) {
+          ref = malloc(n * sizeof(float));
+          memcpy(ref, dt_model_grads(m), n * sizeof(float));
+          ref_loss = loss;
+        } else {
+          assert_float_equal(loss, ref_loss, 1e-5);
+          double maxd = 0, maxg = 0;
+          for (size_t i = 0; i < n; i++) {
+            maxd = fmax(maxd, fabs(dt_model_grads(m)[i] - ref[i]));
+            maxg = fmax(maxg, fabs(ref[i]));
+          }
+          if (!(maxg > 1e-4 && maxd <= 1e-5 * (1 + maxg)))
+            fail_msg("%s B=%d T=%d: grad diff %g (max grad %g)", specs[si], B, T, maxd, maxg);
+          double ls = 0;
+          int64_t corr = 0;
+          assert_int_equal(dt_model_eval_batch(m, x, y, B, &ls, &corr), DT_OK);
+          assert_true(ls > 0);
+        }
+        dt_model_destroy(m);
+      }
+      free(ref);
+    }
+  dt_nn_set_threads(1);
+}
+
 int main(void) {
   dt_nn_set_threads(1);
   assert_int_equal(dt_nn_threads(), 1);
@@ -375,6 +456,7 @@ int main(void) {
       cmocka_unit_test(test_init),           cmocka_unit_test(test_hook_and_state),
       cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),
       cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
+      cmocka_unit_test(test_threads_match),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

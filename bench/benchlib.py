@@ -1,0 +1,293 @@
+"""benchlib.py - what the comparison benchmarks under bench/ share: installing their Debian
+packages, building dtrain and the small C helpers, running children under a hard timeout,
+describing the machine, and robust statistics (medians with min-max spread).
+
+It deliberately holds no benchmark logic of its own; each bench/<name> script is readable alone.
+Runs with Debian's /usr/bin/python3 (the interpreter python3-torch installs into).
+"""
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+
+
+class SideFailed(Exception):
+    """One side of a comparison could not run; the message says which and why."""
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def is_root():
+    return os.geteuid() == 0
+
+
+def ensure_packages(pkgs, allow_install=True):
+    """Installs the Debian packages that are missing (idempotent). Raises SystemExit naming the
+    packages when they are missing and cannot be installed."""
+    missing = []
+    for p in pkgs:
+        r = subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True)
+        if "install ok installed" not in r.stdout:
+            missing.append(p)
+    if not missing:
+        return
+    if not allow_install:
+        sys.exit(f"bench: missing Debian packages {' '.join(missing)} (run without --no-install, "
+                 f"or: apt-get install {' '.join(missing)})")
+    log(f"bench: installing {' '.join(missing)}")
+    sudo = [] if is_root() else ["sudo"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (sudo + ["apt-get", "update", "-qq"],
+                sudo + ["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing):
+        r = subprocess.run(["timeout", "900"] + cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"bench: '{' '.join(cmd)}' failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+
+
+def build_dtrain(build_dir):
+    """Builds dtrain with scripts/setup (incremental: quick when up to date). Returns the path
+    of the dtrain binary."""
+    r = subprocess.run(["timeout", "1800", os.path.join(ROOT, "scripts", "setup"), build_dir],
+                       cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: building dtrain with scripts/setup {build_dir} failed:\n{r.stderr[-3000:]}")
+    exe = os.path.join(ROOT, build_dir, "dtrain") if not os.path.isabs(build_dir) else os.path.join(build_dir, "dtrain")
+    if not os.access(exe, os.X_OK):
+        sys.exit(f"bench: scripts/setup succeeded but {exe} is not there")
+    return exe
+
+
+def build_helper(name, compiler, sources, flags, libs, build_dir):
+    """Compiles bench/<sources> into <build_dir>/bench/<name> when the binary is older than its
+    sources. Returns the binary's path."""
+    out_dir = os.path.join(ROOT, build_dir, "bench") if not os.path.isabs(build_dir) else os.path.join(build_dir, "bench")
+    os.makedirs(out_dir, exist_ok=True)
+    exe = os.path.join(out_dir, name)
+    srcs = [os.path.join(BENCH, s) for s in sources]
+    if os.path.exists(exe) and all(os.path.getmtime(exe) >= os.path.getmtime(s) for s in srcs):
+        return exe
+    if not shutil.which(compiler):
+        sys.exit(f"bench: compiler '{compiler}' not found (Debian: build-essential, libopenmpi-dev)")
+    cmd = [compiler] + flags + ["-Wall", "-Wextra", "-Werror", "-o", exe] + srcs + libs
+    r = subprocess.run(["timeout", "300"] + cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: '{' '.join(cmd)}' failed:\n{r.stderr[-3000:]}")
+    return exe
+
+
+def pkg_config(*args):
+    r = subprocess.run(["pkg-config"] + list(args), capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: pkg-config {' '.join(args)} failed (Debian: libopenblas-dev, pkg-config)")
+    return r.stdout.split()
+
+
+def run(cmd, timeout_s, env=None, what=None, cwd=None):
+    """Runs cmd under `timeout -k 5 timeout_s`; returns (stdout, stderr). Raises SideFailed naming
+    `what` with the exit code (or the timeout) and the tail of stderr."""
+    what = what or os.path.basename(cmd[0])
+    full = ["timeout", "-k", "5", str(int(timeout_s))] + [str(c) for c in cmd]
+    try:
+        r = subprocess.run(full, capture_output=True, text=True, env=env, cwd=cwd,
+                           timeout=timeout_s + 30)
+    except subprocess.TimeoutExpired:
+        raise SideFailed(f"{what}: did not finish within {timeout_s:.0f} s (killed)")
+    if r.returncode == 124 or r.returncode == 137:
+        raise SideFailed(f"{what}: did not finish within {timeout_s:.0f} s (killed); "
+                         f"stderr tail: {r.stderr.strip()[-800:]}")
+    if r.returncode != 0:
+        raise SideFailed(f"{what}: exit code {r.returncode}; command: {' '.join(str(c) for c in cmd)}\n"
+                         f"  stderr tail: {r.stderr.strip()[-1500:]}")
+    return r.stdout, r.stderr
+
+
+def parse_json(text, what):
+    """The first JSON value in text (tolerates log lines before it). Raises SideFailed."""
+    text = text.strip()
+    for start in [m.start() for m in re.finditer(r"[\[{]", text)]:
+        try:
+            return json.JSONDecoder().raw_decode(text[start:])[0]
+        except json.JSONDecodeError:
+            continue
+    raise SideFailed(f"{what}: no JSON on stdout; got: {text[:500]!r}")
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def spread(xs):
+    """(median, min, max) of the values that are not None, or (None, None, None)."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None, None
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def read_first_line(cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        out = (r.stdout or r.stderr).strip().splitlines()
+        return out[0] if out else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+
+
+def machine():
+    """The facts a reader needs to judge the numbers: CPU, cores, memory, kernel, versions."""
+    info = {"cpu": "?", "cores": os.cpu_count(), "kernel": platform.release()}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        for line in out.splitlines():
+            k, _, v = line.partition(":")
+            v = v.strip()
+            if k == "Model name":
+                info["cpu"] = v
+            elif k == "Hypervisor vendor":
+                info["hypervisor"] = v
+            elif k == "L3 cache":
+                info["l3"] = v
+        flags = re.search(r"^Flags:\s*(.*)$", out, re.M)
+        if flags:
+            f = flags.group(1).split()
+            info["simd"] = " ".join(x for x in ("avx2", "fma", "avx512f", "avx512_bf16") if x in f)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            kb = int(re.search(r"MemTotal:\s+(\d+)", fh.read()).group(1))
+            info["memory_gib"] = round(kb / 1024 / 1024, 1)
+    except (OSError, AttributeError):
+        pass
+    info["os"] = read_first_line(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"])
+    info["gcc"] = read_first_line(["gcc", "--version"])
+    info["dtrain_commit"] = read_first_line(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
+    return info
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def now_utc():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def pkg_version(pkg):
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True)
+    return r.stdout.strip() or "not installed"
+
+
+def fmt_num(x, digits=3):
+    """Compact human formatting: 3 significant digits, thousands kept whole."""
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 1000:
+        return f"{x:,.0f}"
+    if ax >= 100:
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    if ax >= 0.01:
+        return f"{x:.3f}"
+    return f"{x:.2g}"
+
+
+def fmt_size(b):
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= div and b % div == 0:
+            return f"{b // div} {unit}"
+    return f"{b} B"
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+)([KMG]?)(i?B?)?", s.strip(), re.I)
+    if not m:
+        raise ValueError(f"bad size '{s}' (examples: 4, 64K, 256M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def run_timed(cmd, timeout_s, env=None, what=None, cwd=None):
+    """Runs cmd under /usr/bin/time -v (and timeout). Returns (stdout, stderr, peak_rss_mb): the
+    "Maximum resident set size" of the largest process in the tree (for a launcher: its largest
+    worker, not the sum). time's report goes to a file so that stderr stays the program's own."""
+    if not os.access("/usr/bin/time", os.X_OK):
+        raise SideFailed("/usr/bin/time is missing (Debian package: time)")
+    import tempfile
+    fd, rep = tempfile.mkstemp(prefix="dtrain-bench-time-")
+    os.close(fd)
+    try:
+        out, err = run(["/usr/bin/time", "-v", "-o", rep] + list(cmd), timeout_s, env=env, what=what, cwd=cwd)
+        with open(rep) as fh:
+            m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", fh.read())
+    finally:
+        os.unlink(rep)
+    return out, err, (int(m.group(1)) / 1024.0 if m else None)
+
+
+# Training FLOPs per sample of the benchmark models: forward 2 x MACs, backward 2 x MACs for the
+# weight gradients and 2 x MACs for the input gradients (not needed for the first layer). Biases,
+# activations, pooling and the optimizer are left out (well under 1%).
+MODEL_LAYERS = {
+    # (MACs per sample, is first layer)
+    "mlp": [(784 * 1024, True), (1024 * 1024, False), (1024 * 10, False)],
+    "cnn": [(28 * 28 * 32 * 5 * 5 * 1, True), (14 * 14 * 64 * 5 * 5 * 32, False), (3136 * 512, False),
+            (512 * 10, False)],
+}
+
+
+def train_flops_per_sample(model):
+    return sum(2 * m + 2 * m + (0 if first else 2 * m) for m, first in MODEL_LAYERS[model])
+
+
+def thread_env(threads):
+    """The environment PEERS.md prescribes for a fair thread count on both sides."""
+    t = str(threads)
+    return dict(os.environ, OMP_NUM_THREADS=t, OPENBLAS_NUM_THREADS=t, OMP_WAIT_POLICY="PASSIVE")
+
+
+def steady_rate(summary):
+    """(samples/s, how) for a training summary: the median step throughput when the summary has
+    one, else its whole-run samples_per_s."""
+    for k, v in summary.items():
+        if "median" in k and "samples" in k and isinstance(v, (int, float)):
+            return float(v), k
+    v = summary.get("samples_per_s")
+    return (float(v), "samples_per_s") if isinstance(v, (int, float)) else (None, None)
+
+
+def find_key(summary, *words):
+    """The first numeric value whose key contains all the words (e.g. exposed + comm)."""
+    for k, v in summary.items():
+        if all(w in k for w in words) and isinstance(v, (int, float)):
+            return k, float(v)
+    return None, None

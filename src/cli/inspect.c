@@ -1,0 +1,188 @@
+/* inspect.c - `dtrain inspect FILE...`: says what a checkpoint, safetensors model or IDX data file
+ * holds and verifies it (every checksum and every header field; the readers do the checking).
+ * Exit 0 when every file is valid, 1 when one is corrupt or unreadable, 2 for bad usage.
+ * It only reads; it never repairs or rewrites a file. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "dtrain/ckpt.h"
+#include "dtrain/core.h"
+#include "dtrain/data.h"
+
+static void help(FILE *f) {
+  fprintf(f,
+          "usage: dtrain inspect FILE...\n\n"
+          "Prints what FILE holds and verifies it:\n"
+          "  checkpoint (.dtc)  step, sections with sizes and CRC32C, meta keys and values\n"
+          "  safetensors        tensors with dtype, shape and bytes; __metadata__\n"
+          "  IDX (.gz or raw)   element type and dimensions\n"
+          "  directory          each checkpoint in it, valid or not, and which one a resume uses\n"
+          "Exits 1 if a file is corrupt (the message names the file and the problem).\n");
+}
+
+static int inspect_ckpt(const char *path) {
+  dt_ckpt *c;
+  if (dt_ckpt_open(path, &c) != DT_OK)
+    return dt_cli_fail("inspect", "corrupt or unreadable checkpoint");
+  uint64_t total = 0;
+  for (size_t i = 0; i < dt_ckpt_count(c); i++)
+    total += dt_ckpt_section_at(c, i)->nbytes;
+  printf("%s: dtrain checkpoint v%u, step %llu, %zu sections, %llu data bytes, all CRC32C verified\n",
+         path, dt_ckpt_version(c), (unsigned long long)dt_ckpt_step(c), dt_ckpt_count(c),
+         (unsigned long long)total);
+  printf("sections:\n");
+  for (size_t i = 0; i < dt_ckpt_count(c); i++) {
+    const dt_ckpt_section *s = dt_ckpt_section_at(c, i);
+    printf("  %-24s %12llu bytes  crc32c 0x%08x\n", s->name, (unsigned long long)s->nbytes, s->crc32c);
+  }
+  printf("meta:\n");
+  for (size_t i = 0; i < dt_ckpt_meta_count(c); i++) {
+    const dt_kv *kv = dt_ckpt_meta_at(c, i);
+    printf("  %s = %s\n", kv->key, kv->value);
+  }
+  dt_ckpt_destroy(c);
+  return 0;
+}
+
+static int inspect_st(const char *path) {
+  dt_safetensors *f;
+  if (dt_safetensors_open(path, &f) != DT_OK)
+    return dt_cli_fail("inspect", "corrupt or unreadable safetensors file");
+  uint64_t total = 0, elems = 0;
+  for (size_t i = 0; i < dt_safetensors_count(f); i++) {
+    const dt_tensor_view *t = dt_safetensors_tensor(f, i);
+    total += t->nbytes;
+    elems += t->nbytes / dt_st_dtype_size(t->dtype);
+  }
+  printf("%s: safetensors, header %llu bytes, %zu tensors, %llu elements, %llu data bytes, valid\n",
+         path, (unsigned long long)dt_safetensors_header_len(f), dt_safetensors_count(f),
+         (unsigned long long)elems, (unsigned long long)total);
+  if (dt_safetensors_meta_count(f)) {
+    printf("metadata:\n");
+    for (size_t i = 0; i < dt_safetensors_meta_count(f); i++) {
+      const dt_kv *kv = dt_safetensors_meta(f, i);
+      printf("  %s = %s\n", kv->key, kv->value);
+    }
+  }
+  printf("tensors:\n");
+  for (size_t i = 0; i < dt_safetensors_count(f); i++) {
+    const dt_tensor_view *t = dt_safetensors_tensor(f, i);
+    char shape[256] = "[";
+    size_t o = 1;
+    for (int d = 0; d < t->ndim && o < sizeof shape; d++)
+      o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%llu", d ? ", " : "",
+                            (unsigned long long)t->shape[d]);
+    if (o < sizeof shape - 1)
+      strcat(shape, "]");
+    printf("  %-32s %-7s %-20s %12llu bytes\n", t->name, dt_st_dtype_name(t->dtype), shape,
+           (unsigned long long)t->nbytes);
+  }
+  dt_safetensors_destroy(f);
+  return 0;
+}
+
+static int inspect_idx(const char *path) {
+  dt_idx idx;
+  if (dt_idx_read(path, 0, &idx) != DT_OK)
+    return dt_cli_fail("inspect", "corrupt or unreadable IDX file");
+  static const char *tn[16] = {[8] = "u8", [9] = "i8", [11] = "i16", [12] = "i32", [13] = "f32", [14] = "f64"};
+  printf("%s: IDX, %s, %d dimensions [", path, tn[idx.type & 15] ? tn[idx.type & 15] : "?", idx.ndim);
+  for (int d = 0; d < idx.ndim; d++)
+    printf("%s%llu", d ? ", " : "", (unsigned long long)idx.dims[d]);
+  printf("], %llu elements, valid\n", (unsigned long long)idx.count);
+  dt_idx_free(&idx);
+  return 0;
+}
+
+/* A checkpoint directory: one line per file, and the one dt_ckpt_open_latest would pick. */
+static int inspect_dir(const char *dir) {
+  uint64_t *steps;
+  size_t n;
+  if (dt_ckpt_list(dir, &steps, &n) != DT_OK)
+    return dt_cli_fail("inspect", "cannot list %s", dir);
+  if (!n) {
+    free(steps);
+    fprintf(stderr, "dtrain inspect: %s: no checkpoint files (ckpt-*.dtc)\n", dir);
+    return 1;
+  }
+  int bad = 0;
+  long long resume = -1;
+  printf("%s: %zu checkpoint files\n", dir, n);
+  for (size_t i = 0; i < n; i++) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/ckpt-%09llu.dtc", dir, (unsigned long long)steps[i]);
+    dt_ckpt *c;
+    if (dt_ckpt_open(p, &c) == DT_OK) {
+      printf("  step %-10llu valid    %s\n", (unsigned long long)steps[i], p);
+      resume = (long long)steps[i];
+      dt_ckpt_destroy(c);
+    } else {
+      printf("  step %-10llu CORRUPT  %s\n", (unsigned long long)steps[i], dt_last_error());
+      bad = 1;
+    }
+  }
+  if (resume >= 0)
+    printf("a resume would use step %lld\n", resume);
+  else
+    printf("no valid checkpoint: a resume would fail\n");
+  free(steps);
+  return bad;
+}
+
+static int inspect_one(const char *path) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return inspect_dir(path);
+  unsigned char m[9] = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    dt_set_error(DT_ERR_NOT_FOUND, "%s: cannot open", path);
+    perror(path);
+    return 1;
+  }
+  ssize_t k = read(fd, m, sizeof m);
+  close(fd);
+  if (k >= 8 && !memcmp(m, "DTRCKPT\n", 8))
+    return inspect_ckpt(path);
+  if (k >= 2 && m[0] == 0x1f && m[1] == 0x8b)
+    return inspect_idx(path);
+  if (k >= 4 && m[0] == 0 && m[1] == 0 && m[2] >= 0x08 && m[2] <= 0x0E && m[3] >= 1 && m[3] <= 8)
+    return inspect_idx(path);
+  if (k == 9 && m[8] == '{')
+    return inspect_st(path);
+  if (k <= 0) {
+    fprintf(stderr, "dtrain inspect: %s: empty file (neither checkpoint, safetensors nor IDX)\n", path);
+    return 1;
+  }
+  fprintf(stderr, "dtrain inspect: %s: unknown format (first bytes match no checkpoint, safetensors or "
+          "IDX header)\n", path);
+  return 1;
+}
+
+int dt_cli_inspect(int argc, char **argv) {
+  int nfiles = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      help(stdout);
+      return 0;
+    }
+    if (argv[i][0] == '-' && argv[i][1])
+      return dt_cli_usage_error("inspect", "dtrain inspect --help", "unknown flag '%s'", argv[i]);
+    nfiles++;
+  }
+  if (!nfiles)
+    return dt_cli_usage_error("inspect", "dtrain inspect FILE (a .dtc checkpoint, a .safetensors "
+                              "model or an IDX file)", "no file given");
+  int rc = 0;
+  for (int i = 1; i < argc; i++) {
+    int r = inspect_one(argv[i]);
+    if (r > rc)
+      rc = r;
+  }
+  return rc;
+}

@@ -1,0 +1,608 @@
+/* comm.c - the communicator: joining a job (store, failure detector, host identities, transport
+ * choice), leaving it, splitting it, point-to-point messages, and the helpers every transport and
+ * collective uses to name ranks and calls in its error messages.
+ *
+ * It does not move collective data itself: the collectives' entry points and algorithms live in
+ * comm/coll/ and comm/progress.c, the byte movement in the transports (comm/shm, comm/tcp). */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm/coll/coll.h"
+#include "comm/comm.h"
+
+/* Every transport this build has. Adding one is a line here (and its folder). Keep "shm" and
+ * "tcp" first: the automatic choice names them. The MPI table joins under DTRAIN_HAVE_MPI when
+ * comm/mpi/ provides it. */
+static const dt_transport_ops *const comm_transports[] = {
+    &dt__transport_shm,
+    &dt__transport_tcp,
+};
+
+/* How long create/split wait for one store key before re-checking the job's health, so a
+ * failure elsewhere ends the wait early instead of at the full deadline. */
+#define COMM_POLL_MS 100
+/* How long a rank that saw a peer vanish waits for the job's verdict (the failure detector's
+ * heartbeat interval is at most 200 ms) before publishing its own observation. */
+#define COMM_VERDICT_MS 1000
+
+/* Host identity record published by each rank: "<hostname>\n<boot_id>\n<transport>\n". Two
+ * ranks share a host (and can share memory) when hostname and boot id both match. */
+#define COMM_HOSTID_MAX 512
+
+void dt_comm_config_init(dt_comm_config *cfg) {
+  if (!cfg)
+    return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->rank = -1;
+  cfg->world_size = -1;
+  cfg->local_rank = -1;
+  cfg->host_store = -1;
+}
+
+/* ---- names used in messages ---- */
+
+static const char *const coll_names[DT_COLL_COUNT] = {
+    [DT_COLL_NONE] = "none",
+    [DT_COLL_ALLREDUCE] = "allreduce",
+    [DT_COLL_REDUCE] = "reduce",
+    [DT_COLL_BROADCAST] = "broadcast",
+    [DT_COLL_ALLGATHER] = "allgather",
+    [DT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+    [DT_COLL_GATHER] = "gather",
+    [DT_COLL_SCATTER] = "scatter",
+    [DT_COLL_ALLTOALL] = "alltoall",
+    [DT_COLL_BARRIER] = "barrier",
+    [DT_COLL_SEND] = "send/recv",
+    [DT_COLL_SPLIT] = "split",
+    [DT_COLL_CREATE] = "create",
+};
+
+const char *dt__coll_name(int coll) {
+  if (coll < 0 || coll >= DT_COLL_COUNT)
+    return "unknown-call";
+  return coll_names[coll];
+}
+
+static const char *comm_dtype_name(int t) {
+  const char *s = (t >= 0 && t < DT_DTYPE_COUNT) ? dt_dtype_name((dt_dtype)t) : NULL;
+  return s ? s : "?dtype";
+}
+
+static const char *comm_op_name(int op) {
+  const char *s = (op >= 0 && op < DT_OP_COUNT) ? dt_op_name((dt_op)op) : NULL;
+  return s ? s : "?op";
+}
+
+void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
+  const char *name = dt__coll_name(fp->coll);
+  unsigned long long seq = (unsigned long long)fp->seq, cnt = (unsigned long long)fp->count;
+  switch (fp->coll) {
+  case DT_COLL_BARRIER:
+  case DT_COLL_SPLIT:
+  case DT_COLL_CREATE:
+    snprintf(buf, n, "%s #%llu", name, seq);
+    break;
+  case DT_COLL_SEND:
+    snprintf(buf, n, "%s #%llu with %llu x %s tag %d", name, seq, cnt, comm_dtype_name(fp->dtype), (int)fp->root);
+    break;
+  case DT_COLL_ALLREDUCE:
+  case DT_COLL_REDUCE_SCATTER:
+    snprintf(buf, n, "%s #%llu with %llu x %s %s", name, seq, cnt, comm_dtype_name(fp->dtype), comm_op_name(fp->op));
+    break;
+  case DT_COLL_REDUCE:
+    snprintf(buf, n, "%s #%llu with %llu x %s %s to root %d", name, seq, cnt, comm_dtype_name(fp->dtype),
+             comm_op_name(fp->op), (int)fp->root);
+    break;
+  case DT_COLL_BROADCAST:
+  case DT_COLL_GATHER:
+  case DT_COLL_SCATTER:
+    snprintf(buf, n, "%s #%llu with %llu x %s %s root %d", name, seq, cnt, comm_dtype_name(fp->dtype),
+             fp->coll == DT_COLL_GATHER ? "to" : "from", (int)fp->root);
+    break;
+  default:
+    snprintf(buf, n, "%s #%llu with %llu x %s", name, seq, cnt, comm_dtype_name(fp->dtype));
+    break;
+  }
+}
+
+int dt__fp_equal(const dt__fp *a, const dt__fp *b) {
+  return a->seq == b->seq && a->count == b->count && a->coll == b->coll && a->dtype == b->dtype &&
+         a->op == b->op && a->root == b->root;
+}
+
+void dt__comm_peer_name(const dt_comm *c, int peer, char *buf, size_t n) {
+  if (c && c->world_ranks && peer >= 0 && peer < c->size && c->world_ranks[peer] != peer)
+    snprintf(buf, n, "rank %d (world rank %d)", peer, c->world_ranks[peer]);
+  else
+    snprintf(buf, n, "rank %d", peer);
+}
+
+dt_status dt__comm_mismatch(const dt_comm *c, int peer, const dt__fp *theirs, const dt__fp *mine) {
+  char pn[64], mn[64], tf[160], mf[160];
+  dt__comm_peer_name(c, peer, pn, sizeof pn);
+  dt__comm_peer_name(c, c->rank, mn, sizeof mn);
+  dt__fp_format(theirs, tf, sizeof tf);
+  dt__fp_format(mine, mf, sizeof mf);
+  return dt_set_error(DT_ERR_MISMATCH, "%s called %s, %s called %s", pn, tf, mn, mf);
+}
+
+bool dt__comm_aborted(const dt_comm *c) { return c->health && dt__health_aborted(c->health); }
+
+int dt__comm_abort_fd(const dt_comm *c) { return c->health ? dt__health_abort_fd(c->health) : -1; }
+
+dt_status dt__comm_abort_status(const dt_comm *c) {
+  char v[768] = "";
+  if (c->health)
+    dt__health_verdict(c->health, v, sizeof v);
+  return dt_set_error(DT_ERR_ABORTED, "rank %d: job aborted: %s", c->rank, v[0] ? v : "(no reason given)");
+}
+
+dt_status dt__comm_fail(dt_comm *c, dt_status st) {
+  /* An abort we merely observed is not a new failure to publish. */
+  if (st == DT_OK || st == DT_ERR_ABORTED || !c || !c->health)
+    return st;
+  if (st == DT_ERR_PEER) {
+    /* A peer that vanished may itself have been stopping because of an earlier failure
+     * elsewhere: give the failure detector a moment to tell the root cause, and lead with it. */
+    int64_t dl = dt__deadline_after_ms(COMM_VERDICT_MS);
+    while (!dt__comm_aborted(c) && !dt__expired(dl))
+      dt__sleep_ns(5000000);
+    if (dt__comm_aborted(c)) {
+      char local[900], v[768] = "";
+      snprintf(local, sizeof local, "%s", dt_last_error());
+      dt__health_verdict(c->health, v, sizeof v);
+      return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
+    }
+  }
+  char msg[1100];
+  snprintf(msg, sizeof msg, "rank %d: %s", c->world_ranks ? c->world_ranks[c->rank] : c->rank, dt_last_error());
+  dt__health_raise(c->health, msg);
+  return st;
+}
+
+int64_t dt__comm_deadline(const dt_comm *c) { return dt__deadline_after_ms(c->timeout_ms); }
+
+void dt__comm_key(const dt_comm *c, char *buf, size_t n, const char *fmt, ...) {
+  int k = snprintf(buf, n, "%s", c->prefix);
+  if (k < 0 || (size_t)k >= n)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + k, n - (size_t)k, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- accessors ---- */
+
+int dt_comm_rank(const dt_comm *c) { return c ? c->rank : -1; }
+int dt_comm_size(const dt_comm *c) { return c ? c->size : 0; }
+int dt_comm_local_rank(const dt_comm *c) { return c ? c->local_rank : -1; }
+int dt_comm_local_size(const dt_comm *c) { return c ? c->local_size : 0; }
+const char *dt_comm_transport(const dt_comm *c) { return c && c->ops ? c->ops->name : ""; }
+
+dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms) {
+  if (!c || timeout_ms <= 0)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_set_timeout: timeout %d ms must be > 0", timeout_ms);
+  c->timeout_ms = timeout_ms;
+  return DT_OK;
+}
+
+/* ---- joining ---- */
+
+static void comm_host_id(char *buf, size_t n) {
+  char host[256] = "unknown-host", boot[64] = "no-boot-id";
+  if (gethostname(host, sizeof host - 1) != 0)
+    snprintf(host, sizeof host, "unknown-host");
+  host[sizeof host - 1] = '\0';
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (fgets(boot, sizeof boot, f))
+      boot[strcspn(boot, "\r\n")] = '\0';
+    fclose(f);
+  }
+  snprintf(buf, n, "%s\n%s", host, boot);
+}
+
+static const dt_transport_ops *comm_find_transport(const char *name) {
+  for (size_t i = 0; i < DT_ARRAY_LEN(comm_transports); i++)
+    if (strcmp(comm_transports[i]->name, name) == 0)
+      return comm_transports[i];
+  return NULL;
+}
+
+/* Lists the ranks (of `size`, world ranks through map if non-NULL) whose key "<fmt % rank>"
+ * is absent from the store, into buf: "2, 5". */
+static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, char *buf, size_t n) {
+  size_t used = 0;
+  buf[0] = '\0';
+  int64_t dl = dt__deadline_after_ms(2000);
+  for (int r = 0; r < size; r++) {
+    char key[128], tmp[8];
+    size_t len = 0;
+    snprintf(key, sizeof key, fmt, map ? map[r] : r);
+    dt_status st = dt__store_get(c->store, key, tmp, sizeof tmp, &len, dl);
+    if (st == DT_ERR_NOT_FOUND && used + 16 < n)
+      used += (size_t)snprintf(buf + used, n - used, "%srank %d", used ? ", " : "", r);
+  }
+  if (!used)
+    snprintf(buf, n, "(none missing any more)");
+}
+
+/* Waits for key while checking the job's health every COMM_POLL_MS. */
+static dt_status comm_wait_key(dt_comm *c, const char *key, void *buf, size_t cap, size_t *len, int64_t deadline) {
+  for (;;) {
+    int64_t slice = dt__deadline_after_ms(COMM_POLL_MS);
+    dt_status st = dt__store_wait(c->store, key, buf, cap, len, slice < deadline ? slice : deadline);
+    if (st != DT_ERR_TIMEOUT)
+      return st;
+    if (dt__comm_aborted(c))
+      return dt__comm_abort_status(c);
+    if (dt__expired(deadline))
+      return st;
+  }
+}
+
+/* Gathers every member's host record (world rank map -> "w/host/<world rank>") and derives
+ * same_host, local rank and local size. */
+static dt_status comm_hosts(dt_comm *c, int64_t deadline, char (*ids)[COMM_HOSTID_MAX]) {
+  for (int r = 0; r < c->size; r++) {
+    char key[64];
+    size_t len = 0;
+    snprintf(key, sizeof key, "w/host/%d", c->world_ranks[r]);
+    dt_status st = comm_wait_key(c, key, ids[r], COMM_HOSTID_MAX - 1, &len, deadline);
+    if (st == DT_ERR_TIMEOUT) {
+      char miss[256];
+      comm_missing(c, "w/host/%d", c->world_ranks, c->size, miss, sizeof miss);
+      return dt_set_error(DT_ERR_TIMEOUT, "rank %d waited %d ms but these never joined: %s (world of %d; store %s:%d)", c->rank,
+                          c->timeout_ms, miss, c->size, c->env.store_host, c->env.store_port);
+    }
+    if (st != DT_OK)
+      return dt__error_prefix(st, "rank %d: reading the host record of rank %d", c->rank, r);
+    ids[r][len] = '\0';
+  }
+  /* Compare "<hostname>\n<boot_id>" only (the record's third line is the requested transport). */
+  char mine[COMM_HOSTID_MAX];
+  snprintf(mine, sizeof mine, "%s", ids[c->rank]);
+  char *nl = strchr(mine, '\n');
+  nl = nl ? strchr(nl + 1, '\n') : NULL;
+  size_t hl = nl ? (size_t)(nl - mine) : strlen(mine);
+  c->same_host = true;
+  int lr = 0, ls = 0;
+  for (int r = 0; r < c->size; r++) {
+    bool same = strncmp(ids[r], mine, hl) == 0 && (ids[r][hl] == '\n' || ids[r][hl] == '\0');
+    if (!same)
+      c->same_host = false;
+    else {
+      ls++;
+      if (r < c->rank)
+        lr++;
+    }
+  }
+  c->local_rank = lr;
+  c->local_size = ls;
+  return DT_OK;
+}
+
+static const char *comm_requested(const char *id) {
+  const char *p = strchr(id, '\n');
+  p = p ? strchr(p + 1, '\n') : NULL;
+  return p ? p + 1 : "";
+}
+
+/* Chooses and connects the transport: the requested one (which every member must agree on),
+ * else shm when all members share a host and tcp otherwise. */
+static dt_status comm_connect_transport(dt_comm *c, char (*ids)[COMM_HOSTID_MAX]) {
+  const char *req = comm_requested(ids[c->rank]);
+  for (int r = 0; r < c->size; r++)
+    if (strcmp(comm_requested(ids[r]), req) != 0)
+      return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT)",
+                          r, comm_requested(ids[r])[0] ? comm_requested(ids[r]) : "auto", c->rank,
+                          req[0] ? req : "auto");
+  const char *name = req[0] ? req : (c->same_host ? "shm" : "tcp");
+  c->ops = comm_find_transport(name);
+  if (!c->ops) {
+    char avail[128] = "";
+    for (size_t i = 0; i < DT_ARRAY_LEN(comm_transports); i++)
+      snprintf(avail + strlen(avail), sizeof avail - strlen(avail), "%s%s", i ? ", " : "", comm_transports[i]->name);
+    return dt_set_error(DT_ERR_INVALID, "unknown transport '%s' (this build has: %s)", name, avail);
+  }
+  if (strcmp(name, "shm") == 0 && !c->same_host)
+    return dt_set_error(DT_ERR_INVALID, "transport shm needs every rank on one host, but ranks run on several hosts");
+  dt_status st = c->ops->create(c, &c->tp);
+  if (st != DT_OK)
+    return dt__error_prefix(st, "rank %d: connecting transport %s", c->rank, name);
+  return DT_OK;
+}
+
+static dt_comm *comm_alloc(int size) {
+  dt_comm *c = dt__calloc(sizeof *c);
+  if (!c)
+    return NULL;
+  c->size = size;
+  c->world_ranks = dt__calloc(sizeof(int) * (size_t)size);
+  c->p2p_sent = dt__calloc(sizeof(uint64_t) * (size_t)size);
+  c->p2p_recvd = dt__calloc(sizeof(uint64_t) * (size_t)size);
+  c->progress = NULL;
+  if (!c->world_ranks || !c->p2p_sent || !c->p2p_recvd || pthread_mutex_init(&c->lock, NULL) != 0) {
+    dt__free(c->world_ranks);
+    dt__free(c->p2p_sent);
+    dt__free(c->p2p_recvd);
+    dt__free(c);
+    dt_set_error(DT_ERR_NOMEM, "communicator of %d ranks", size);
+    return NULL;
+  }
+  return c;
+}
+
+/* Frees everything. The rank hosting the store says its own goodbye first, then keeps serving
+ * until every other rank said goodbye or was declared failed (bounded by the deadline, or by
+ * about one fault timeout after a failure), so that nobody sees the store vanish and takes it
+ * for a failure, and everybody learns a failure's verdict from it. */
+static void comm_free(dt_comm *c) {
+  if (!c)
+    return;
+  dt__progress_destroy(c->progress);
+  if (c->ops && c->tp)
+    c->ops->destroy(c->tp);
+  dt__store_close(c->store);
+  bool aborted = dt__comm_aborted(c);
+  if (c->health)
+    dt__health_release(c->health);
+  if (c->server) {
+    int ms = aborted ? DT_MIN(c->timeout_ms, c->env.fault_timeout_ms + 2000) : c->timeout_ms;
+    int live = dt__store_server_drain(c->server, dt__deadline_after_ms(ms));
+    if (live > 0)
+      DT_LOG_WARN("rank %d: stopping the rendezvous store while %d rank(s) still use it", c->rank, live);
+  }
+  dt__store_server_stop(c->server);
+  pthread_mutex_destroy(&c->lock);
+  dt__free(c->world_ranks);
+  dt__free(c->p2p_sent);
+  dt__free(c->p2p_recvd);
+  dt__free(c);
+}
+
+static bool comm_is_loopback(const char *h) {
+  return strcmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
+}
+
+dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
+  if (!out)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_create: out is NULL");
+  *out = NULL;
+  dt__comm_env env;
+  DT_CHECK(dt__comm_env_resolve(cfg, &env));
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_create: rank %d of world size %d", env.rank, env.world_size);
+  dt__log_set_rank(env.rank);
+  dt_comm *c = comm_alloc(env.world_size);
+  if (!c)
+    return DT_ERR_NOMEM;
+  c->env = env;
+  c->rank = env.rank;
+  c->timeout_ms = env.timeout_ms > 0 ? env.timeout_ms : 300000;
+  snprintf(c->prefix, sizeof c->prefix, "w/");
+  for (int r = 0; r < c->size; r++)
+    c->world_ranks[r] = r;
+  int64_t deadline = dt__comm_deadline(c);
+  dt_status st;
+  char (*ids)[COMM_HOSTID_MAX] = NULL;
+
+  if (env.host_store) {
+    int port = 0;
+    const char *bind = comm_is_loopback(env.store_host) ? env.store_host : NULL;
+    st = dt__store_server_start(bind, env.store_port, env.secret, env.secret_len, env.world_size, env.fault_timeout_ms,
+                                &c->server, &port);
+    if (st != DT_OK) {
+      dt__error_prefix(st, "rank %d: starting the rendezvous store on %s:%d", c->rank, env.store_host, env.store_port);
+      goto fail;
+    }
+    c->env.store_port = port;
+  }
+  if (!c->env.store_host[0])
+    snprintf(c->env.store_host, sizeof c->env.store_host, "127.0.0.1");
+  st = dt__store_connect(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, deadline, &c->store);
+  if (st != DT_OK) {
+    dt__error_prefix(st, "rank %d: connecting to the rendezvous store %s:%d", c->rank, c->env.store_host,
+                     c->env.store_port);
+    goto fail;
+  }
+  st = dt__health_start(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, env.fault_timeout_ms,
+                        &c->health);
+  if (st != DT_OK) {
+    dt__error_prefix(st, "rank %d: starting the failure detector", c->rank);
+    goto fail;
+  }
+
+  /* Publish who we are, then learn everybody else. */
+  char me[COMM_HOSTID_MAX], key[64];
+  comm_host_id(me, sizeof me - 40);
+  snprintf(me + strlen(me), sizeof me - strlen(me), "\n%s", env.transport);
+  snprintf(key, sizeof key, "w/host/%d", c->rank);
+  DT_CHECK_GOTO(dt__store_set(c->store, key, me, strlen(me), deadline), st, fail);
+  ids = dt__calloc(sizeof *ids * (size_t)c->size);
+  if (!ids) {
+    st = dt_set_error(DT_ERR_NOMEM, "host records of %d ranks", c->size);
+    goto fail;
+  }
+  DT_CHECK_GOTO(comm_hosts(c, deadline, ids), st, fail);
+  if (env.local_rank >= 0 && env.local_size > 0) {
+    /* The launcher knows best (e.g. containers with distinct host names on one machine). */
+    c->local_rank = env.local_rank;
+    c->local_size = env.local_size;
+  }
+  DT_CHECK_GOTO(comm_connect_transport(c, ids), st, fail);
+  dt__free(ids);
+  DT_LOG_DEBUG("joined: rank %d of %d (local %d of %d), transport %s, store %s:%d (%s)", c->rank, c->size,
+               c->local_rank, c->local_size, c->ops->name, c->env.store_host, c->env.store_port, env.source);
+  *out = c;
+  return DT_OK;
+
+fail:
+  dt__free(ids);
+  if (c->health && st != DT_ERR_ABORTED)
+    dt__comm_fail(c, st);
+  comm_free(c);
+  return st;
+}
+
+void dt_comm_destroy(dt_comm *c) {
+  if (!c)
+    return;
+  /* Nonblocking calls not yet started fail; the progress thread stops before the transport
+   * it uses goes away. */
+  dt__progress_destroy(c->progress);
+  c->progress = NULL;
+  comm_free(c);
+}
+
+/* ---- split ---- */
+
+typedef struct comm_member {
+  int color, key, rank;
+} comm_member;
+
+static int comm_member_cmp(const void *a, const void *b) {
+  const comm_member *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
+  if (!out)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_split: out is NULL");
+  *out = NULL;
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_split: communicator is NULL");
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  if (color < 0)
+    color = DT_COMM_UNDEFINED;
+  int64_t deadline = dt__comm_deadline(c);
+  uint64_t id = ++c->nsplits;
+  comm_member *all = dt__calloc(sizeof *all * (size_t)c->size);
+  if (!all)
+    return dt_set_error(DT_ERR_NOMEM, "split of %d ranks", c->size);
+  dt_status st = DT_OK;
+  dt_comm *n = NULL;
+  char k[128];
+  int32_t mine[2] = {color, key};
+  dt__comm_key(c, k, sizeof k, "split/%llu/%d", (unsigned long long)id, c->rank);
+  DT_CHECK_GOTO(dt__store_set(c->store, k, mine, sizeof mine, deadline), st, done);
+  for (int r = 0; r < c->size; r++) {
+    int32_t v[2];
+    size_t len = 0;
+    dt__comm_key(c, k, sizeof k, "split/%llu/%d", (unsigned long long)id, r);
+    st = comm_wait_key(c, k, v, sizeof v, &len, deadline);
+    if (st == DT_ERR_TIMEOUT) {
+      char fmt[128], miss[256];
+      snprintf(fmt, sizeof fmt, "%ssplit/%llu/%%d", c->prefix, (unsigned long long)id);
+      comm_missing(c, fmt, NULL, c->size, miss, sizeof miss);
+      st = dt_set_error(DT_ERR_TIMEOUT, "rank %d: split #%llu: waited %d ms but these never called split: %s", c->rank,
+                        (unsigned long long)id, c->timeout_ms, miss);
+      goto done;
+    }
+    if (st != DT_OK)
+      goto done;
+    if (len != sizeof v) {
+      st = dt_set_error(DT_ERR_PROTOCOL, "split #%llu: record of rank %d has %zu bytes", (unsigned long long)id, r, len);
+      goto done;
+    }
+    all[r] = (comm_member){v[0] < 0 ? DT_COMM_UNDEFINED : v[0], v[1], r};
+  }
+  if (color == DT_COMM_UNDEFINED)
+    goto done;
+  int m = 0;
+  for (int r = 0; r < c->size; r++)
+    if (all[r].color == color)
+      all[m++] = all[r];
+  qsort(all, (size_t)m, sizeof *all, comm_member_cmp);
+  n = comm_alloc(m);
+  if (!n) {
+    st = DT_ERR_NOMEM;
+    goto done;
+  }
+  n->env = c->env;
+  n->timeout_ms = c->timeout_ms;
+  n->health = c->health;
+  dt__health_retain(c->health);
+  for (int i = 0; i < m; i++) {
+    n->world_ranks[i] = c->world_ranks[all[i].rank];
+    if (all[i].rank == c->rank)
+      n->rank = i;
+  }
+  int pl = snprintf(n->prefix, sizeof n->prefix, "%s%llu.%d/", c->prefix, (unsigned long long)id, color);
+  if (pl < 0 || (size_t)pl >= sizeof n->prefix) {
+    st = dt_set_error(DT_ERR_INVALID, "split #%llu: communicators nested too deeply (store prefix '%s...')",
+                      (unsigned long long)id, c->prefix);
+    goto done;
+  }
+  DT_CHECK_GOTO(dt__store_connect(c->env.store_host, c->env.store_port, c->env.secret, c->env.secret_len,
+                                  n->world_ranks[n->rank], deadline, &n->store),
+                st, done);
+  char (*ids)[COMM_HOSTID_MAX] = dt__calloc(sizeof *ids * (size_t)m);
+  if (!ids) {
+    st = dt_set_error(DT_ERR_NOMEM, "host records of %d ranks", m);
+    goto done;
+  }
+  st = comm_hosts(n, deadline, ids);
+  if (st == DT_OK)
+    st = comm_connect_transport(n, ids);
+  dt__free(ids);
+
+done:
+  dt__free(all);
+  if (st != DT_OK) {
+    comm_free(n);
+    return dt__comm_fail(c, st);
+  }
+  *out = n;
+  return DT_OK;
+}
+
+/* ---- point to point ---- */
+
+static dt_status comm_p2p_check(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, const char *what,
+                                size_t *bytes) {
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: communicator is NULL", what);
+  size_t es = dt_dtype_size(t);
+  if (!es)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: invalid dtype %d", what, (int)t);
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: rank %d: peer %d is not another rank of 0..%d", what, c->rank, peer,
+                        c->size - 1);
+  if (count > SIZE_MAX / es)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: count %zu x %zu bytes overflows", what, count, es);
+  if (count && !buf)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: buffer is NULL with count %zu", what, count);
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  *bytes = count * es;
+  return DT_OK;
+}
+
+dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag) {
+  size_t n = 0;
+  DT_CHECK(comm_p2p_check(c, buf, count, t, peer, "send", &n));
+  pthread_mutex_lock(&c->lock);
+  dt__fp fp = {.seq = ++c->p2p_sent[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
+  dt_status st = c->ops->sendrecv(c->tp, peer, buf, n, -1, NULL, 0, &fp, dt__comm_deadline(c));
+  pthread_mutex_unlock(&c->lock);
+  return dt__comm_fail(c, st);
+}
+
+dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag) {
+  size_t n = 0;
+  DT_CHECK(comm_p2p_check(c, buf, count, t, peer, "recv", &n));
+  pthread_mutex_lock(&c->lock);
+  dt__fp fp = {.seq = ++c->p2p_recvd[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
+  dt_status st = c->ops->sendrecv(c->tp, -1, NULL, 0, peer, buf, n, &fp, dt__comm_deadline(c));
+  pthread_mutex_unlock(&c->lock);
+  return dt__comm_fail(c, st);
+}

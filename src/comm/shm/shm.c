@@ -1,0 +1,644 @@
+/* shm.c - the shared-memory transport: every rank of a communicator on one host maps one POSIX
+ * shared-memory segment holding
+ *   - a header (parameters, a futex "bell" rung whenever anything is published),
+ *   - one record per rank (pid for liveness, progress counters of the fast paths),
+ *   - one single-producer single-consumer ring per ordered pair of ranks for sendrecv (slots
+ *     carry the fingerprint, the message length and the piece's offset),
+ *   - two staging buffers per rank for the allreduce made for shared memory.
+ * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
+ * rank is SIGKILLed later.
+ *
+ * Waiting spins briefly, then yields, then sleeps on the bell futex with a short timeout (so
+ * more ranks than cores still make progress); while waiting it watches the job's abort state,
+ * the deadline, and every ~50 ms whether the awaited ranks' processes still exist.
+ *
+ * Not here: single-copy transfers (process_vm_readv), broadcast/allgather/reduce_scatter fast
+ * paths (the ring algorithms over sendrecv serve them). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdalign.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/coll/coll.h"
+#include "comm/comm.h"
+
+#define SHM_MAGIC 0x314D485354524E44ull /* "DNRTSHM1" */
+#define SHM_LINE 64
+/* Ring slots: 4 x 256 KiB per ordered pair keeps a sender a few pieces ahead of its receiver
+ * while each piece still fits in L2. DTRAIN_SHM_SLOT / DTRAIN_SHM_SLOTS override. */
+#define SHM_DEFAULT_SLOT (256u << 10)
+#define SHM_DEFAULT_NSLOTS 4
+/* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
+ * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
+#define SHM_DEFAULT_CHUNK (512u << 10)
+#define SHM_SPINS 2000
+#define SHM_YIELDS 200
+#define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
+#define SHM_ALIVE_NS 50000000 /* liveness check of awaited ranks: 50 ms */
+
+enum { SHM_DATA = 1, SHM_NACK = 2 };
+
+typedef struct shm_hdr {
+  uint64_t magic;
+  uint64_t size;
+  uint32_t n, nslots;
+  uint64_t slot_bytes, chunk_bytes;
+  uint64_t off_ranks, off_rings, off_stage, ring_bytes;
+  alignas(SHM_LINE) _Atomic uint32_t bell;
+  _Atomic uint32_t sleepers;
+} shm_hdr;
+
+/* One rank's record; each counter on its own line since different ranks poll them. */
+typedef struct shm_rank {
+  alignas(SHM_LINE) _Atomic int32_t pid;
+  alignas(SHM_LINE) _Atomic uint64_t in_seq;  /* allreduce chunks copied into staging */
+  alignas(SHM_LINE) _Atomic uint64_t red_seq; /* allreduce chunks whose slice is reduced */
+  alignas(SHM_LINE) _Atomic uint64_t out_seq; /* allreduce chunks copied out */
+  alignas(SHM_LINE) _Atomic uint64_t bar_seq; /* barriers entered */
+  alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer / barrier parity */
+  dt__fp bar_fp[2];
+} shm_rank;
+
+typedef struct shm_slot {
+  dt__fp fp;
+  uint64_t total, off;
+  uint32_t len, type;
+} shm_slot;
+#define SHM_SLOT_HDR SHM_LINE
+
+typedef struct shm_ring {
+  alignas(SHM_LINE) _Atomic uint64_t head; /* pieces published (producer) */
+  alignas(SHM_LINE) _Atomic uint64_t tail; /* pieces consumed (consumer) */
+  alignas(SHM_LINE) uint8_t slots[];       /* nslots x (SHM_SLOT_HDR + slot_bytes) */
+} shm_ring;
+
+struct dt_transport {
+  dt_comm *c;
+  int n, rank;
+  uint8_t *base;
+  size_t size;
+  shm_hdr *h;
+  shm_rank *ranks;
+  uint64_t chunks; /* allreduce chunks done on this communicator (same on every rank) */
+  uint64_t bars;   /* barriers done */
+  bool broken;     /* a mismatch left rings in an unknown state */
+  float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
+};
+
+static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static shm_ring *shm_ring_of(dt_transport *t, int from, int to) {
+  return (shm_ring *)(t->base + t->h->off_rings + ((size_t)from * (size_t)t->n + (size_t)to) * t->h->ring_bytes);
+}
+static shm_slot *shm_slot_of(dt_transport *t, shm_ring *r, uint64_t i) {
+  return (shm_slot *)(r->slots + (i % t->h->nslots) * (SHM_SLOT_HDR + t->h->slot_bytes));
+}
+static uint8_t *shm_stage(dt_transport *t, int rank, int buf) {
+  return t->base + t->h->off_stage + ((size_t)rank * 2 + (size_t)buf) * t->h->chunk_bytes;
+}
+
+static inline void shm_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void shm_ring_bell(dt_transport *t) {
+  atomic_fetch_add(&t->h->bell, 1);
+  if (atomic_load(&t->h->sleepers))
+    syscall(SYS_futex, &t->h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ---- waiting ---- */
+
+typedef struct shm_wait {
+  unsigned iter;
+  int64_t next_alive;
+} shm_wait;
+
+static dt_status shm_dead(dt_transport *t, int peer, const dt__fp *fp, int pid) {
+  char pn[64], what[160];
+  dt__comm_peer_name(t->c, peer, pn, sizeof pn);
+  dt__fp_format(fp, what, sizeof what);
+  return dt_set_error(DT_ERR_PEER, "rank %d: %s (pid %d) exited or was killed during %s", t->rank, pn, pid, what);
+}
+
+/* Checks that a rank's process still exists (kill(pid, 0); a zombie counts as gone). */
+static bool shm_alive(dt_transport *t, int peer, int *pid_out) {
+  int pid = atomic_load_explicit(&t->ranks[peer].pid, memory_order_relaxed);
+  *pid_out = pid;
+  if (pid <= 0)
+    return true;
+  if (kill(pid, 0) != 0 && errno == ESRCH)
+    return false;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return true;
+  size_t k = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[k] = '\0';
+  const char *p = strrchr(buf, ')');
+  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+/* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
+ * for liveness). bell is the bell value read before the condition was found false. */
+static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
+  dt_comm *c = t->c;
+  w->iter++;
+  if (w->iter < SHM_SPINS) {
+    shm_relax();
+    if (w->iter & 63)
+      return DT_OK;
+  } else if (w->iter < SHM_SPINS + SHM_YIELDS) {
+    sched_yield();
+  } else {
+    atomic_fetch_add(&t->h->sleepers, 1);
+    struct timespec ts = {0, SHM_SLEEP_NS};
+    syscall(SYS_futex, &t->h->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+    atomic_fetch_sub(&t->h->sleepers, 1);
+  }
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  int64_t now = dt_now_ns();
+  if (now >= deadline) {
+    char pn[64], what[160];
+    dt__comm_peer_name(c, peer, pn, sizeof pn);
+    dt__fp_format(fp, what, sizeof what);
+    return dt_set_error(DT_ERR_TIMEOUT, "rank %d: deadline (%d ms) passed waiting for %s in %s", t->rank, c->timeout_ms,
+                        pn, what);
+  }
+  if (now >= w->next_alive) {
+    if (w->next_alive) {
+      int pid = 0;
+      for (int r = 0; r < t->n; r++)
+        if (r != t->rank && (peer < 0 || r == peer) && !shm_alive(t, r, &pid))
+          return shm_dead(t, r, fp, pid);
+    }
+    w->next_alive = now + SHM_ALIVE_NS;
+  }
+  return DT_OK;
+}
+
+/* ---- setup ---- */
+
+static void shm_destroy(dt_transport *t) {
+  if (!t)
+    return;
+  if (t->base)
+    munmap(t->base, t->size);
+  dt__free(t->acc);
+  dt__free(t);
+}
+
+static void shm_name(const dt_comm *c, const char *nonce, char *out, size_t n) {
+  char job[64], pre[64];
+  snprintf(job, sizeof job, "%s", c->env.job_id[0] ? c->env.job_id : "job");
+  snprintf(pre, sizeof pre, "%s", c->prefix);
+  for (char *p = job; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
+      *p = '_';
+  for (char *p = pre; *p; p++)
+    if (*p == '/')
+      *p = '.';
+  snprintf(out, n, "/dtrain-%s-%s%s", job, pre, nonce);
+}
+
+static dt_status shm_env_size(const char *name, uint64_t def, uint64_t lo, uint64_t hi, uint64_t *out) {
+  DT_CHECK(dt__env_size(name, def, out));
+  if (*out < lo || *out > hi)
+    return dt_set_error(DT_ERR_INVALID, "%s=%llu is outside %llu..%llu", name, (unsigned long long)*out,
+                        (unsigned long long)lo, (unsigned long long)hi);
+  *out = *out / SHM_LINE * SHM_LINE;
+  return DT_OK;
+}
+
+/* Rank 0: creates, sizes and initializes the segment. */
+static dt_status shm_make(dt_transport *t, const char *name) {
+  uint64_t slot, nslots, chunk;
+  DT_CHECK(shm_env_size("DTRAIN_SHM_SLOT", SHM_DEFAULT_SLOT, 4096, 64u << 20, &slot));
+  DT_CHECK(dt__env_size("DTRAIN_SHM_SLOTS", SHM_DEFAULT_NSLOTS, &nslots));
+  if (nslots < 2 || nslots > 64)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_SLOTS=%llu is outside 2..64", (unsigned long long)nslots);
+  DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
+  size_t n = (size_t)t->n;
+  size_t off_ranks = shm_align(sizeof(shm_hdr), 4096);
+  size_t off_rings = shm_align(off_ranks + n * sizeof(shm_rank), 4096);
+  size_t ring_bytes = shm_align(sizeof(shm_ring) + nslots * (SHM_SLOT_HDR + slot), 4096);
+  size_t off_stage = shm_align(off_rings + n * n * ring_bytes, 4096);
+  size_t size = off_stage + n * 2 * chunk;
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return dt__errno(DT_ERR_SYSTEM, "shm_open(%s)", name);
+  int e = ftruncate(fd, (off_t)size) != 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+  if (e) {
+    close(fd);
+    shm_unlink(name);
+    errno = e;
+    return dt__errno(DT_ERR_SYSTEM, "sizing shared memory %s to %zu bytes (is /dev/shm large enough?)", name, size);
+  }
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", size);
+  }
+  t->base = p;
+  t->size = size;
+  t->h = p;
+  *t->h = (shm_hdr){.magic = SHM_MAGIC, .size = size, .n = (uint32_t)n, .nslots = (uint32_t)nslots,
+                    .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
+                    .off_stage = off_stage, .ring_bytes = ring_bytes};
+  return DT_OK;
+}
+
+/* Other ranks: map the segment rank 0 made and check it is what we expect. */
+static dt_status shm_map(dt_transport *t, const char *name) {
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return dt__errno(DT_ERR_SYSTEM, "shm_open(%s) (are all ranks on one host? DTRAIN_TRANSPORT=tcp otherwise)", name);
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(shm_hdr)) {
+    close(fd);
+    return dt_set_error(DT_ERR_PROTOCOL, "shared memory %s is too small", name);
+  }
+  size_t size = (size_t)sb.st_size;
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED)
+    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", size);
+  t->base = p;
+  t->size = size;
+  t->h = p;
+  if (t->h->magic != SHM_MAGIC || t->h->size != size || t->h->n != (uint32_t)t->n)
+    return dt_set_error(DT_ERR_PROTOCOL, "shared memory %s does not belong to this communicator", name);
+  return DT_OK;
+}
+
+static dt_status shm_create(dt_comm *c, dt_transport **out) {
+  *out = NULL;
+  dt_transport *t = dt__calloc(sizeof *t);
+  if (!t)
+    return DT_ERR_NOMEM;
+  t->c = c;
+  t->n = c->size;
+  t->rank = c->rank;
+  if (t->n == 1) {
+    *out = t;
+    return DT_OK;
+  }
+  int64_t deadline = dt__comm_deadline(c);
+  char name[200], key[128];
+  size_t len = 0;
+  dt_status st;
+  bool owner = t->rank == 0;
+  dt__comm_key(c, key, sizeof key, "shm/name");
+  if (owner) {
+    uint8_t r[6];
+    char nonce[16];
+    DT_CHECK_GOTO(dt__random_bytes(r, sizeof r), st, fail);
+    snprintf(nonce, sizeof nonce, "%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4], r[5]);
+    shm_name(c, nonce, name, sizeof name);
+    DT_CHECK_GOTO(shm_make(t, name), st, fail);
+    DT_CHECK_GOTO(dt__store_set(c->store, key, name, strlen(name), deadline), st, fail_unlink);
+  } else {
+    st = dt__store_wait(c->store, key, name, sizeof name - 1, &len, deadline);
+    if (st != DT_OK) {
+      dt__error_prefix(st, "waiting for rank 0 to create the shared memory");
+      goto fail;
+    }
+    name[len] = '\0';
+    DT_CHECK_GOTO(shm_map(t, name), st, fail);
+  }
+  t->ranks = (shm_rank *)(t->base + t->h->off_ranks);
+  atomic_store(&t->ranks[t->rank].pid, (int32_t)getpid());
+  if (owner) {
+    /* Unlink once everybody mapped: from then on the segment lives exactly as long as the last
+     * mapping, whatever happens to the processes. */
+    for (int r = 1; r < t->n; r++) {
+      char k2[128], v[8];
+      dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", r);
+      st = dt__store_wait(c->store, k2, v, sizeof v, &len, deadline);
+      if (st != DT_OK) {
+        dt__error_prefix(st, "waiting for rank %d to map the shared memory", r);
+        goto fail_unlink;
+      }
+    }
+    shm_unlink(name);
+  } else {
+    char k2[128];
+    dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", t->rank);
+    DT_CHECK_GOTO(dt__store_set(c->store, k2, "1", 1, deadline), st, fail);
+  }
+  *out = t;
+  return DT_OK;
+fail_unlink:
+  shm_unlink(name);
+fail:
+  shm_destroy(t);
+  return st;
+}
+
+/* ---- sendrecv over the rings ---- */
+
+static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
+                              const dt__fp *fp, int64_t deadline) {
+  dt_comm *c = t->c;
+  if ((dst >= 0 && (dst >= t->n || dst == t->rank)) || (src >= 0 && (src >= t->n || src == t->rank)))
+    return dt_set_error(DT_ERR_INVALID, "rank %d: shm sendrecv with dst %d src %d of %d ranks", t->rank, dst, src, t->n);
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  const uint64_t nslots = t->h->nslots, slot_bytes = t->h->slot_bytes;
+  shm_ring *sr = dst >= 0 ? shm_ring_of(t, t->rank, dst) : NULL;
+  shm_ring *rr = src >= 0 ? shm_ring_of(t, src, t->rank) : NULL;
+  shm_ring *back = (dst >= 0 && dst != src) ? shm_ring_of(t, dst, t->rank) : NULL; /* where a NACK would come */
+  bool s_pending = dst >= 0, r_pending = src >= 0;
+  size_t s_done = 0, r_done = 0;
+  bool r_first = true;
+  shm_wait w = {0};
+  for (;;) {
+    uint32_t bell = atomic_load(&t->h->bell);
+    bool moved = false;
+    while (s_pending) {
+      uint64_t head = atomic_load_explicit(&sr->head, memory_order_relaxed);
+      if (head - atomic_load_explicit(&sr->tail, memory_order_acquire) >= nslots)
+        break;
+      shm_slot *s = shm_slot_of(t, sr, head);
+      size_t len = sn - s_done < slot_bytes ? sn - s_done : slot_bytes;
+      s->fp = *fp;
+      s->total = sn;
+      s->off = s_done;
+      s->len = (uint32_t)len;
+      s->type = SHM_DATA;
+      if (len)
+        memcpy((uint8_t *)s + SHM_SLOT_HDR, (const uint8_t *)sbuf + s_done, len);
+      atomic_store_explicit(&sr->head, head + 1, memory_order_release);
+      s_done += len;
+      s_pending = s_done < sn;
+      moved = true;
+    }
+    while (r_pending) {
+      uint64_t tail = atomic_load_explicit(&rr->tail, memory_order_relaxed);
+      if (atomic_load_explicit(&rr->head, memory_order_acquire) == tail)
+        break;
+      shm_slot *s = shm_slot_of(t, rr, tail);
+      if (s->type == SHM_NACK || !dt__fp_equal(&s->fp, fp)) {
+        dt__fp theirs = s->fp;
+        bool nack = s->type == SHM_NACK;
+        t->broken = true;
+        if (nack) {
+          dt__fp mine;
+          memcpy(&mine, (uint8_t *)s + SHM_SLOT_HDR, sizeof mine);
+          return dt__comm_mismatch(c, src, &theirs, &mine);
+        } else {
+          /* Tell the sender, if its ring back has room, so it reports both sides too. */
+          shm_ring *nr = shm_ring_of(t, t->rank, src);
+          uint64_t head = atomic_load_explicit(&nr->head, memory_order_relaxed);
+          if (head - atomic_load_explicit(&nr->tail, memory_order_acquire) < nslots) {
+            shm_slot *ns = shm_slot_of(t, nr, head);
+            ns->fp = *fp;
+            ns->total = ns->off = 0;
+            ns->len = sizeof theirs;
+            ns->type = SHM_NACK;
+            memcpy((uint8_t *)ns + SHM_SLOT_HDR, &theirs, sizeof theirs); /* echo: the sender names both */
+            atomic_store_explicit(&nr->head, head + 1, memory_order_release);
+            shm_ring_bell(t);
+          }
+        }
+        return dt__comm_mismatch(c, src, &theirs, fp);
+      }
+      if (s->total != rn || s->off != r_done || s->len > rn - r_done) {
+        t->broken = true;
+        char pn[64], what[160];
+        dt__comm_peer_name(c, src, pn, sizeof pn);
+        dt__fp_format(fp, what, sizeof what);
+        return dt_set_error(DT_ERR_MISMATCH, "rank %d: %s sent %llu bytes for %s, rank %d expected %zu", t->rank, pn,
+                            (unsigned long long)s->total, what, t->rank, rn);
+      }
+      if (s->len)
+        memcpy((uint8_t *)rbuf + r_done, (uint8_t *)s + SHM_SLOT_HDR, s->len);
+      r_done += s->len;
+      r_first = false;
+      atomic_store_explicit(&rr->tail, tail + 1, memory_order_release);
+      r_pending = r_done < rn;
+      moved = true;
+    }
+    if (moved)
+      shm_ring_bell(t);
+    if (!s_pending && !r_pending)
+      return DT_OK;
+    if (moved) {
+      w.iter = 0;
+      continue;
+    }
+    if (back && s_pending) {
+      uint64_t tail = atomic_load_explicit(&back->tail, memory_order_relaxed);
+      if (atomic_load_explicit(&back->head, memory_order_acquire) != tail) {
+        shm_slot *s = shm_slot_of(t, back, tail);
+        if (s->type == SHM_NACK) {
+          dt__fp theirs = s->fp, mine;
+          memcpy(&mine, (uint8_t *)s + SHM_SLOT_HDR, sizeof mine);
+          t->broken = true;
+          return dt__comm_mismatch(c, dst, &theirs, &mine);
+        }
+      }
+    }
+    (void)r_first;
+    DT_CHECK(shm_pause(t, &w, bell, r_pending ? src : dst, fp, deadline));
+  }
+}
+
+/* ---- collectives made for shared memory ---- */
+
+/* Waits until every rank's counter (at byte offset `field` of its record) reaches target. On
+ * the way checks that each rank that got there was in the same call (fingerprint in its
+ * record's fp[parity] when fps is non-NULL). */
+static dt_status shm_wait_all(dt_transport *t, size_t field, uint64_t target, size_t fp_field, int parity,
+                              const dt__fp *fp, int64_t deadline) {
+  shm_wait w = {0};
+  int r = 0;
+  while (r < t->n) {
+    uint32_t bell = atomic_load(&t->h->bell);
+    _Atomic uint64_t *ctr = (_Atomic uint64_t *)((uint8_t *)&t->ranks[r] + field);
+    if (atomic_load_explicit(ctr, memory_order_acquire) >= target) {
+      if (fp_field) {
+        const dt__fp *theirs = (const dt__fp *)((uint8_t *)&t->ranks[r] + fp_field) + parity;
+        if (!dt__fp_equal(theirs, fp)) {
+          dt__fp copy = *theirs;
+          t->broken = true;
+          return dt__comm_mismatch(t->c, r, &copy, fp);
+        }
+      }
+      r++;
+      w.iter = 0;
+      continue;
+    }
+    DT_CHECK(shm_pause(t, &w, bell, r, fp, deadline));
+  }
+  return DT_OK;
+}
+
+static void shm_publish(dt_transport *t, size_t field, uint64_t v) {
+  _Atomic uint64_t *ctr = (_Atomic uint64_t *)((uint8_t *)&t->ranks[t->rank] + field);
+  atomic_store_explicit(ctr, v, memory_order_release);
+  shm_ring_bell(t);
+}
+
+/* Elements [lo, hi) of a chunk of `len` elements that rank s reduces: slices are whole cache
+ * lines so no two ranks write one line. */
+static void shm_slice(size_t len, size_t es, int n, int s, size_t *lo, size_t *hi) {
+  size_t unit = SHM_LINE / es ? SHM_LINE / es : 1;
+  size_t units = (len + unit - 1) / unit;
+  *lo = DT_MIN(len, units * (size_t)s / (size_t)n * unit);
+  *hi = DT_MIN(len, units * (size_t)(s + 1) / (size_t)n * unit);
+}
+
+/* CI(k): waits until every rank copied chunk k-2 out of this staging buffer, then fills it. */
+static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, size_t es, size_t ce, uint64_t base,
+                             size_t k, const dt__fp *fp, int64_t deadline) {
+  uint64_t g = base + k + 1;
+  int b = (int)(g & 1);
+  if (g > 2)
+    DT_CHECK(shm_wait_all(t, offsetof(shm_rank, out_seq), g - 2, 0, 0, fp, deadline));
+  size_t len = count ? DT_MIN(count - k * ce, ce) : 0;
+  if (len)
+    memcpy(shm_stage(t, t->rank, b), in + k * ce * es, len * es);
+  t->ranks[t->rank].fp[b] = *fp;
+  shm_publish(t, offsetof(shm_rank, in_seq), g);
+  return DT_OK;
+}
+
+/* Reduces elements [lo, hi) of staging buffer b across all ranks into this rank's staging
+ * buffer: own contribution first, then the others in rank order. f16/bf16 sums go through an
+ * f32 accumulator so they are rounded once. */
+static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, size_t es, dt_dtype dt, dt_op op) {
+  uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
+  size_t m = hi - lo;
+  int last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
+  if (!dt__coll_wide(dt, op)) {
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        dt__reduce(dst, shm_stage(t, r, b) + lo * es, m, dt, op);
+    dt__reduce_finish(dst, m, dt, op, t->n);
+    return DT_OK;
+  }
+  int div = op == DT_AVG ? t->n : 1;
+  if (t->n == 2) {
+    dt__reduce_mix(dst, dt, dst, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+    return DT_OK;
+  }
+  if (!t->acc) {
+    t->acc = dt__alloc(t->h->chunk_bytes * 2 + SHM_LINE * 4);
+    if (!t->acc)
+      return DT_ERR_NOMEM;
+  }
+  bool first = true;
+  for (int r = 0; r < t->n; r++) {
+    if (r == t->rank || r == last)
+      continue;
+    const uint8_t *src = shm_stage(t, r, b) + lo * es;
+    if (first)
+      dt__reduce_mix(t->acc, DT_F32, dst, dt, src, dt, m, op, 1);
+    else
+      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, src, dt, m, op, 1);
+    first = false;
+  }
+  dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+  return DT_OK;
+}
+
+/* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
+ * into its staging buffer (CI), rank s reduces slice s across all ranks' staging buffers in
+ * place (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
+ * for each chunk k: R(k), CI(k+1), CO(k), so a rank's copy-in of the next chunk overlaps the
+ * others' reductions. A staging buffer is reused two chunks later, only after every rank
+ * copied that chunk out. Each slice is reduced by one rank in rank order, so every rank gets
+ * bit-identical results. */
+static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
+                               const dt__fp *fp, int64_t deadline) {
+  dt_comm *c = t->c;
+  size_t es = dt_dtype_size(dt);
+  const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
+  uint8_t *out = rbuf;
+  if (t->n == 1) {
+    if (in != out && count)
+      memmove(out, in, count * es);
+    dt__reduce_finish(out, count, dt, op, 1);
+    return DT_OK;
+  }
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
+  const size_t nchunks = count ? (count + ce - 1) / ce : 1;
+  const uint64_t base = t->chunks;
+  const size_t f_in = offsetof(shm_rank, in_seq), f_red = offsetof(shm_rank, red_seq),
+               f_fp = offsetof(shm_rank, fp);
+  dt_status st = DT_OK;
+  DT_CHECK_GOTO(shm_copy_in(t, in, count, es, ce, base, 0, fp, deadline), st, fail);
+  for (size_t k = 0; k < nchunks; k++) {
+    uint64_t g = base + k + 1;
+    int b = (int)(g & 1);
+    size_t len = count ? DT_MIN(count - k * ce, ce) : 0, lo, hi;
+    /* R(k): own contribution first, then the others in rank order. */
+    DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
+    shm_slice(len, es, t->n, t->rank, &lo, &hi);
+    if (hi > lo)
+      DT_CHECK_GOTO(shm_reduce_slice(t, b, lo, hi, es, dt, op), st, fail);
+    shm_publish(t, f_red, g);
+    /* CI(k+1) overlaps the other ranks' R(k). */
+    if (k + 1 < nchunks)
+      DT_CHECK_GOTO(shm_copy_in(t, in, count, es, ce, base, k + 1, fp, deadline), st, fail);
+    /* CO(k) */
+    DT_CHECK_GOTO(shm_wait_all(t, f_red, g, 0, 0, fp, deadline), st, fail);
+    for (int s = 0; s < t->n && len; s++) {
+      shm_slice(len, es, t->n, s, &lo, &hi);
+      if (hi > lo)
+        memcpy(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
+    }
+    shm_publish(t, offsetof(shm_rank, out_seq), g);
+  }
+  t->chunks = base + nchunks;
+  return DT_OK;
+fail:
+  t->broken = true;
+  return st;
+}
+
+static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
+  if (t->n == 1)
+    return DT_OK;
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  uint64_t g = ++t->bars;
+  int b = (int)(g & 1);
+  t->ranks[t->rank].bar_fp[b] = *fp;
+  shm_publish(t, offsetof(shm_rank, bar_seq), g);
+  return shm_wait_all(t, offsetof(shm_rank, bar_seq), g, offsetof(shm_rank, bar_fp), b, fp, deadline);
+}
+
+const dt_transport_ops dt__transport_shm = {
+    .name = "shm",
+    .create = shm_create,
+    .sendrecv = shm_sendrecv,
+    .allreduce = shm_allreduce,
+    .barrier = shm_barrier,
+    .destroy = shm_destroy,
+};

@@ -1,0 +1,501 @@
+/* tcp.c - the tcp transport: one authenticated TCP connection per pair of ranks, any hosts.
+ *
+ * Setup: each rank listens on its bind address (DTRAIN_BIND_ADDR / DTRAIN_IFNAME, else the
+ * local address it uses to reach the store), publishes "<prefix>tcp/<rank>" = "host:port" in
+ * the store, connects to every lower rank and accepts every higher one. Each connection proves
+ * the job secret (wire.h) before anything else; a stranger that cannot is logged and closed
+ * while accepting goes on. The listening socket closes once every peer arrived.
+ *
+ * Messages: a 16-byte dt__frame (type DATA, len = 24 + payload) + the 24-byte fingerprint +
+ * the payload, written with one sendmsg. The receiver checks magic, version, fingerprint and
+ * length before a single payload byte lands in the caller's buffer, and answers a mismatch with
+ * a NACK frame carrying its own fingerprint so the sender reports both sides too.
+ *
+ * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
+ * builds them from sendrecv). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "comm/wire.h"
+
+/* Frame types of this protocol (the store's have their own space: each socket speaks one). */
+enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
+#define TCP_FP_BYTES 24
+#define TCP_HDR_BYTES (16 + TCP_FP_BYTES)
+/* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
+ * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
+#define TCP_DEFAULT_BUF (4u << 20)
+
+struct dt_transport {
+  dt_comm *c;
+  int n, rank;
+  int *fd;       /* [n]: connection to each peer, -1 for self */
+  bool *nacked;  /* [n]: a NACK or a broken stream: the connection carries no more messages */
+};
+
+static void tcp_put(uint8_t *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t tcp_get(const uint8_t *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static void tcp_encode(uint8_t *h, uint16_t type, uint64_t payload, const dt__fp *fp) {
+  tcp_put(h, DT_WIRE_MAGIC, 4);
+  tcp_put(h + 4, DT_WIRE_VERSION, 2);
+  tcp_put(h + 6, type, 2);
+  tcp_put(h + 8, TCP_FP_BYTES + payload, 8);
+  uint8_t *f = h + 16;
+  tcp_put(f, fp->seq, 8);
+  tcp_put(f + 8, fp->count, 8);
+  f[16] = fp->coll;
+  f[17] = fp->dtype;
+  f[18] = fp->op;
+  f[19] = 0;
+  tcp_put(f + 20, (uint32_t)fp->root, 4);
+}
+
+static void tcp_decode_fp(const uint8_t *f, dt__fp *fp) {
+  fp->seq = tcp_get(f, 8);
+  fp->count = tcp_get(f + 8, 8);
+  fp->coll = f[16];
+  fp->dtype = f[17];
+  fp->op = f[18];
+  fp->pad = 0;
+  fp->root = (int32_t)(uint32_t)tcp_get(f + 20, 4);
+}
+
+/* ---- setup ---- */
+
+/* The address to listen on: an explicit address, an interface's IPv4 address, or the local
+ * address of the route to the store (found with a connected UDP socket: nothing is sent). */
+static dt_status tcp_bind_addr(const dt_comm *c, char *out, size_t n) {
+  const char *want = c->env.bind_addr;
+  if (want[0]) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, want, &a4) == 1 || inet_pton(AF_INET6, want, &a6) == 1) {
+      size_t wl = strlen(want);
+      if (wl >= n)
+        return dt_set_error(DT_ERR_INVALID, "bind address %s is too long", want);
+      memcpy(out, want, wl + 1);
+      return DT_OK;
+    }
+    struct ifaddrs *ifs = NULL, *i;
+    if (getifaddrs(&ifs) != 0)
+      return dt__errno(DT_ERR_SYSTEM, "getifaddrs (looking for interface '%s')", want);
+    for (i = ifs; i; i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && strcmp(i->ifa_name, want) == 0) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, (socklen_t)n);
+        break;
+      }
+    freeifaddrs(ifs);
+    if (!i)
+      return dt_set_error(DT_ERR_INVALID, "bind address '%s' (DTRAIN_BIND_ADDR / DTRAIN_IFNAME) is neither an address nor an interface with an IPv4 address",
+                          want);
+    return DT_OK;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+  char port[16];
+  snprintf(port, sizeof port, "%d", c->env.store_port > 0 ? c->env.store_port : 9);
+  int rc = getaddrinfo(c->env.store_host, port, &hints, &res);
+  if (rc != 0)
+    return dt_set_error(DT_ERR_INVALID, "cannot resolve the store host '%s': %s", c->env.store_host, gai_strerror(rc));
+  int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+    dt_status st = dt__errno(DT_ERR_SYSTEM, "finding the local address that reaches the store %s", c->env.store_host);
+    if (fd >= 0)
+      close(fd);
+    freeaddrinfo(res);
+    return st;
+  }
+  close(fd);
+  freeaddrinfo(res);
+  if (ss.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)n);
+  else
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)n);
+  return DT_OK;
+}
+
+static void tcp_destroy(dt_transport *t) {
+  if (!t)
+    return;
+  for (int i = 0; t->fd && i < t->n; i++)
+    if (t->fd[i] >= 0)
+      close(t->fd[i]);
+  dt__free(t->fd);
+  dt__free(t->nacked);
+  dt__free(t);
+}
+
+static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
+  uint64_t buf = TCP_DEFAULT_BUF;
+  dt_status st = dt__env_size("DTRAIN_SOCKET_BUFFER", TCP_DEFAULT_BUF, &buf);
+  if (st != DT_OK)
+    return st;
+  dt__sock_tune(fd, buf > (64u << 20) ? (64 << 20) : (int)buf);
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
+    return dt__errno(DT_ERR_SYSTEM, "fcntl O_NONBLOCK");
+  t->fd[peer] = fd;
+  return DT_OK;
+}
+
+/* Accepts until every higher rank arrived; strangers are logged and closed. */
+static dt_status tcp_accept_all(dt_transport *t, int lfd, int64_t deadline) {
+  dt_comm *c = t->c;
+  int need = t->n - 1 - t->rank;
+  while (need > 0) {
+    struct pollfd p[2] = {{.fd = lfd, .events = POLLIN}, {.fd = dt__comm_abort_fd(c), .events = POLLIN}};
+    int ms = dt__ms_left(deadline);
+    if (ms == 0) {
+      char miss[256] = "";
+      size_t u = 0;
+      for (int r = t->rank + 1; r < t->n; r++)
+        if (t->fd[r] < 0 && u + 16 < sizeof miss)
+          u += (size_t)snprintf(miss + u, sizeof miss - u, "%s%d", u ? ", " : "", r);
+      return dt_set_error(DT_ERR_TIMEOUT, "rank %d: rank(s) %s never connected to the tcp transport", t->rank, miss);
+    }
+    int rc = poll(p, p[1].fd >= 0 ? 2 : 1, ms);
+    if (rc < 0 && errno != EINTR)
+      return dt__errno(DT_ERR_SYSTEM, "poll on the tcp listening socket");
+    if (rc > 0 && p[1].fd >= 0 && (p[1].revents & POLLIN) && dt__comm_aborted(c))
+      return dt__comm_abort_status(c);
+    if (rc <= 0 || !(p[0].revents & POLLIN))
+      continue;
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+        continue;
+      return dt__errno(DT_ERR_SYSTEM, "accept on the tcp transport");
+    }
+    char who[80];
+    dt__sock_peer_name(fd, who, sizeof who);
+    uint32_t id = 0;
+    /* A silent stranger holds accepting for at most the handshake timeout. */
+    int hs_ms = 5000;
+    if (dt__handshake_timeout_ms(&hs_ms) != DT_OK) {
+      close(fd);
+      return DT_ERR_INVALID;
+    }
+    int64_t adl = dt__deadline_after_ms(hs_ms);
+    dt_status st = dt__auth_server(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, &id, adl < deadline ? adl : deadline);
+    if (st == DT_OK && (id <= (uint32_t)t->rank || id >= (uint32_t)t->n || t->fd[id] >= 0))
+      st = dt_set_error(DT_ERR_PROTOCOL, "announced rank %u, expected one of %d..%d not yet connected", id, t->rank + 1,
+                        t->n - 1);
+    if (st != DT_OK) {
+      DT_LOG_WARN("rank %d: refused a tcp transport connection from %s: %s", t->rank, who, dt_last_error());
+      close(fd);
+      continue;
+    }
+    if ((st = tcp_ready(t, (int)id, fd)) != DT_OK) {
+      close(fd);
+      return st;
+    }
+    need--;
+  }
+  return DT_OK;
+}
+
+static dt_status tcp_create(dt_comm *c, dt_transport **out) {
+  *out = NULL;
+  dt_transport *t = dt__calloc(sizeof *t);
+  if (!t)
+    return DT_ERR_NOMEM;
+  t->c = c;
+  t->n = c->size;
+  t->rank = c->rank;
+  t->fd = dt__alloc(sizeof(int) * (size_t)t->n);
+  t->nacked = dt__calloc(sizeof(bool) * (size_t)t->n);
+  if (!t->fd || !t->nacked) {
+    tcp_destroy(t);
+    return DT_ERR_NOMEM;
+  }
+  for (int i = 0; i < t->n; i++)
+    t->fd[i] = -1;
+  if (t->n == 1) {
+    *out = t;
+    return DT_OK;
+  }
+  int64_t deadline = dt__comm_deadline(c);
+  int lfd = -1, port = 0;
+  char addr[INET6_ADDRSTRLEN + 16], key[128], val[INET6_ADDRSTRLEN + 32];
+  dt_status st = tcp_bind_addr(c, addr, sizeof addr);
+  if (st != DT_OK)
+    goto fail;
+  if (t->rank < t->n - 1) {
+    st = dt__sock_listen(addr, 0, &lfd, &port);
+    if (st != DT_OK) {
+      dt__error_prefix(st, "listening on %s", addr);
+      goto fail;
+    }
+  }
+  snprintf(val, sizeof val, "%s %d", addr, port);
+  dt__comm_key(c, key, sizeof key, "tcp/%d", t->rank);
+  DT_CHECK_GOTO(dt__store_set(c->store, key, val, strlen(val), deadline), st, fail);
+  for (int r = 0; r < t->rank; r++) {
+    char peer[sizeof val], host[sizeof val];
+    size_t len = 0;
+    int pport = 0, fd = -1;
+    dt__comm_key(c, key, sizeof key, "tcp/%d", r);
+    st = dt__store_wait(c->store, key, peer, sizeof peer - 1, &len, deadline);
+    if (st != DT_OK) {
+      dt__error_prefix(st, "waiting for the tcp address of rank %d", r);
+      goto fail;
+    }
+    peer[len] = '\0';
+    if (sscanf(peer, "%63s %d", host, &pport) != 2) {
+      st = dt_set_error(DT_ERR_PROTOCOL, "rank %d published a malformed tcp address '%s'", r, peer);
+      goto fail;
+    }
+    st = dt__sock_connect(host, pport, deadline, &fd);
+    if (st == DT_OK)
+      st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank, deadline);
+    if (st == DT_OK)
+      st = tcp_ready(t, r, fd);
+    if (st != DT_OK) {
+      if (fd >= 0)
+        close(fd);
+      dt__error_prefix(st, "connecting to rank %d at %s:%d", r, host, pport);
+      goto fail;
+    }
+  }
+  if (lfd >= 0) {
+    st = tcp_accept_all(t, lfd, deadline);
+    close(lfd);
+    lfd = -1;
+    if (st != DT_OK)
+      goto fail;
+  }
+  *out = t;
+  return DT_OK;
+fail:
+  if (lfd >= 0)
+    close(lfd);
+  tcp_destroy(t);
+  return st;
+}
+
+/* ---- messages ---- */
+
+static dt_status tcp_closed(dt_transport *t, int peer, const dt__fp *fp, int err) {
+  char pn[64], what[160];
+  dt__comm_peer_name(t->c, peer, pn, sizeof pn);
+  dt__fp_format(fp, what, sizeof what);
+  if (err)
+    return dt_set_error(DT_ERR_PEER, "rank %d: %s closed the connection during %s (it exited or was killed: %s)",
+                        t->rank, pn, what, strerror(err));
+  return dt_set_error(DT_ERR_PEER, "rank %d: %s closed the connection during %s (it exited or was killed)", t->rank, pn,
+                      what);
+}
+
+/* A NACK header h (already read) from peer: its fingerprint, then the echo of the message of
+ * ours it rejected. */
+static dt_status tcp_nacked(dt_transport *t, int peer, const uint8_t *h, int64_t deadline) {
+  t->nacked[peer] = true;
+  dt__fp theirs, mine;
+  uint8_t echo[TCP_FP_BYTES];
+  char pn[64];
+  dt__comm_peer_name(t->c, peer, pn, sizeof pn);
+  tcp_decode_fp(h + 16, &theirs);
+  if (tcp_get(h + 8, 8) != 2 * TCP_FP_BYTES)
+    return dt_set_error(DT_ERR_PROTOCOL, "rank %d: malformed NACK from %s", t->rank, pn);
+  int64_t dl = dt__deadline_after_ms(1000);
+  DT_CHECK(dt__sock_read_all(t->fd[peer], echo, sizeof echo, dl < deadline ? dl : deadline, pn));
+  tcp_decode_fp(echo, &mine);
+  return dt__comm_mismatch(t->c, peer, &theirs, &mine);
+}
+
+/* A received header: DATA with our fingerprint and length, else a mismatch naming both. A NACK
+ * means the peer rejected a message of ours: its fingerprint follows. */
+static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_t rn, const dt__fp *fp, int64_t deadline) {
+  uint32_t magic = (uint32_t)tcp_get(h, 4);
+  uint16_t ver = (uint16_t)tcp_get(h + 4, 2), type = (uint16_t)tcp_get(h + 6, 2);
+  uint64_t len = tcp_get(h + 8, 8);
+  char pn[64];
+  dt__comm_peer_name(t->c, src, pn, sizeof pn);
+  if (magic != DT_WIRE_MAGIC || ver != DT_WIRE_VERSION || (type != TCP_DATA && type != TCP_NACK))
+    return dt_set_error(DT_ERR_PROTOCOL, "rank %d: bad frame from %s (magic 0x%08x version %u type 0x%x)", t->rank, pn,
+                        magic, ver, type);
+  dt__fp theirs;
+  tcp_decode_fp(h + 16, &theirs);
+  if (type == TCP_NACK)
+    return tcp_nacked(t, src, h, deadline);
+  if (!dt__fp_equal(&theirs, fp)) {
+    t->nacked[src] = true;
+    /* NACK = our fingerprint + theirs echoed, so the sender can name both calls. */
+    uint8_t nack[TCP_HDR_BYTES + TCP_FP_BYTES];
+    tcp_encode(nack, TCP_NACK, TCP_FP_BYTES, fp);
+    memcpy(nack + TCP_HDR_BYTES, h + 16, TCP_FP_BYTES);
+    (void)!send(t->fd[src], nack, sizeof nack, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return dt__comm_mismatch(t->c, src, &theirs, fp);
+  }
+  if (len != TCP_FP_BYTES + rn) {
+    t->nacked[src] = true;
+    char what[160];
+    dt__fp_format(fp, what, sizeof what);
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d: %s sent %llu bytes for %s, rank %d expected %zu", t->rank, pn,
+                        (unsigned long long)(len - TCP_FP_BYTES), what, t->rank, rn);
+  }
+  (void)deadline;
+  return DT_OK;
+}
+
+static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
+                              const dt__fp *fp, int64_t deadline) {
+  dt_comm *c = t->c;
+  if ((dst >= 0 && (dst >= t->n || dst == t->rank)) || (src >= 0 && (src >= t->n || src == t->rank)))
+    return dt_set_error(DT_ERR_INVALID, "rank %d: tcp sendrecv with dst %d src %d of %d ranks", t->rank, dst, src, t->n);
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  for (int p = 0; p < 2; p++) {
+    int peer = p ? src : dst;
+    if (peer >= 0 && t->nacked[peer]) {
+      char pn[64];
+      dt__comm_peer_name(c, peer, pn, sizeof pn);
+      return dt_set_error(DT_ERR_STATE, "rank %d: the connection to %s broke after an earlier mismatch", t->rank, pn);
+    }
+  }
+  const int sfd = dst >= 0 ? t->fd[dst] : -1, rfd = src >= 0 ? t->fd[src] : -1, afd = dt__comm_abort_fd(c);
+  uint8_t shdr[TCP_HDR_BYTES], rhdr[TCP_HDR_BYTES];
+  size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
+  size_t r_hdr = 0, r_done = 0;
+  bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
+  if (dst >= 0)
+    tcp_encode(shdr, TCP_DATA, sn, fp);
+  for (;;) {
+    bool moved = false;
+    if (s_done < s_total) {
+      struct iovec iov[2];
+      int k = 0;
+      if (s_done < TCP_HDR_BYTES) {
+        iov[k++] = (struct iovec){shdr + s_done, TCP_HDR_BYTES - s_done};
+        if (sn)
+          iov[k++] = (struct iovec){(void *)sbuf, sn};
+      } else {
+        iov[k++] = (struct iovec){(uint8_t *)sbuf + (s_done - TCP_HDR_BYTES), s_total - s_done};
+      }
+      struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+      ssize_t w = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        s_done += (size_t)w;
+        moved = true;
+      } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        if (errno == EPIPE || errno == ECONNRESET)
+          return tcp_closed(t, dst, fp, 0);
+        return dt__errno(DT_ERR_SYSTEM, "rank %d: send to rank %d", t->rank, dst);
+      }
+    }
+    if (r_need) {
+      ssize_t g;
+      if (r_hdr < TCP_HDR_BYTES) {
+        g = recv(rfd, rhdr + r_hdr, TCP_HDR_BYTES - r_hdr, MSG_DONTWAIT);
+        if (g > 0) {
+          r_hdr += (size_t)g;
+          moved = true;
+          if (r_hdr == TCP_HDR_BYTES)
+            DT_CHECK(tcp_check_hdr(t, src, rhdr, rn, fp, deadline));
+        }
+      } else if (r_done < rn) {
+        g = recv(rfd, (uint8_t *)rbuf + r_done, rn - r_done, MSG_DONTWAIT);
+        if (g > 0) {
+          r_done += (size_t)g;
+          moved = true;
+        }
+      } else {
+        g = 1;
+      }
+      if (g == 0)
+        return tcp_closed(t, src, fp, 0);
+      if (g < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        if (errno == ECONNRESET)
+          return tcp_closed(t, src, fp, 0);
+        return dt__errno(DT_ERR_SYSTEM, "rank %d: recv from rank %d", t->rank, src);
+      }
+      if (r_hdr == TCP_HDR_BYTES && r_done == rn)
+        r_need = false;
+    }
+    if (s_done == s_total && !r_need)
+      return DT_OK;
+    if (moved)
+      continue;
+
+    struct pollfd p[4];
+    int np = 0, is = -1, ir = -1, ia = -1;
+    if (s_done < s_total) {
+      is = np;
+      p[np++] = (struct pollfd){.fd = sfd, .events = POLLOUT | (watch_nack ? POLLIN : 0)};
+    }
+    if (r_need) {
+      if (is >= 0 && sfd == rfd) {
+        p[is].events |= POLLIN;
+        ir = is;
+      } else {
+        ir = np;
+        p[np++] = (struct pollfd){.fd = rfd, .events = POLLIN};
+      }
+    }
+    if (afd >= 0) {
+      ia = np;
+      p[np++] = (struct pollfd){.fd = afd, .events = POLLIN};
+    }
+    int ms = dt__ms_left(deadline);
+    if (ms == 0) {
+      int waited = r_need ? src : dst;
+      char pn[64], what[160];
+      dt__comm_peer_name(c, waited, pn, sizeof pn);
+      dt__fp_format(fp, what, sizeof what);
+      return dt_set_error(DT_ERR_TIMEOUT,
+                          "rank %d: deadline (%d ms) passed waiting for %s in %s (sent %zu of %zu bytes, received %zu of %zu)",
+                          t->rank, c->timeout_ms, pn, what, s_done, s_total, r_hdr + r_done,
+                          src >= 0 ? TCP_HDR_BYTES + rn : 0);
+    }
+    int rc = poll(p, (nfds_t)np, ms);
+    if (rc < 0 && errno != EINTR)
+      return dt__errno(DT_ERR_SYSTEM, "rank %d: poll in tcp sendrecv", t->rank);
+    if (rc <= 0)
+      continue;
+    if (ia >= 0 && (p[ia].revents & POLLIN) && dt__comm_aborted(c))
+      return dt__comm_abort_status(c);
+    /* Input on the send-only socket: a NACK for an earlier message of ours is fatal; data for a
+     * later call is left queued and no longer watched. */
+    if (is >= 0 && is != ir && (p[is].revents & (POLLIN | POLLHUP | POLLERR))) {
+      uint8_t h[TCP_HDR_BYTES];
+      ssize_t g = recv(sfd, h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+      if (g == (ssize_t)sizeof h && tcp_get(h + 6, 2) == TCP_NACK) {
+        (void)!recv(sfd, h, sizeof h, MSG_DONTWAIT);
+        return tcp_nacked(t, dst, h, deadline);
+      }
+      if (g == 0)
+        return tcp_closed(t, dst, fp, 0);
+      if (g > 0)
+        watch_nack = false;
+    }
+  }
+}
+
+const dt_transport_ops dt__transport_tcp = {
+    .name = "tcp",
+    .create = tcp_create,
+    .sendrecv = tcp_sendrecv,
+    .destroy = tcp_destroy,
+};

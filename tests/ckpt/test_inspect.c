@@ -1,0 +1,142 @@
+/* test_inspect.c - `dtrain inspect` on real files written here: a checkpoint, a safetensors model
+ * and an IDX file are described (sections, tensors, meta, dims); a corrupt checkpoint, a torn
+ * safetensors file, an unknown format and a missing file exit 1 naming the file and the problem;
+ * bad usage exits 2. Runs the real binary (DTRAIN_BIN). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "dtrain/ckpt.h"
+
+static char tmpdir[256];
+static char out[65536];
+
+/* Runs `dtrain inspect ARGS` with stdout+stderr captured into out; returns the exit code. */
+static int run(const char *args) {
+  const char *bin = getenv("DTRAIN_BIN");
+  assert_non_null(bin);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "'%s' inspect %s 2>&1", bin, args);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  assert_true(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+static void expect_out(const char *s) {
+  if (!strstr(out, s))
+    fail_msg("output lacks '%s':\n%s", s, out);
+}
+
+static void test_inspect(void **st) {
+  char ck[400], sf[400], idx[400], args[1300];
+  snprintf(ck, sizeof ck, "%s/ckpt-000000007.dtc", tmpdir);
+  snprintf(sf, sizeof sf, "%s/model.safetensors", tmpdir);
+  snprintf(idx, sizeof idx, "%s/labels-idx1-ubyte", tmpdir);
+  float w[6] = {1, 2, 3, 4, 5, 6};
+  dt_ckpt_section secs[2] = {{"params", w, sizeof w, 0}, {"opt.m", w, 8, 0}};
+  dt_kv meta[2] = {{"step", "7"}, {"model", "mlp"}};
+  assert_int_equal(dt_ckpt_write(ck, 7, secs, 2, meta, 2), DT_OK);
+  dt_tensor_view t = {.name = "fc.weight", .dtype = DT_ST_F32, .ndim = 2, .shape = {2, 3},
+                      .data = w, .nbytes = 24};
+  dt_kv fm = {"format", "pt"};
+  assert_int_equal(dt_safetensors_write(sf, &t, 1, &fm, 1), DT_OK);
+  FILE *f = fopen(idx, "wb");
+  fwrite("\0\0\x08\x01\0\0\0\x03\x01\x02\x03", 1, 11, f);
+  fclose(f);
+
+  snprintf(args, sizeof args, "'%s'", ck);
+  assert_int_equal(run(args), 0);
+  expect_out("dtrain checkpoint v1, step 7, 2 sections");
+  expect_out("all CRC32C verified");
+  expect_out("params");
+  expect_out("24 bytes");
+  expect_out("opt.m");
+  expect_out("step = 7");
+  expect_out("model = mlp");
+  snprintf(args, sizeof args, "'%s' '%s'", sf, idx);
+  assert_int_equal(run(args), 0);
+  expect_out("safetensors, header");
+  expect_out("1 tensors, 6 elements, 24 data bytes, valid");
+  expect_out("fc.weight");
+  expect_out("F32");
+  expect_out("[2, 3]");
+  expect_out("format = pt");
+  expect_out("IDX, u8, 1 dimensions [3], 3 elements, valid");
+
+  /* A directory: every checkpoint listed. */
+  char ck2[400];
+  snprintf(ck2, sizeof ck2, "%s/ckpt-000000009.dtc", tmpdir);
+  assert_int_equal(dt_ckpt_write(ck2, 9, secs, 2, meta, 2), DT_OK);
+  snprintf(args, sizeof args, "'%s'", tmpdir);
+  assert_int_equal(run(args), 0);
+  expect_out("2 checkpoint files");
+  expect_out("a resume would use step 9");
+  /* The newest corrupted (torn): reported, and the resume falls back to step 7. */
+  assert_int_equal(truncate(ck2, 100), 0);
+  assert_int_equal(run(args), 1);
+  expect_out("CORRUPT");
+  expect_out("truncated or torn write");
+  expect_out("a resume would use step 7");
+
+  /* Corrupt checkpoint: one flipped data byte. */
+  f = fopen(ck, "r+b");
+  fseek(f, 384 + 4, SEEK_SET); /* inside "params": header 64 + table 3 x 96, aligned to 64 */
+  int c = fgetc(f);
+  fseek(f, 384 + 4, SEEK_SET);
+  fputc(c ^ 0x40, f);
+  fclose(f);
+  snprintf(args, sizeof args, "'%s'", ck);
+  assert_int_equal(run(args), 1);
+  expect_out("ckpt-000000007.dtc: section \"params\"");
+  expect_out("CRC32C");
+  /* Torn safetensors. */
+  assert_int_equal(truncate(sf, 30), 0);
+  snprintf(args, sizeof args, "'%s'", sf);
+  assert_int_equal(run(args), 1);
+  expect_out("model.safetensors");
+  /* Unknown, empty and missing files; usage errors. */
+  char junk[400];
+  snprintf(junk, sizeof junk, "%s/junk.bin", tmpdir);
+  f = fopen(junk, "wb");
+  fputs("#!/bin/sh\necho hi\n", f);
+  fclose(f);
+  snprintf(args, sizeof args, "'%s'", junk);
+  assert_int_equal(run(args), 1);
+  expect_out("unknown format");
+  snprintf(args, sizeof args, "'%s/missing.dtc'", tmpdir);
+  assert_int_equal(run(args), 1);
+  expect_out("missing.dtc");
+  assert_int_equal(run(""), 2);
+  expect_out("no file given");
+  expect_out("---> HINT");
+  assert_int_equal(run("--bogus x"), 2);
+  assert_int_equal(run("--help"), 0);
+  expect_out("usage: dtrain inspect");
+}
+
+static int setup(void **st) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/dt_test_inspect_XXXXXX");
+  return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **st) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_inspect)};
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,460 @@
+/* test_transport.c - the communicator and both transports in real processes: point-to-point
+ * messages, concurrent sendrecv rings, the shared-memory allreduce, split, and faults (a rank
+ * SIGKILLed or SIGSTOPped mid-exchange, a rank that never joins, mismatched calls, strangers on
+ * a worker's port). One case per process: `test_transport CASE TRANSPORT`.
+ *
+ * Every check asserts values or the exact failure a rank must report; every wait is bounded by
+ * the harness (mp_run) and by the communicator's deadline. */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "comm/wire.h"
+#include "common/mp.h"
+#include "dtrain/comm.h"
+
+static const char *g_tp; /* transport under test */
+
+#define FAIL(...)                                                        \
+  do {                                                                   \
+    fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__); \
+    fprintf(stderr, __VA_ARGS__);                                        \
+    fprintf(stderr, "\n");                                               \
+    return 1;                                                            \
+  } while (0)
+#define CHECK(cond, ...)  \
+  do {                    \
+    if (!(cond))          \
+      FAIL(__VA_ARGS__);  \
+  } while (0)
+#define CHECK_OK(call)                                                                          \
+  do {                                                                                          \
+    dt_status st_ = (call);                                                                     \
+    if (st_ != DT_OK)                                                                           \
+      FAIL("%s -> %s: %s", #call, dt_strerror(st_), dt_last_error());                            \
+  } while (0)
+
+static int g_rank = -1;
+
+static const size_t sizes[] = {0, 1, 7, 4099, (1u << 20) + 3};
+
+static uint8_t pattern(int src, int dst, size_t size, size_t i) {
+  return (uint8_t)(i * 131u + (size_t)src * 17u + (size_t)dst * 5u + size * 7u + 1u);
+}
+
+static int join(dt_comm **c) {
+  setenv("DTRAIN_TRANSPORT", g_tp, 1);
+  CHECK_OK(dt_comm_create(NULL, c));
+  CHECK(strcmp(dt_comm_transport(*c), g_tp) == 0, "transport %s, expected %s", dt_comm_transport(*c), g_tp);
+  return 0;
+}
+
+/* Ring pass with the public blocking calls: rank 0 sends first, every other rank receives from
+ * its left neighbour and then sends to its right one (works for any size, any message length). */
+static int ring_pass(dt_comm *c, size_t size, int tag) {
+  int r = dt_comm_rank(c), n = dt_comm_size(c);
+  if (n == 1)
+    return 0;
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  uint8_t *out = malloc(size + 1), *in = malloc(size + 1);
+  for (size_t i = 0; i < size; i++)
+    out[i] = pattern(r, right, size, i);
+  memset(in, 0xEE, size + 1);
+  if (r == 0)
+    CHECK_OK(dt_comm_send(c, out, size, DT_U8, right, tag));
+  CHECK_OK(dt_comm_recv(c, in, size, DT_U8, left, tag));
+  if (r != 0)
+    CHECK_OK(dt_comm_send(c, out, size, DT_U8, right, tag));
+  for (size_t i = 0; i < size; i++)
+    CHECK(in[i] == pattern(left, r, size, i), "size %zu byte %zu from rank %d: got %u want %u", size, i, left, in[i],
+          pattern(left, r, size, i));
+  CHECK(in[size] == 0xEE, "size %zu: byte past the end was written", size);
+  free(out);
+  free(in);
+  return 0;
+}
+
+/* p2p: ring passes of every size, then every pair in a fixed order exchanging f32 data. */
+static int case_p2p(int rank, int size, void *arg) {
+  g_rank = rank;
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  CHECK(dt_comm_rank(c) == rank && dt_comm_size(c) == size, "rank %d size %d", dt_comm_rank(c), dt_comm_size(c));
+  CHECK(dt_comm_local_size(c) == size && dt_comm_local_rank(c) == rank, "local %d of %d", dt_comm_local_rank(c),
+        dt_comm_local_size(c));
+  for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++)
+    if (ring_pass(c, sizes[k], (int)k))
+      return 1;
+  for (int i = 0; i < size; i++)
+    for (int j = i + 1; j < size; j++) {
+      if (rank != i && rank != j)
+        continue;
+      int peer = rank == i ? j : i;
+      float out[33], in[33];
+      for (int e = 0; e < 33; e++)
+        out[e] = (float)(rank * 1000 + e) + 0.25f;
+      if (rank == i) {
+        CHECK_OK(dt_comm_send(c, out, 33, DT_F32, peer, 7));
+        CHECK_OK(dt_comm_recv(c, in, 33, DT_F32, peer, 8));
+      } else {
+        CHECK_OK(dt_comm_recv(c, in, 33, DT_F32, peer, 7));
+        CHECK_OK(dt_comm_send(c, out, 33, DT_F32, peer, 8));
+      }
+      for (int e = 0; e < 33; e++)
+        CHECK(in[e] == (float)(peer * 1000 + e) + 0.25f, "pair %d-%d element %d: %g", i, j, e, (double)in[e]);
+    }
+  /* Invalid arguments are refused without touching the wire. */
+  CHECK(dt_comm_send(c, "x", 1, DT_U8, rank, 0) == DT_ERR_INVALID, "send to self accepted");
+  CHECK(dt_comm_send(c, "x", 1, DT_U8, size, 0) == DT_ERR_INVALID, "send to rank %d accepted", size);
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* sendrecv through the transport table: every rank sends right and receives from the left at
+ * the same time (needs concurrent progress for messages larger than any buffer). */
+static int case_sendrecv(int rank, int size, void *arg) {
+  g_rank = rank;
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  if (size > 1) {
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++)
+      for (int rep = 0; rep < 3; rep++) {
+        size_t n = sizes[k] * (size_t)(rep + 1) + (size_t)rep;
+        uint8_t *out = malloc(n + 1), *in = malloc(n + 1);
+        for (size_t i = 0; i < n; i++)
+          out[i] = pattern(rank, right, n, i);
+        memset(in, 0xEE, n + 1);
+        dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLGATHER, .dtype = DT_U8, .root = -1};
+        CHECK_OK(c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c)));
+        for (size_t i = 0; i < n; i++)
+          CHECK(in[i] == pattern(left, rank, n, i), "size %zu byte %zu: got %u", n, i, in[i]);
+        CHECK(in[n] == 0xEE, "wrote past the end");
+        /* The same peer on both sides (a pairwise exchange), when there is a partner. */
+        int partner = rank ^ 1;
+        fp.seq = ++c->seq;
+        if (partner < size) {
+          CHECK_OK(c->ops->sendrecv(c->tp, partner, out, n, partner, in, n, &fp, dt__comm_deadline(c)));
+          for (size_t i = 0; i < n; i++)
+            CHECK(in[i] == pattern(partner, (partner + 1) % size, n, i), "pairwise size %zu byte %zu", n, i);
+        }
+        free(out);
+        free(in);
+      }
+    /* A zero-byte message still synchronizes (barriers use it). */
+    dt__fp fp = {.seq = ++c->seq, .coll = DT_COLL_BARRIER, .root = -1};
+    CHECK_OK(c->ops->sendrecv(c->tp, right, NULL, 0, left, NULL, 0, &fp, dt__comm_deadline(c)));
+  }
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* The transport's allreduce fast path (shm) against a serial reference. */
+static int case_allreduce(int rank, int size, void *arg) {
+  g_rank = rank;
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  if (!c->ops->allreduce) {
+    dt_comm_destroy(c);
+    return 0;
+  }
+  static const size_t counts[] = {0, 1, 7, 4099, 300007, (1u << 20) + 3};
+  static const dt_op ops[] = {DT_SUM, DT_MAX, DT_AVG};
+  for (size_t ki = 0; ki < DT_ARRAY_LEN(counts); ki++)
+    for (int ti = 0; ti < 2; ti++)
+      for (size_t oi = 0; oi < DT_ARRAY_LEN(ops); oi++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          size_t n = counts[ki];
+          dt_dtype t = ti ? DT_I32 : DT_F32;
+          dt_op op = ops[oi];
+          int32_t *si = malloc(n * 4 + 4), *ri = malloc(n * 4 + 4);
+          float *sf = (float *)si, *rf = (float *)ri;
+          for (size_t i = 0; i < n; i++) {
+            int v = (int)((i * 7 + (size_t)rank * 13) % 1000) - 500;
+            if (t == DT_I32)
+              si[i] = v;
+            else
+              sf[i] = (float)v * 0.5f; /* halves: sums of a few are exact in f32 */
+          }
+          if (inplace)
+            memcpy(ri, si, n * 4);
+          else
+            memset(ri, 0x55, n * 4);
+          dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLREDUCE, .dtype = (uint8_t)t, .op = (uint8_t)op, .root = -1};
+          CHECK_OK(c->ops->allreduce(c->tp, inplace ? DT_IN_PLACE : si, ri, n, t, op, &fp, dt__comm_deadline(c)));
+          for (size_t i = 0; i < n; i++) {
+            double acc = op == DT_MAX ? -1e30 : 0;
+            for (int r = 0; r < size; r++) {
+              int v = (int)((i * 7 + (size_t)r * 13) % 1000) - 500;
+              double x = t == DT_I32 ? v : v * 0.5;
+              acc = op == DT_MAX ? (x > acc ? x : acc) : acc + x;
+            }
+            if (op == DT_AVG)
+              acc = t == DT_I32 ? (double)(long long)(acc / size) : acc / size;
+            double got = t == DT_I32 ? ri[i] : rf[i];
+            double tol = t == DT_I32 ? 0 : 1e-6 * (1 + (acc < 0 ? -acc : acc));
+            double d = got - acc;
+            CHECK(d <= tol && -d <= tol, "count %zu %s %s inplace %d: element %zu = %g, want %g", n, t == DT_I32 ? "i32" : "f32",
+                  dt_op_name(op), inplace, i, got, acc);
+          }
+          free(si);
+          free(ri);
+        }
+  if (c->ops->barrier) {
+    dt__fp fp = {.seq = ++c->seq, .coll = DT_COLL_BARRIER, .root = -1};
+    CHECK_OK(c->ops->barrier(c->tp, &fp, dt__comm_deadline(c)));
+  }
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* split: even/odd colors with reversed keys, then point-to-point inside; a rank with color
+ * DT_COMM_UNDEFINED gets NULL. */
+static int case_split(int rank, int size, void *arg) {
+  g_rank = rank;
+  dt_comm *c, *s = NULL, *none = NULL;
+  if (join(&c))
+    return 1;
+  CHECK_OK(dt_comm_split(c, rank % 2, -rank, &s));
+  int members = (size - rank % 2 + 1) / 2;
+  CHECK(s && dt_comm_size(s) == members, "split size %d, want %d", s ? dt_comm_size(s) : -1, members);
+  int want = members - 1 - rank / 2; /* keys reversed: the highest world rank comes first */
+  CHECK(dt_comm_rank(s) == want, "split rank %d, want %d", dt_comm_rank(s), want);
+  CHECK(strcmp(dt_comm_transport(s), g_tp) == 0, "split transport %s", dt_comm_transport(s));
+  for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++)
+    if (ring_pass(s, sizes[k], 100 + (int)k))
+      return 1;
+  /* The world still works after the split, and a second split leaves rank 0 out. */
+  if (ring_pass(c, 4099, 9))
+    return 1;
+  CHECK_OK(dt_comm_split(c, rank == 0 ? DT_COMM_UNDEFINED : 1, 0, &none));
+  CHECK((rank == 0) == (none == NULL), "undefined color gave %p", (void *)none);
+  if (none) {
+    CHECK(dt_comm_size(none) == size - 1 && dt_comm_rank(none) == rank - 1, "second split %d of %d", dt_comm_rank(none),
+          dt_comm_size(none));
+    if (ring_pass(none, 7, 3))
+      return 1;
+  }
+  dt_comm_destroy(none);
+  dt_comm_destroy(s);
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* ---- faults ---- */
+
+static int *g_pids; /* shared with the harness process: each rank's pid */
+
+static bool names_rank(const char *msg, int r) {
+  char a[32];
+  snprintf(a, sizeof a, "rank %d ", r);
+  if (strstr(msg, a))
+    return true;
+  snprintf(a, sizeof a, "rank %d:", r);
+  if (strstr(msg, a))
+    return true;
+  snprintf(a, sizeof a, "rank %d", r);
+  const char *p = strstr(msg, a);
+  return p && (p[strlen(a)] == '\0' || p[strlen(a)] == ',' || p[strlen(a)] == ')');
+}
+
+/* Long ring exchange; the victim (last rank) dies (SIGKILL) or freezes (SIGSTOP) in the
+ * middle. Every survivor must fail with PEER or ABORTED naming the victim. */
+static int fault_body(int rank, int size, int sig) {
+  g_rank = rank;
+  g_pids[rank] = getpid();
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  int victim = size - 1, right = (rank + 1) % size, left = (rank + size - 1) % size;
+  size_t n = 1u << 20;
+  uint8_t *out = calloc(n, 1), *in = calloc(n, 1);
+  dt_status st = DT_OK;
+  for (int it = 0; it < 100000 && st == DT_OK; it++) {
+    if (rank == victim && it == 20)
+      raise(sig);
+    dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLREDUCE, .dtype = DT_U8, .op = DT_SUM, .root = -1};
+    st = c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c));
+  }
+  if (rank == victim)
+    FAIL("the victim survived: %s", dt_last_error());
+  dt__comm_fail(c, st);
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "status %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(names_rank(dt_last_error(), victim), "error does not name rank %d: %s", victim, dt_last_error());
+  fprintf(stderr, "[rank %d] expected failure: %s: %s\n", rank, dt_strerror(st), dt_last_error());
+  /* Later calls fail at once too. */
+  uint8_t b = 0;
+  CHECK(dt_comm_send(c, &b, 1, DT_U8, right, 0) != DT_OK, "send after the failure succeeded");
+  if (sig == SIGSTOP && rank == 0)
+    kill(g_pids[victim], SIGKILL);
+  dt_comm_destroy(c);
+  free(out);
+  free(in);
+  return 0;
+}
+
+static int case_kill(int rank, int size, void *arg) { return fault_body(rank, size, SIGKILL); }
+static int case_stop(int rank, int size, void *arg) { return fault_body(rank, size, SIGSTOP); }
+
+/* The last rank never joins: create fails on every other rank, naming it. */
+static int case_nojoin(int rank, int size, void *arg) {
+  g_rank = rank;
+  if (rank == size - 1)
+    return 0;
+  setenv("DTRAIN_TIMEOUT_MS", "1500", 1);
+  setenv("DTRAIN_TRANSPORT", g_tp, 1);
+  dt_comm *c = (dt_comm *)1;
+  dt_status st = dt_comm_create(NULL, &c);
+  CHECK(st != DT_OK && c == NULL, "create: %s, comm %p", dt_strerror(st), (void *)c);
+  CHECK(names_rank(dt_last_error(), size - 1), "error does not name rank %d: %s", size - 1, dt_last_error());
+  fprintf(stderr, "[rank %d] expected failure: %s: %s\n", rank, dt_strerror(st), dt_last_error());
+  return 0;
+}
+
+/* Mismatched point-to-point calls (count, then tag): the receiver reports both sides, and the
+ * sender learns it on its next call, also naming both. */
+static int case_mismatch(int rank, int size, void *arg) {
+  g_rank = rank;
+  int which = *(int *)arg;
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  float buf[64] = {0};
+  dt_status st;
+  const char *want0, *want1;
+  if (which == 0) {
+    want0 = "rank 0 called send/recv #1 with 10 x f32 tag 1";
+    want1 = "rank 1 called send/recv #1 with 20 x f32 tag 1";
+    st = rank == 0 ? dt_comm_send(c, buf, 10, DT_F32, 1, 1) : dt_comm_recv(c, buf, 20, DT_F32, 0, 1);
+  } else {
+    want0 = "rank 0 called send/recv #1 with 10 x f32 tag 3";
+    want1 = "rank 1 called send/recv #1 with 10 x f32 tag 4";
+    st = rank == 0 ? dt_comm_send(c, buf, 10, DT_F32, 1, 3) : dt_comm_recv(c, buf, 10, DT_F32, 0, 4);
+  }
+  if (rank == 0) {
+    CHECK(st == DT_OK, "eager send: %s: %s", dt_strerror(st), dt_last_error());
+    st = dt_comm_recv(c, buf, 1, DT_F32, 1, 99);
+  }
+  CHECK(st == DT_ERR_MISMATCH || (rank == 0 && st == DT_ERR_ABORTED), "status %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(strstr(dt_last_error(), want0) && strstr(dt_last_error(), want1), "message: %s", dt_last_error());
+  fprintf(stderr, "[rank %d] expected failure: %s: %s\n", rank, dt_strerror(st), dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* Strangers on the workers' tcp ports while the job forms: the last process first plays a
+ * stranger against every listening rank (no bytes, garbage, an absurd frame length, a wrong
+ * secret), then joins; the job must form and exchange data correctly. */
+static int case_stranger(int rank, int size, void *arg) {
+  g_rank = rank;
+  if (rank == size - 1) {
+    const char *secret = getenv("DTRAIN_JOB_SECRET");
+    dt__store *st = NULL;
+    int port = atoi(getenv("DTRAIN_MASTER_PORT"));
+    int64_t dl = dt__deadline_after_ms(20000);
+    CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), rank, dl, &st));
+    /* Publish the host record dt_comm_create would (so the others go on to listen). */
+    char host[256] = "", boot[64] = "", rec[400], key[64];
+    gethostname(host, sizeof host - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+      if (fgets(boot, sizeof boot, f))
+        boot[strcspn(boot, "\n")] = '\0';
+      fclose(f);
+    }
+    snprintf(rec, sizeof rec, "%s\n%s\ntcp", host, boot);
+    snprintf(key, sizeof key, "w/host/%d", rank);
+    CHECK_OK(dt__store_set(st, key, rec, strlen(rec), dl));
+    for (int r = 0; r < size - 1; r++) {
+      char val[128], h[64];
+      size_t len = 0;
+      int p = 0;
+      snprintf(key, sizeof key, "w/tcp/%d", r);
+      CHECK_OK(dt__store_wait(st, key, val, sizeof val - 1, &len, dl));
+      val[len] = '\0';
+      CHECK(sscanf(val, "%63s %d", h, &p) == 2, "address '%s'", val);
+      for (int attack = 0; attack < 4; attack++) {
+        int fd = -1;
+        CHECK_OK(dt__sock_connect(h, p, dl, &fd));
+        if (attack == 1) {
+          const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+          (void)!write(fd, junk, sizeof junk);
+        } else if (attack == 2) {
+          uint8_t hdr[16] = {0x44, 0x54, 0x52, 0x4e, 1, 0, 0x02, 0xA0, 0, 0, 0, 0, 0, 0, 0, 0x40};
+          (void)!write(fd, hdr, sizeof hdr);
+        } else if (attack == 3) {
+          const char *bad = "wrong-secret";
+          dt_status a = dt__auth_client(fd, (const uint8_t *)bad, strlen(bad), DT_ROLE_PEER, (uint32_t)rank,
+                                        dt__deadline_after_ms(3000));
+          CHECK(a != DT_OK, "a wrong secret was accepted by rank %d", r);
+        }
+        usleep(20000);
+        close(fd);
+      }
+    }
+    dt__store_close(st);
+  }
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++)
+    if (ring_pass(c, sizes[k], (int)k))
+      return 1;
+  dt_comm_destroy(c);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s p2p|sendrecv|allreduce|split|kill|stop|nojoin|mismatch|stranger shm|tcp\n", argv[0]);
+    return 2;
+  }
+  const char *cs = argv[1];
+  g_tp = argv[2];
+  setenv("DTRAIN_TIMEOUT_MS", "60000", 1);
+  g_pids = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  int failures = 0;
+  if (!strcmp(cs, "p2p") || !strcmp(cs, "sendrecv") || !strcmp(cs, "allreduce") || !strcmp(cs, "split")) {
+    mp_body b = !strcmp(cs, "p2p") ? case_p2p : !strcmp(cs, "sendrecv") ? case_sendrecv
+                : !strcmp(cs, "allreduce") ? case_allreduce : case_split;
+    for (int n = 1; n <= 4; n++) {
+      int f = mp_run(n, b, NULL, 100);
+      fprintf(stderr, "%s %s with %d rank(s): %s\n", cs, g_tp, n, f ? "FAILED" : "ok");
+      failures += f;
+    }
+  } else if (!strcmp(cs, "kill") || !strcmp(cs, "stop")) {
+    setenv("DTRAIN_FAULT_TIMEOUT_MS", "1000", 1);
+    for (int n = 2; n <= 3; n++) {
+      int codes[8] = {0};
+      mp_run_codes(n, !strcmp(cs, "kill") ? case_kill : case_stop, NULL, 60, codes);
+      for (int r = 0; r < n; r++) {
+        int want = r == n - 1 ? 128 + SIGKILL : 0;
+        if (codes[r] != want) {
+          fprintf(stderr, "%s %s n=%d: rank %d exited %d, want %d\n", cs, g_tp, n, r, codes[r], want);
+          failures++;
+        }
+      }
+    }
+  } else if (!strcmp(cs, "nojoin")) {
+    failures += mp_run(3, case_nojoin, NULL, 60);
+  } else if (!strcmp(cs, "mismatch")) {
+    for (int which = 0; which < 2; which++)
+      failures += mp_run(2, case_mismatch, &which, 60);
+  } else if (!strcmp(cs, "stranger")) {
+    failures += mp_run(3, case_stranger, NULL, 60);
+  } else {
+    fprintf(stderr, "unknown case %s\n", cs);
+    return 2;
+  }
+  printf("%s %s: %s\n", cs, g_tp, failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
