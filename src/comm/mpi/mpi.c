@@ -440,5 +440,6 @@ const dt_transport_ops dt__transport_mpi = {
     .allgather = mpi_allgather,
     .reduce_scatter = mpi_reduce_scatter,
     .barrier = mpi_barrier,
+    .fast_paths_always = 1,
     .destroy = mpi_destroy,
 };
