@@ -115,8 +115,10 @@ dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale
 /* Sets every gradient to zero (start of a step; backward accumulates). */
 void dt_model_zero_grad(dt_model *m);
 
-/* Evaluation of one batch in eval mode: adds the SUM of per-sample losses to *loss_sum and the
- * number of samples whose arg-max logit equals the label to *correct. Does not touch grads. */
+/* Evaluation in eval mode of batch samples (any number >= 1: more than max_batch are done in
+ * pieces): adds the SUM of per-sample losses to *loss_sum and the number of samples whose
+ * arg-max logit equals the label to *correct. Does not touch grads; ends any pending backward
+ * (a following dt_model_backward is DT_ERR_STATE). */
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct);
 

@@ -631,7 +631,12 @@ static void conn_read(dt__store_server *s, conn *c) {
     if (want && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return;
     if (want && r <= 0) {
-      if (!c->authed) {
+      if (!c->authed && c->pre_bytes == 0) {
+        /* Connect-and-close: a TCP health probe or our own reachability check. Nothing was
+         * attempted, so nothing to warn about. */
+        DT_LOG_DEBUG("store: %s connected and closed without a word", c->peer);
+        conn_kill(s, c);
+      } else if (!c->authed) {
         char why[128];
         snprintf(why, sizeof why, "closed during the handshake after sending %zu bytes", c->pre_bytes);
         refuse(s, c, why);

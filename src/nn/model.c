@@ -540,16 +540,19 @@ void dt_model_zero_grad(dt_model *m) { dt__nn_parallel(m, zero_job, m); }
 
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct) {
-  if (batch < 1 || batch > m->max_batch)
-    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d outside [1, %d] (max batch)",
-                        batch, m->max_batch);
+  if (batch < 1)
+    return dt_set_error(DT_ERR_INVALID, "model eval: batch %d must be >= 1", batch);
   DT_CHECK(check_labels(m, labels, batch, "model eval"));
-  DT_CHECK(run_forward(m, x, batch, false, labels));
-  for (int t = 0; t < m->nthreads; t++) {
-    if (loss_sum)
-      *loss_sum += m->loss_part[t];
-    if (correct)
-      *correct += m->correct_part[t];
+  /* larger than the buffers: in pieces of max_batch */
+  for (int b0 = 0; b0 < batch; b0 += m->max_batch) {
+    int nb = DT_MIN(m->max_batch, batch - b0);
+    DT_CHECK(run_forward(m, x + (size_t)b0 * nn_shape_size(m->in), nb, false, labels + b0));
+    for (int t = 0; t < m->nthreads; t++) {
+      if (loss_sum)
+        *loss_sum += m->loss_part[t];
+      if (correct)
+        *correct += m->correct_part[t];
+    }
   }
   return DT_OK;
 }

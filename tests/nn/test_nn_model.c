@@ -303,9 +303,16 @@ static void test_learn_mlp(void **s) {
         first = loss;
       assert_int_equal(dt_optim_step(o, opt ? 0.01f : 0.05f), DT_OK);
     }
-    double lsum = 0;
-    int64_t correct = 0;
+    double lsum = 0, lsum2 = 0;
+    int64_t correct = 0, correct2 = 0;
     assert_int_equal(dt_model_eval_batch(m, x, y, B, &lsum, &correct), DT_OK);
+    /* the same 64 samples evaluated by a model whose max batch is 10: pieces of 10 */
+    dt_model *small = make("in=2,linear:32,relu,linear:32,gelu,linear:3", 10, 11);
+    memcpy(dt_model_params(small), dt_model_params(m), dt_model_param_count(m) * sizeof(float));
+    assert_int_equal(dt_model_eval_batch(small, x, y, B, &lsum2, &correct2), DT_OK);
+    assert_int_equal(correct2, correct);
+    assert_float_equal(lsum2, lsum, 1e-4);
+    dt_model_destroy(small);
     if (!(lsum / B < 0.1 && correct >= 62 && first > 0.5))
       fail_msg("optimizer %d: first loss %.3f, final eval loss %.4f, %lld/64 correct", opt,
                (double)first, lsum / B, (long long)correct);

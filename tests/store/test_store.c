@@ -153,6 +153,20 @@ static void test_wait(void **unused) {
   assert_int_equal(dt__store_wait(c, "never", buf, sizeof buf, &n, dt__deadline_after_ms(5000)), DT_OK);
   assert_memory_equal(buf, "now", 3);
   assert_false(dt__store_broken(c));
+  /* A wait given up at once leaves the server's answer (a value, or a timeout) in the stream;
+   * the next calls skip it by sequence number and get their own answers. */
+  assert_int_equal(dt__store_set(c, "val", "0123456789", 10, dt__deadline_after_ms(5000)), DT_OK);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dt__store_wait(c, "val", buf, sizeof buf, &n, dt_now_ns() - 1), DT_ERR_TIMEOUT);
+    assert_int_equal(dt__store_wait(c, "absent", buf, sizeof buf, &n, dt_now_ns() - 1), DT_ERR_TIMEOUT);
+  }
+  int64_t r = 0;
+  assert_int_equal(dt__store_add(c, "ctr", 3, &r, dt__deadline_after_ms(5000)), DT_OK);
+  assert_int_equal(r, 3);
+  assert_int_equal(dt__store_get(c, "never", buf, sizeof buf, &n, dt__deadline_after_ms(5000)), DT_OK);
+  assert_int_equal(n, 3);
+  assert_memory_equal(buf, "now", 3);
+  assert_false(dt__store_broken(c));
   dt__store_close(c);
   dt__store_server_stop(s);
 }

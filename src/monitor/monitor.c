@@ -1,0 +1,204 @@
+/* monitor.c - the metrics JSONL file and the progress display of `dtrain train` (see
+ * dtrain/monitor.h). Runs on the training thread through the trainer's observer callbacks;
+ * does no I/O other than one formatted write per event. Deliberately no locking: the trainer
+ * calls observers from one thread. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "dtrain/monitor.h"
+
+struct dt_monitor {
+  FILE *metrics;
+  dt_progress_mode mode;     /* resolved: BAR, LINES or OFF */
+  double line_interval_s;
+  int64_t last_line_ns;
+  int bar_drawn;             /* a bar is on screen without its newline */
+};
+
+static dt_status mkdir_parents(const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return dt_set_error(DT_ERR_INVALID, "path too long: %s", path);
+  char *slash = strrchr(buf, '/');
+  if (!slash || slash == buf)
+    return DT_OK;
+  *slash = '\0';
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(buf, 0777) && errno != EEXIST)
+      return dt__errno(DT_ERR_IO, "creating directory %s", buf);
+    *p = '/';
+  }
+  if (mkdir(buf, 0777) && errno != EEXIST)
+    return dt__errno(DT_ERR_IO, "creating directory %s", buf);
+  return DT_OK;
+}
+
+dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
+  *out = NULL;
+  dt_monitor_opts o = {0};
+  if (opts)
+    o = *opts;
+  dt_monitor *m = calloc(1, sizeof *m);
+  if (!m)
+    return dt_set_error(DT_ERR_NOMEM, "monitor: out of memory");
+  m->mode = o.progress;
+  if (m->mode == DT_PROGRESS_AUTO)
+    m->mode = isatty(STDERR_FILENO) ? DT_PROGRESS_BAR : DT_PROGRESS_LINES;
+  m->line_interval_s = o.line_interval_s > 0 ? o.line_interval_s : 5.0;
+  if (o.metrics_path) {
+    dt_status rc = mkdir_parents(o.metrics_path);
+    if (rc != DT_OK) {
+      free(m);
+      return rc;
+    }
+    m->metrics = fopen(o.metrics_path, o.append ? "a" : "w");
+    if (!m->metrics) {
+      dt_status st = dt__errno(DT_ERR_IO, "opening metrics file %s", o.metrics_path);
+      free(m);
+      return st;
+    }
+  }
+  *out = m;
+  return DT_OK;
+}
+
+static void fmt_hms(char *buf, size_t cap, double s) {
+  if (!(s >= 0) || s > 1e7)
+    s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600)
+    snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* Clears the bar so a whole line can be printed in its place. */
+static void clear_bar(dt_monitor *m) {
+  if (m->bar_drawn) {
+    fputs("\r\033[K", stderr);
+    m->bar_drawn = 0;
+  }
+}
+
+static void on_step(void *ctx, const dt_train_step_info *s) {
+  dt_monitor *m = ctx;
+  if (m->metrics) {
+    fprintf(m->metrics,
+            "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld,\"loss\":%.9g,"
+            "\"lr\":%.9g,\"samples_per_s\":%.1f,\"compute_ms\":%.4f,\"comm_ms\":%.4f,"
+            "\"data_ms\":%.4f,\"allreduce_bytes\":%.0f,\"busbw_gbps\":%.4f,\"world_size\":%d,"
+            "\"time\":%.3f}\n",
+            (long long)s->step, s->epoch, (long long)s->step_in_epoch, (double)s->loss,
+            (double)s->lr, s->samples_per_s, s->compute_ms, s->comm_ms, s->data_ms,
+            s->allreduce_bytes, s->busbw_gbps, s->world_size, dt_wall_s());
+    fflush(m->metrics);
+  }
+  char eta[32];
+  fmt_hms(eta, sizeof eta, s->eta_s);
+  if (m->mode == DT_PROGRESS_BAR) {
+    enum { W = 24 };
+    char bar[W + 1];
+    int fill = s->steps_per_epoch ? (int)(W * s->step_in_epoch / s->steps_per_epoch) : 0;
+    for (int i = 0; i < W; i++)
+      bar[i] = i < fill ? '#' : '.';
+    bar[W] = '\0';
+    fprintf(stderr, "\r\033[Kepoch %d/%d [%s] step %lld/%lld loss %.4f %.0f samples/s", s->epoch,
+            s->epochs, bar, (long long)s->step, (long long)s->total_steps, (double)s->loss,
+            s->samples_per_s);
+    if (s->world_size > 1)
+      fprintf(stderr, " comm %.1f ms", s->comm_ms);
+    fprintf(stderr, " ETA %s", eta);
+    fflush(stderr);
+    m->bar_drawn = 1;
+  } else if (m->mode == DT_PROGRESS_LINES) {
+    int64_t now = dt_now_ns();
+    if (m->last_line_ns && (double)(now - m->last_line_ns) / 1e9 < m->line_interval_s &&
+        s->step != s->total_steps)
+      return;
+    m->last_line_ns = now;
+    fprintf(stderr,
+            "epoch %d/%d step %lld/%lld loss %.4f lr %.4g %.0f samples/s compute %.2f ms "
+            "comm %.2f ms data %.2f ms",
+            s->epoch, s->epochs, (long long)s->step, (long long)s->total_steps, (double)s->loss,
+            (double)s->lr, s->samples_per_s, s->compute_ms, s->comm_ms, s->data_ms);
+    if (s->world_size > 1)
+      fprintf(stderr, " busbw %.2f GB/s", s->busbw_gbps);
+    fprintf(stderr, " ETA %s\n", eta);
+  }
+}
+
+static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
+  dt_monitor *m = ctx;
+  if (m->metrics) {
+    fprintf(m->metrics,
+            "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"test_loss\":%.9g,"
+            "\"test_accuracy\":%.6f,\"train_loss\":%.9g,\"epoch_s\":%.3f,\"time\":%.3f}\n",
+            e->epoch, (long long)e->step, e->test_loss, e->test_accuracy, e->train_loss,
+            e->epoch_s, dt_wall_s());
+    fflush(m->metrics);
+  }
+  if (m->mode == DT_PROGRESS_OFF)
+    return;
+  clear_bar(m);
+  fprintf(stderr, "epoch %d: test accuracy %.4f, test loss %.4f, train loss %.4f (%.1f s)\n",
+          e->epoch, e->test_accuracy, e->test_loss, e->train_loss, e->epoch_s);
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void on_note(void *ctx, const char *text) {
+  dt_monitor *m = ctx;
+  if (m->metrics) {
+    fputs("{\"type\":\"note\",\"text\":", m->metrics);
+    json_string(m->metrics, text);
+    fprintf(m->metrics, ",\"time\":%.3f}\n", dt_wall_s());
+    fflush(m->metrics);
+  }
+  if (m->mode == DT_PROGRESS_OFF)
+    return;
+  clear_bar(m);
+  fprintf(stderr, "%s\n", text);
+}
+
+dt_train_observer dt_monitor_observer(dt_monitor *m) {
+  dt_train_observer o = {.ctx = m, .on_step = on_step, .on_epoch = on_epoch, .on_note = on_note};
+  return o;
+}
+
+void dt_monitor_finish(dt_monitor *m) {
+  if (!m)
+    return;
+  if (m->bar_drawn) {
+    fputc('\n', stderr);
+    m->bar_drawn = 0;
+  }
+}
+
+void dt_monitor_destroy(dt_monitor *m) {
+  if (!m)
+    return;
+  dt_monitor_finish(m);
+  if (m->metrics)
+    fclose(m->metrics);
+  free(m);
+}

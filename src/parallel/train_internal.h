@@ -1,0 +1,29 @@
+/* parallel/train_internal.h - the trainer's state shared by trainer.c (the loop and data
+ * parallelism) and train_io.c (model files and checkpoints). Not a public interface. */
+#ifndef DT_PARALLEL_TRAIN_INTERNAL_H
+#define DT_PARALLEL_TRAIN_INTERNAL_H
+
+#include "dtrain/comm.h"
+#include "dtrain/data.h"
+#include "dtrain/nn.h"
+#include "dtrain/train.h"
+
+/* What a checkpoint restores besides the parameter and optimizer buffers. */
+typedef struct dt__train_pos {
+  int64_t step;               /* optimizer steps done */
+  dt_sampler_state sampler;   /* position just after the last trained batch */
+  int64_t optim_steps;        /* dt_optim_step_count */
+} dt__train_pos;
+
+/* Writes a checkpoint of the model, optimizer and position into cfg->checkpoint_dir (rank 0
+ * only). path_out receives the file. Blocks on I/O. */
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+                              const dt__train_pos *pos, int world, char *path_out, size_t cap);
+
+/* Loads the latest valid checkpoint of cfg->checkpoint_dir into m and o (rank 0 only; the
+ * trainer broadcasts). DT_ERR_NOT_FOUND if there is none; DT_ERR_MISMATCH if it was written for
+ * another model, global batch, seed or optimizer. note receives a one-line description. */
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+                              dt__train_pos *pos, char *note, size_t cap);
+
+#endif

@@ -1,0 +1,260 @@
+/* train_io.c - the trainer's files: the model as safetensors (save, and rebuild + load for
+ * `dtrain eval`), single-process test-set evaluation, and training checkpoints.
+ *
+ * This is the one place where the parallel layer uses ckpt: a checkpoint must hold the trainer's
+ * state (parameters, optimizer buffers, step, sampler position), while dtrain/ckpt.h stays a
+ * model-agnostic container of named sections, so the mapping lives with the trainer.
+ *
+ * Checkpoint layout: sections "params" and one per optimizer buffer (named as
+ * dt_optim_state names them: "momentum", "adam_m", "adam_v"), all F32 in the params layout;
+ * meta keys step, optim_steps, sampler_seed, sampler_epoch, sampler_pos, epoch, model_spec,
+ * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng. The dropout
+ * RNG is reseeded from (seed, step, micro-batch, rank) every micro-batch, so no RNG stream needs
+ * saving: "dropout_rng" records that rule.
+ *
+ * Not here: the loop (trainer.c), the checkpoint file format itself (ckpt). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/core.h"
+#include "dtrain/ckpt.h"
+#include "dtrain/data.h"
+#include "parallel/train_internal.h"
+
+#define META_SPEC "dtrain.model_spec"
+
+/* Creates the parent directories of path. */
+static dt_status mkdir_parents(const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+    return dt_set_error(DT_ERR_INVALID, "path too long: %s", path);
+  char *slash = strrchr(buf, '/');
+  if (!slash || slash == buf)
+    return DT_OK;
+  *slash = '\0';
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(buf, 0777) && errno != EEXIST)
+      return dt__errno(DT_ERR_IO, "creating directory %s", buf);
+    *p = '/';
+  }
+  if (mkdir(buf, 0777) && errno != EEXIST)
+    return dt__errno(DT_ERR_IO, "creating directory %s", buf);
+  return DT_OK;
+}
+
+dt_status dt_train_model_save(dt_model *m, const char *path) {
+  size_t n = dt_model_tensor_count(m);
+  dt_tensor_view *v = calloc(n ? n : 1, sizeof *v);
+  if (!v)
+    return dt_set_error(DT_ERR_NOMEM, "saving %s: out of memory", path);
+  const float *p = dt_model_params(m);
+  for (size_t i = 0; i < n; i++) {
+    const dt_tensor *t = dt_model_tensor(m, i);
+    v[i].name = t->name;
+    v[i].dtype = DT_ST_F32;
+    v[i].ndim = t->ndim;
+    for (int d = 0; d < t->ndim; d++)
+      v[i].shape[d] = (uint64_t)t->shape[d];
+    v[i].data = p + t->offset;
+    v[i].nbytes = t->count * sizeof(float);
+  }
+  dt_kv meta[] = {{META_SPEC, dt_model_spec(m)}, {"format", "pt"}, {"dtrain.version", dt_version()}};
+  dt_status rc = mkdir_parents(path);
+  if (rc == DT_OK)
+    rc = dt_safetensors_write(path, v, n, meta, DT_ARRAY_LEN(meta));
+  free(v);
+  return rc;
+}
+
+dt_status dt_train_model_load(const char *path, int max_batch, dt_model **out) {
+  *out = NULL;
+  dt_safetensors *f = NULL;
+  DT_CHECK(dt_safetensors_open(path, &f));
+  dt_status rc;
+  dt_model *m = NULL;
+  const char *spec = dt_safetensors_meta_get(f, META_SPEC);
+  if (!spec) {
+    rc = dt_set_error(DT_ERR_CORRUPT,
+                      "%s: no \"%s\" in the metadata: not a model written by dtrain train", path,
+                      META_SPEC);
+    goto fail;
+  }
+  rc = dt_model_create(spec, max_batch, 0, &m);
+  if (rc != DT_OK) {
+    rc = dt__error_prefix(rc, "%s: model spec in the metadata", path);
+    goto fail;
+  }
+  float *p = dt_model_params(m);
+  for (size_t i = 0; i < dt_model_tensor_count(m); i++) {
+    const dt_tensor *t = dt_model_tensor(m, i);
+    const dt_tensor_view *v = dt_safetensors_find(f, t->name);
+    if (!v) {
+      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s of the model is missing", path, t->name);
+      goto fail;
+    }
+    int same = v->dtype == DT_ST_F32 && v->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++)
+      same = v->shape[d] == (uint64_t)t->shape[d];
+    if (!same) {
+      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is %s with %d dims, the model needs F32 %s",
+                        path, t->name, dt_st_dtype_name(v->dtype) ? dt_st_dtype_name(v->dtype) : "?",
+                        v->ndim, t->ndim == 1 ? "(C)" : "of the model's shape");
+      goto fail;
+    }
+    memcpy(p + t->offset, v->data, t->count * sizeof(float));
+  }
+  dt_safetensors_destroy(f);
+  *out = m;
+  return DT_OK;
+fail:
+  dt_model_destroy(m);
+  dt_safetensors_destroy(f);
+  return rc;
+}
+
+dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double *test_loss,
+                            double *test_accuracy, uint64_t *samples) {
+  dt_dataset ds;
+  DT_CHECK(dt_dataset_load_dir(data_dir, DT_SPLIT_TEST, NULL, &ds));
+  dt_status rc = DT_OK;
+  size_t in = dt_model_input_size(m);
+  if (in != (size_t)ds.c * ds.h * ds.w) {
+    rc = dt_set_error(DT_ERR_INVALID, "model takes %zu inputs per sample, the test images are %dx%dx%d",
+                      in, ds.c, ds.h, ds.w);
+    goto out;
+  }
+  if ((size_t)ds.num_classes > dt_model_output_size(m)) {
+    rc = dt_set_error(DT_ERR_INVALID, "model has %zu outputs, the test set has %d classes",
+                      dt_model_output_size(m), ds.num_classes);
+    goto out;
+  }
+  int maxb = DT_MIN(batch > 0 ? batch : dt_model_max_batch(m), dt_model_max_batch(m));
+  double loss = 0;
+  int64_t correct = 0;
+  for (uint64_t off = 0; off < ds.n; off += (uint64_t)maxb) {
+    int n = (int)DT_MIN((uint64_t)maxb, ds.n - off);
+    rc = dt_model_eval_batch(m, ds.images + off * in, ds.labels + off, n, &loss, &correct);
+    if (rc != DT_OK)
+      goto out;
+  }
+  *test_loss = loss / (double)ds.n;
+  *test_accuracy = (double)correct / (double)ds.n;
+  if (samples)
+    *samples = ds.n;
+out:
+  dt_dataset_free(&ds);
+  return rc;
+}
+
+/* ---- checkpoints -------------------------------------------------------------------------- */
+
+static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
+
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+                              const dt__train_pos *pos, int world, char *path_out, size_t cap) {
+  size_t np = dt_model_param_count(m);
+  dt_ckpt_section sec[4];
+  size_t ns = 0;
+  sec[ns++] = (dt_ckpt_section){.name = "params", .data = dt_model_params(m), .nbytes = np * 4};
+  for (size_t i = 0; i < dt_optim_state_count(o) && ns < DT_ARRAY_LEN(sec); i++) {
+    const char *name;
+    float *buf = dt_optim_state(o, i, &name);
+    sec[ns++] = (dt_ckpt_section){.name = name, .data = buf, .nbytes = np * 4};
+  }
+  char v[11][32];
+  snprintf(v[0], 32, "%" PRId64, pos->step);
+  snprintf(v[1], 32, "%" PRId64, pos->optim_steps);
+  snprintf(v[2], 32, "%" PRIu64, pos->sampler.seed);
+  snprintf(v[3], 32, "%" PRIu64, pos->sampler.epoch);
+  snprintf(v[4], 32, "%" PRIu64, pos->sampler.pos);
+  snprintf(v[5], 32, "%d", cfg->global_batch);
+  snprintf(v[6], 32, "%d", world);
+  snprintf(v[7], 32, "%" PRIu64, cfg->seed);
+  snprintf(v[8], 32, "%d", cfg->accumulate);
+  snprintf(v[9], 32, "%zu", np);
+  snprintf(v[10], 32, "%" PRIu64, pos->sampler.epoch);
+  dt_kv meta[] = {
+      {"step", v[0]},         {"optim_steps", v[1]},  {"sampler_seed", v[2]},
+      {"sampler_epoch", v[3]}, {"sampler_pos", v[4]}, {"global_batch", v[5]},
+      {"world_size", v[6]},   {"seed", v[7]},         {"accumulate", v[8]},
+      {"param_count", v[9]},  {"epoch", v[10]},       {"model_spec", dt_model_spec(m)},
+      {"optimizer", optim_name(cfg->optim.kind)},
+      {"dropout_rng", "reseeded per micro-batch from (seed, step, micro-batch, rank)"},
+  };
+  return dt_ckpt_save(cfg->checkpoint_dir, (uint64_t)pos->step, sec, ns, meta, DT_ARRAY_LEN(meta),
+                      cfg->keep, path_out, cap);
+}
+
+static dt_status meta_expect(const dt_ckpt *c, const char *key, const char *want, const char *flag) {
+  const char *have = dt_ckpt_meta_get(c, key);
+  if (!have)
+    return dt_set_error(DT_ERR_CORRUPT, "%s: meta key %s missing", dt_ckpt_path(c), key);
+  if (strcmp(have, want))
+    return dt_set_error(DT_ERR_MISMATCH, "%s was written with %s %s, this run has %s",
+                        dt_ckpt_path(c), flag, have, want);
+  return DT_OK;
+}
+
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+                              dt__train_pos *pos, char *note, size_t cap) {
+  dt_ckpt *c = NULL;
+  DT_CHECK(dt_ckpt_open_latest(cfg->checkpoint_dir, &c));
+  dt_status rc;
+  char buf[32];
+  DT_CHECK_GOTO(meta_expect(c, "model_spec", dt_model_spec(m), "--model"), rc, fail);
+  snprintf(buf, sizeof buf, "%d", cfg->global_batch);
+  DT_CHECK_GOTO(meta_expect(c, "global_batch", buf, "--batch"), rc, fail);
+  snprintf(buf, sizeof buf, "%" PRIu64, cfg->seed);
+  DT_CHECK_GOTO(meta_expect(c, "seed", buf, "--seed"), rc, fail);
+  DT_CHECK_GOTO(meta_expect(c, "optimizer", optim_name(cfg->optim.kind), "--optimizer"), rc, fail);
+  size_t np = dt_model_param_count(m);
+  const dt_ckpt_section *s = dt_ckpt_find(c, "params");
+  if (!s || s->nbytes != np * 4) {
+    rc = dt_set_error(DT_ERR_CORRUPT, "%s: section params %s (model has %zu floats)", dt_ckpt_path(c),
+                      s ? "has the wrong size" : "missing", np);
+    goto fail;
+  }
+  for (size_t i = 0; i < dt_optim_state_count(o); i++) {
+    const char *name;
+    dt_optim_state(o, i, &name);
+    const dt_ckpt_section *os = dt_ckpt_find(c, name);
+    if (!os || os->nbytes != np * 4) {
+      rc = dt_set_error(DT_ERR_CORRUPT, "%s: optimizer section %s %s", dt_ckpt_path(c), name,
+                        os ? "has the wrong size" : "missing (was it written with another optimizer?)");
+      goto fail;
+    }
+  }
+  uint64_t step, ost, sseed, sepoch, spos;
+  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "step", &step), rc, fail);
+  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "optim_steps", &ost), rc, fail);
+  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_seed", &sseed), rc, fail);
+  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_epoch", &sepoch), rc, fail);
+  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_pos", &spos), rc, fail);
+  memcpy(dt_model_params(m), s->data, np * 4);
+  for (size_t i = 0; i < dt_optim_state_count(o); i++) {
+    const char *name;
+    float *dst = dt_optim_state(o, i, &name);
+    memcpy(dst, dt_ckpt_find(c, name)->data, np * 4);
+  }
+  pos->step = (int64_t)step;
+  pos->optim_steps = (int64_t)ost;
+  pos->sampler.seed = sseed;
+  pos->sampler.epoch = sepoch;
+  pos->sampler.pos = spos;
+  const char *ws = dt_ckpt_meta_get(c, "world_size");
+  const char *skipped = dt_ckpt_skipped(c);
+  snprintf(note, cap, "from %s (step %" PRIu64 ", written by %s worker(s))%s%s", dt_ckpt_path(c),
+           step, ws ? ws : "?", skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
+  dt_ckpt_destroy(c);
+  return DT_OK;
+fail:
+  dt_ckpt_destroy(c);
+  return rc;
+}

@@ -1,0 +1,660 @@
+/* trainer.c - the training loop and its data parallelism (see dtrain/train.h).
+ *
+ * One step: take this rank's shard of the next global batch from the prefetching loader, split
+ * it into `accumulate` micro-batches, forward + backward each with loss scale
+ * (micro-batch samples / global batch samples), so that the SUM over ranks and micro-batches of
+ * the gradients is the gradient of the global-batch mean loss. During the last micro-batch's
+ * backward the gradient hook starts each bucket's allreduce (SUM, in place) on the
+ * communicator's progress thread as soon as backward has finished that prefix of the gradient
+ * buffer (dtrain/nn.h lays parameters out in reverse layer order for exactly this). After
+ * backward, the step waits for the buckets and the loss, clips, and takes the optimizer step.
+ * Nothing is allocated inside a step (the communicator allocates its own request records).
+ *
+ * Bucket size: measured on the 2-core test machine with `dtrain run -n 2 -- dtrain train --model
+ * mlp --threads 1` (shm transport): 256 KiB to 4 MiB all within noise of each other; 1 MiB keeps
+ * the first bucket small enough to start while fc2's backward still runs.
+ *
+ * Not here: model files and checkpoints (train_io.c), metrics files and progress display
+ * (monitor), process launching (cli/run.c). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "core/core.h"
+#include "parallel/train_internal.h"
+
+typedef struct trainer {
+  const dt_train_config *cfg;
+  const dt_train_observer *obs;
+  dt_comm *comm;
+  int rank, world;
+  dt_dataset train, test;
+  dt_model *model;
+  dt_optim *optim;
+  dt_lr_schedule sched;
+  dt_loader *loader, *eval_loader;
+  int micro_max;               /* largest micro-batch a rank trains on */
+  /* buckets: bucket i covers grads[bucket_end[i-1] .. bucket_end[i]) */
+  size_t nbuckets;
+  size_t *bucket_end;
+  dt_request **reqs;
+  size_t next_bucket;          /* first bucket not started in this step */
+  int armed;                   /* the hook starts buckets (last micro-batch, world > 1) */
+  dt_status hook_rc;           /* first failure inside the hook */
+  int64_t first_start_ns;      /* when the step's first bucket started */
+  double loss_buf[1];
+  dt_request *loss_req;
+} trainer;
+
+void dt_train_config_init(dt_train_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->model = "mlp";
+  cfg->epochs = 1;
+  cfg->global_batch = 128;
+  cfg->eval_batch = 1000;
+  cfg->accumulate = 1;
+  cfg->optim = dt_optim_defaults(DT_OPTIM_SGD);
+  cfg->lr = 0.05f;
+  cfg->seed = 42;
+  cfg->checkpoint_every = 0;
+  cfg->bucket_bytes = DT_TRAIN_DEFAULT_BUCKET;
+  cfg->log_interval = 10;
+}
+
+/* ---- buckets ---------------------------------------------------------------------------- */
+
+static void start_bucket(trainer *t, size_t i) {
+  float *g = dt_model_grads(t->model);
+  size_t lo = i ? t->bucket_end[i - 1] : 0, hi = t->bucket_end[i];
+  if (i == 0)
+    t->first_start_ns = dt_now_ns();
+  dt_status rc = dt_comm_iallreduce(t->comm, DT_IN_PLACE, g + lo, hi - lo, DT_F32, DT_SUM, &t->reqs[i]);
+  if (rc != DT_OK) {
+    t->reqs[i] = NULL;
+    if (t->hook_rc == DT_OK)
+      t->hook_rc = dt__error_prefix(rc, "gradient bucket %zu (floats %zu..%zu)", i, lo, hi);
+  }
+}
+
+/* Called by backward after each parameterized layer: [0, off + count) is final. */
+static void grad_hook(void *ctx, size_t off, size_t count) {
+  trainer *t = ctx;
+  if (!t->armed)
+    return;
+  size_t done = off + count;
+  while (t->next_bucket < t->nbuckets && t->bucket_end[t->next_bucket] <= done)
+    start_bucket(t, t->next_bucket++);
+}
+
+static dt_status setup_buckets(trainer *t) {
+  size_t n = dt_model_param_count(t->model);
+  size_t per = t->cfg->bucket_bytes / sizeof(float);
+  if (per < 1)
+    per = 1;
+  t->nbuckets = (n + per - 1) / per;
+  t->bucket_end = dt__calloc(t->nbuckets * sizeof(size_t) + 1);
+  t->reqs = dt__calloc(t->nbuckets * sizeof(dt_request *) + 1);
+  if (!t->bucket_end || !t->reqs)
+    return DT_ERR_NOMEM;
+  for (size_t i = 0; i < t->nbuckets; i++)
+    t->bucket_end[i] = DT_MIN((i + 1) * per, n);
+  return DT_OK;
+}
+
+/* Starts what the hook did not, then the loss sum, and waits for all of them in order. */
+static dt_status finish_allreduce(trainer *t) {
+  dt_status rc = t->hook_rc;
+  t->armed = 0;
+  while (rc == DT_OK && t->next_bucket < t->nbuckets) {
+    start_bucket(t, t->next_bucket++);
+    rc = t->hook_rc;
+  }
+  if (rc == DT_OK)
+    rc = dt_comm_iallreduce(t->comm, DT_IN_PLACE, t->loss_buf, 1, DT_F64, DT_SUM, &t->loss_req);
+  else
+    t->loss_req = NULL;
+  for (size_t i = 0; i < t->nbuckets; i++) {
+    if (!t->reqs[i])
+      continue;
+    dt_status w = dt_request_wait(t->reqs[i]);
+    t->reqs[i] = NULL;
+    if (w != DT_OK && rc == DT_OK)
+      rc = dt__error_prefix(w, "gradient allreduce, bucket %zu of %zu", i, t->nbuckets);
+  }
+  if (t->loss_req) {
+    dt_status w = dt_request_wait(t->loss_req);
+    t->loss_req = NULL;
+    if (w != DT_OK && rc == DT_OK)
+      rc = dt__error_prefix(w, "loss allreduce");
+  }
+  t->next_bucket = 0;
+  t->hook_rc = DT_OK;
+  return rc;
+}
+
+/* ---- settings check --------------------------------------------------------------------- */
+
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; s && *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+typedef enum { FP_INT, FP_FLOAT, FP_HASH } fp_kind;
+typedef struct fp_field {
+  const char *name;
+  fp_kind kind;
+} fp_field;
+
+static const fp_field fp_fields[] = {
+    {"--model (canonical spec)", FP_HASH}, {"--batch (global)", FP_INT}, {"--seed", FP_INT},
+    {"training set size", FP_INT}, {"test set size", FP_INT}, {"--optimizer", FP_INT},
+    {"--lr", FP_FLOAT}, {"--momentum", FP_FLOAT}, {"--nesterov", FP_INT},
+    {"--weight-decay", FP_FLOAT}, {"--accumulate", FP_INT}, {"--epochs", FP_INT},
+    {"--max-steps", FP_INT}, {"--clip", FP_FLOAT}, {"--schedule", FP_HASH},
+    {"--eval-batch", FP_INT}, {"--checkpoint-every", FP_INT}, {"--resume", FP_INT},
+    {"--bucket-size", FP_INT}, {"parameter count", FP_INT}, {"--checkpoint-dir", FP_HASH},
+};
+#define FP_N (sizeof fp_fields / sizeof fp_fields[0])
+
+static void fp_fill(const trainer *t, uint64_t *v) {
+  const dt_train_config *c = t->cfg;
+  uint64_t x[FP_N] = {
+      fnv1a(dt_model_spec(t->model)), (uint64_t)c->global_batch, c->seed, t->train.n, t->test.n,
+      (uint64_t)c->optim.kind, fbits(c->lr), fbits(c->optim.momentum), (uint64_t)c->optim.nesterov,
+      fbits(c->optim.weight_decay), (uint64_t)c->accumulate, (uint64_t)c->epochs,
+      (uint64_t)c->max_steps, fbits(c->clip), fnv1a(c->schedule ? c->schedule : "constant"),
+      (uint64_t)c->eval_batch, (uint64_t)c->checkpoint_every, (uint64_t)c->resume,
+      (uint64_t)c->bucket_bytes, dt_model_param_count(t->model),
+      fnv1a(c->checkpoint_dir ? c->checkpoint_dir : "")};
+  memcpy(v, x, sizeof x);
+}
+
+static void fp_value(char *buf, size_t cap, fp_kind k, uint64_t v) {
+  if (k == FP_INT) {
+    snprintf(buf, cap, "%llu", (unsigned long long)v);
+  } else if (k == FP_FLOAT) {
+    uint32_t u = (uint32_t)v;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    snprintf(buf, cap, "%g", (double)f);
+  } else {
+    snprintf(buf, cap, "hash %016llx", (unsigned long long)v);
+  }
+}
+
+/* Every rank gathers every rank's settings and compares them with rank 0's, so every rank
+ * reaches the same verdict and stops with the same message. */
+static dt_status check_settings(trainer *t) {
+  uint64_t mine[FP_N];
+  fp_fill(t, mine);
+  uint64_t *all = dt__alloc(sizeof mine * (size_t)t->world);
+  if (!all)
+    return DT_ERR_NOMEM;
+  dt_status rc = dt_comm_allgather(t->comm, mine, all, FP_N, DT_I64);
+  if (rc != DT_OK) {
+    dt__free(all);
+    return dt__error_prefix(rc, "comparing settings across ranks");
+  }
+  for (int r = 1; r < t->world; r++)
+    for (size_t i = 0; i < FP_N; i++) {
+      uint64_t a = all[i], b = all[(size_t)r * FP_N + i];
+      if (a == b)
+        continue;
+      char va[64], vb[64];
+      fp_value(va, sizeof va, fp_fields[i].kind, a);
+      fp_value(vb, sizeof vb, fp_fields[i].kind, b);
+      dt__free(all);
+      return dt_set_error(DT_ERR_MISMATCH,
+                          "rank %d was started with a different %s: %s on rank %d, %s on rank 0 "
+                          "(every rank must get the same settings)",
+                          r, fp_fields[i].name, vb, r, va);
+    }
+  dt__free(all);
+  return DT_OK;
+}
+
+/* ---- evaluation --------------------------------------------------------------------------- */
+
+/* One pass over the test set, split across ranks; sums combined with an allreduce. */
+static dt_status evaluate(trainer *t, double *loss, double *acc) {
+  double sums[2] = {0, 0}; /* loss sum, correct */
+  int maxb = dt_model_max_batch(t->model);
+  size_t in = dt_model_input_size(t->model);
+  for (;;) {
+    dt_batch b;
+    DT_CHECK(dt_loader_next(t->eval_loader, &b));
+    for (uint64_t off = 0; off < b.n; off += (uint64_t)maxb) {
+      int n = (int)DT_MIN((uint64_t)maxb, b.n - off);
+      int64_t correct = 0;
+      DT_CHECK(dt_model_eval_batch(t->model, b.x + off * in, b.y + off, n, &sums[0], &correct));
+      sums[1] += (double)correct;
+    }
+    if (b.last_in_epoch)
+      break;
+  }
+  if (t->world > 1) {
+    dt_status rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, sums, 2, DT_F64, DT_SUM);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "evaluation allreduce");
+  }
+  *loss = sums[0] / (double)t->test.n;
+  *acc = sums[1] / (double)t->test.n;
+  return DT_OK;
+}
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+static dt_status check_config(const dt_train_config *c) {
+  if (c->epochs < 1)
+    return dt_set_error(DT_ERR_INVALID, "epochs %d must be >= 1", c->epochs);
+  if (c->global_batch < 1)
+    return dt_set_error(DT_ERR_INVALID, "global batch %d must be >= 1", c->global_batch);
+  if (c->eval_batch < 0)
+    return dt_set_error(DT_ERR_INVALID, "eval batch %d must be >= 1", c->eval_batch);
+  if (c->accumulate < 1 || c->accumulate > c->global_batch)
+    return dt_set_error(DT_ERR_INVALID, "accumulate %d must be in [1, global batch %d]",
+                        c->accumulate, c->global_batch);
+  if (!(c->lr >= 0) || !isfinite(c->lr))
+    return dt_set_error(DT_ERR_INVALID, "learning rate %g must be >= 0", (double)c->lr);
+  if (c->max_steps < 0)
+    return dt_set_error(DT_ERR_INVALID, "max steps %lld must be >= 0", (long long)c->max_steps);
+  if (c->checkpoint_every < 0)
+    return dt_set_error(DT_ERR_INVALID, "checkpoint every %lld must be >= 0",
+                        (long long)c->checkpoint_every);
+  if (c->resume && !c->checkpoint_dir)
+    return dt_set_error(DT_ERR_INVALID, "resume needs a checkpoint directory");
+  if (c->log_interval < 0)
+    return dt_set_error(DT_ERR_INVALID, "log interval %lld must be >= 0", (long long)c->log_interval);
+  return DT_OK;
+}
+
+static dt_status load_data(trainer *t) {
+  const char *dir = t->cfg->data_dir ? t->cfg->data_dir : DT_FASHION_MNIST_DIR;
+  DT_CHECK(dt_dataset_load_dir(dir, DT_SPLIT_TRAIN, NULL, &t->train));
+  DT_CHECK(dt_dataset_load_dir(dir, DT_SPLIT_TEST, NULL, &t->test));
+  return DT_OK;
+}
+
+static dt_status build(trainer *t) {
+  const dt_train_config *c = t->cfg;
+  int world = t->world;
+  if ((uint64_t)c->global_batch > t->train.n)
+    return dt_set_error(DT_ERR_INVALID, "global batch %d is larger than the training set (%llu samples)",
+                        c->global_batch, (unsigned long long)t->train.n);
+  int local_max = (c->global_batch + world - 1) / world;
+  t->micro_max = (local_max + c->accumulate - 1) / c->accumulate;
+  int eval_batch = c->eval_batch ? c->eval_batch : 1000;
+  int eval_local = (eval_batch + world - 1) / world;
+  int maxb = DT_MAX(t->micro_max, DT_MIN(eval_local, DT_MAX(t->micro_max, 256)));
+  DT_CHECK(dt_model_create(c->model, maxb, c->seed, &t->model));
+  size_t in = dt_model_input_size(t->model);
+  size_t sample = (size_t)t->train.c * t->train.h * t->train.w;
+  if (in != sample)
+    return dt_set_error(DT_ERR_INVALID,
+                        "model '%s' takes %zu inputs per sample but the dataset's images are "
+                        "%dx%dx%d = %zu",
+                        c->model, in, t->train.c, t->train.h, t->train.w, sample);
+  if ((size_t)t->train.num_classes > dt_model_output_size(t->model) ||
+      (size_t)t->test.num_classes > dt_model_output_size(t->model))
+    return dt_set_error(DT_ERR_INVALID, "model '%s' has %zu outputs but the dataset has %d classes",
+                        c->model, dt_model_output_size(t->model),
+                        DT_MAX(t->train.num_classes, t->test.num_classes));
+  DT_CHECK(dt_optim_create(&c->optim, t->model, &t->optim));
+
+  dt_sampler_cfg sc = {.num_samples = t->train.n, .global_batch = (uint64_t)c->global_batch,
+                       .rank = t->rank, .world = world, .seed = c->seed, .shuffle = true,
+                       .drop_last = false};
+  dt_loader_opts lo = {.prefetch = true};
+  DT_CHECK(dt_loader_create(&t->train, &sc, &lo, &t->loader));
+  dt_sampler_cfg ec = {.num_samples = t->test.n, .global_batch = (uint64_t)eval_batch,
+                       .rank = t->rank, .world = world, .seed = c->seed, .shuffle = false,
+                       .drop_last = false};
+  DT_CHECK(dt_loader_create(&t->test, &ec, &lo, &t->eval_loader));
+  return setup_buckets(t);
+}
+
+static void note(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(trainer *t, const char *fmt, ...) {
+  if (t->rank != 0 || !t->obs || !t->obs->on_note)
+    return;
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  t->obs->on_note(t->obs->ctx, buf);
+}
+
+static double peak_rss_mb(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru))
+    return 0;
+  return (double)ru.ru_maxrss / 1024.0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Broadcasts what rank 0 restored from a checkpoint (or that there was none). */
+static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos) {
+  int64_t hdr[6] = {load_rc == DT_OK, pos->step, (int64_t)pos->sampler.seed,
+                    (int64_t)pos->sampler.epoch, (int64_t)pos->sampler.pos, pos->optim_steps};
+  DT_CHECK(dt_comm_broadcast(t->comm, hdr, 6, DT_I64, 0));
+  if (!hdr[0])
+    return DT_OK;
+  pos->step = hdr[1];
+  pos->sampler.seed = (uint64_t)hdr[2];
+  pos->sampler.epoch = (uint64_t)hdr[3];
+  pos->sampler.pos = (uint64_t)hdr[4];
+  pos->optim_steps = hdr[5];
+  size_t n = dt_model_param_count(t->model);
+  DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
+  for (size_t i = 0; i < dt_optim_state_count(t->optim); i++)
+    DT_CHECK(dt_comm_broadcast(t->comm, dt_optim_state(t->optim, i, NULL), n, DT_F32, 0));
+  return DT_OK;
+}
+
+/* ---- the loop ----------------------------------------------------------------------------- */
+
+typedef struct interval {
+  int64_t steps;
+  uint64_t samples;
+  int64_t t0_ns;
+  double compute_ns, comm_ns, data_ns, span_ns;
+} interval;
+
+static dt_status train(trainer *t, dt_train_summary *sum) {
+  const dt_train_config *c = t->cfg;
+  int64_t t_start = dt_now_ns();
+  dt_status rc;
+  if (c->threads > 0)
+    dt_nn_set_threads(c->threads);
+  DT_CHECK(load_data(t));
+  DT_CHECK(build(t));
+  if (t->world > 1) {
+    DT_CHECK(check_settings(t));
+    rc = dt_comm_broadcast(t->comm, dt_model_params(t->model), dt_model_param_count(t->model),
+                           DT_F32, 0);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "broadcasting parameters from rank 0");
+  }
+  int64_t spe = (int64_t)((t->train.n + (uint64_t)c->global_batch - 1) / (uint64_t)c->global_batch);
+  int64_t total = spe * c->epochs;
+  if (c->max_steps > 0 && c->max_steps < total)
+    total = c->max_steps;
+  DT_CHECK(dt_lr_schedule_parse(c->schedule ? c->schedule : "constant", c->lr, total, &t->sched));
+
+  /* resume */
+  dt__train_pos pos = {.step = 0, .sampler = {.seed = c->seed, .epoch = 0, .pos = 0}};
+  sum->resumed_from_step = -1;
+  if (c->resume) {
+    char what[1024] = "";
+    dt_status lrc = DT_ERR_NOT_FOUND;
+    if (t->rank == 0) {
+      lrc = dt__train_ckpt_load(c, t->model, t->optim, &pos, what, sizeof what);
+      if (lrc != DT_OK && lrc != DT_ERR_NOT_FOUND)
+        return lrc;
+    }
+    if (t->world > 1) {
+      rc = share_resume(t, lrc, &pos);
+      if (rc != DT_OK)
+        return dt__error_prefix(rc, "sharing the checkpoint from rank 0");
+    }
+    if (pos.step > 0) {
+      dt_optim_set_step_count(t->optim, pos.optim_steps);
+      DT_CHECK(dt_loader_seek(t->loader, &pos.sampler));
+      sum->resumed_from_step = pos.step;
+      if (t->rank == 0)
+        note(t, "resumed %s", what);
+    } else if (t->rank == 0) {
+      note(t, "no checkpoint in %s: starting from step 0", c->checkpoint_dir);
+    }
+  }
+
+  int64_t step = pos.step;
+  size_t in = dt_model_input_size(t->model);
+  size_t pbytes = dt_model_param_count(t->model) * sizeof(float);
+  int64_t nlog = (total - step) / (c->log_interval ? c->log_interval : 10) + 2;
+  double *rates = dt__calloc((size_t)nlog * sizeof(double));
+  if (!rates)
+    return DT_ERR_NOMEM;
+  int64_t nrates = 0;
+  interval iv = {.t0_ns = dt_now_ns()};
+  int64_t log_every = c->log_interval ? c->log_interval : 10;
+  int64_t train_ns = 0, comm_ns_total = 0, data_ns_total = 0;
+  uint64_t samples_total = 0;
+  double epoch_loss = 0;
+  int64_t epoch_steps = 0, epoch_t0 = dt_now_ns(), last_eval_step = -1;
+  double test_loss = NAN, test_acc = NAN, last_epoch_loss = NAN;
+  int64_t steps_run = 0;
+
+  while (step < total) {
+    int64_t s0 = dt_now_ns();
+    dt_batch b;
+    DT_CHECK_GOTO(dt_loader_next(t->loader, &b), rc, fail);
+    int64_t s1 = dt_now_ns();
+    dt_model_zero_grad(t->model);
+    double wloss = 0;
+    int k = c->accumulate;
+    uint64_t off = 0;
+    for (int m = 0; m < k; m++) {
+      uint64_t nm = b.n / (uint64_t)k + ((uint64_t)m < b.n % (uint64_t)k);
+      t->armed = (m == k - 1) && t->world > 1;
+      if (nm == 0)
+        continue;
+      /* dropout masks depend only on (seed, step, micro-batch, rank) */
+      dt_rng_seed(dt_model_rng(t->model),
+                  c->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(step + 1)) ^
+                      ((uint64_t)m << 40) ^ ((uint64_t)t->rank << 52));
+      DT_CHECK_GOTO(dt_model_forward(t->model, b.x + off * in, (int)nm, 1, NULL), rc, fail);
+      float l = 0;
+      float scale = (float)((double)nm / (double)b.global_n);
+      DT_CHECK_GOTO(dt_model_backward(t->model, b.y + off, scale, grad_hook, t, &l), rc, fail);
+      wloss += (double)l * (double)nm / (double)b.global_n;
+      off += nm;
+    }
+    int64_t s2 = dt_now_ns();
+    double loss = wloss;
+    int64_t span = 0;
+    if (t->world > 1) {
+      t->loss_buf[0] = wloss;
+      if (t->next_bucket == 0)
+        t->first_start_ns = s2;
+      DT_CHECK_GOTO(finish_allreduce(t), rc, fail);
+      loss = t->loss_buf[0];
+    }
+    int64_t s3 = dt_now_ns();
+    if (t->world > 1)
+      span = s3 - t->first_start_ns;
+    if (c->clip > 0)
+      dt_model_clip_grad_norm(t->model, c->clip);
+    float lr = dt_lr_at(&t->sched, step);
+    DT_CHECK_GOTO(dt_optim_step(t->optim, lr), rc, fail);
+    int64_t s4 = dt_now_ns();
+    step++;
+    steps_run++;
+    samples_total += b.global_n;
+    train_ns += s4 - s0;
+    comm_ns_total += s3 - s2;
+    data_ns_total += s1 - s0;
+    epoch_loss += loss;
+    epoch_steps++;
+    iv.steps++;
+    iv.samples += b.global_n;
+    iv.compute_ns += (double)((s2 - s1) + (s4 - s3));
+    iv.comm_ns += (double)(s3 - s2);
+    iv.data_ns += (double)(s1 - s0);
+    iv.span_ns += (double)span;
+    if (!isfinite(loss)) {
+      rc = dt_set_error(DT_ERR_INVALID, "loss is %g at step %lld: training diverged (lower --lr or "
+                        "use --clip)", loss, (long long)step);
+      goto fail;
+    }
+
+    int epoch_end = b.last_in_epoch || step == total;
+    if (step % log_every == 0 || epoch_end) {
+      int64_t now = dt_now_ns();
+      double secs = (double)(now - iv.t0_ns) / 1e9;
+      double rate = secs > 0 ? (double)iv.samples / secs : 0;
+      if (nrates < nlog)
+        rates[nrates++] = rate;
+      if (t->rank == 0 && t->obs && t->obs->on_step) {
+        dt_train_step_info si = {
+            .step = step, .total_steps = total, .epoch = (int)b.epoch + 1, .epochs = c->epochs,
+            .step_in_epoch = (int64_t)b.step + 1, .steps_per_epoch = spe, .loss = (float)loss,
+            .lr = lr, .samples_per_s = rate, .compute_ms = iv.compute_ns / 1e6 / (double)iv.steps,
+            .comm_ms = iv.comm_ns / 1e6 / (double)iv.steps,
+            .data_ms = iv.data_ns / 1e6 / (double)iv.steps,
+            .allreduce_bytes = t->world > 1 ? (double)pbytes : 0,
+            .busbw_gbps = (t->world > 1 && iv.span_ns > 0)
+                              ? (double)pbytes * iv.steps * 2.0 * (t->world - 1) / t->world /
+                                    iv.span_ns
+                              : 0,
+            .eta_s = rate > 0 ? (double)(total - step) * ((double)iv.samples / (double)iv.steps) / rate : 0,
+            .world_size = t->world};
+        t->obs->on_step(t->obs->ctx, &si);
+      }
+      memset(&iv, 0, sizeof iv);
+      iv.t0_ns = dt_now_ns();
+    }
+    if (epoch_end) {
+      double train_loss = epoch_loss / (double)(epoch_steps ? epoch_steps : 1);
+      last_epoch_loss = train_loss;
+      double ep_s = (double)(dt_now_ns() - epoch_t0) / 1e9;
+      DT_CHECK_GOTO(evaluate(t, &test_loss, &test_acc), rc, fail);
+      last_eval_step = step;
+      if (t->rank == 0 && t->obs && t->obs->on_epoch) {
+        dt_train_epoch_info ei = {.epoch = (int)b.epoch + 1, .step = step, .test_loss = test_loss,
+                                  .test_accuracy = test_acc, .train_loss = train_loss,
+                                  .epoch_s = ep_s};
+        t->obs->on_epoch(t->obs->ctx, &ei);
+      }
+      epoch_loss = 0;
+      epoch_steps = 0;
+      epoch_t0 = dt_now_ns();
+      iv.t0_ns = epoch_t0; /* evaluation time is not training time */
+    }
+    if (c->checkpoint_dir && t->rank == 0 &&
+        ((c->checkpoint_every > 0 && step % c->checkpoint_every == 0) ||
+         (c->checkpoint_every == 0 && epoch_end) || step == total)) {
+      dt__train_pos p = {.step = step, .sampler = b.after,
+                         .optim_steps = dt_optim_step_count(t->optim)};
+      DT_CHECK_GOTO(dt__train_ckpt_save(c, t->model, t->optim, &p, t->world, sum->checkpoint_file,
+                                        sizeof sum->checkpoint_file),
+                    rc, fail);
+      note(t, "checkpoint at step %lld: %s", (long long)step, sum->checkpoint_file);
+    }
+    if (epoch_end)
+      iv.t0_ns = dt_now_ns();
+  }
+  if (last_eval_step != step)
+    DT_CHECK_GOTO(evaluate(t, &test_loss, &test_acc), rc, fail);
+
+  if (c->out_dir && t->rank == 0) {
+    snprintf(sum->model_file, sizeof sum->model_file, "%s/model.safetensors", c->out_dir);
+    DT_CHECK_GOTO(dt_train_model_save(t->model, sum->model_file), rc, fail);
+  }
+  sum->test_accuracy = test_acc;
+  sum->test_loss = test_loss;
+  sum->train_loss = last_epoch_loss;
+  sum->epochs = (int)((step + spe - 1) / spe);
+  sum->steps = step;
+  sum->steps_run = steps_run;
+  sum->train_s = (double)train_ns / 1e9;
+  sum->samples_per_s = train_ns > 0 ? (double)samples_total / sum->train_s : 0;
+  /* steady state: median of the logged intervals after the first (warm-up) */
+  if (nrates > 1) {
+    qsort(rates + 1, (size_t)(nrates - 1), sizeof(double), cmp_double);
+    const double *r = rates + 1;
+    int64_t m = nrates - 1;
+    sum->steady_samples_per_s = (m % 2) ? r[m / 2] : 0.5 * (r[m / 2 - 1] + r[m / 2]);
+  } else {
+    sum->steady_samples_per_s = nrates ? rates[0] : sum->samples_per_s;
+  }
+  sum->comm_exposed_s = (double)comm_ns_total / 1e9;
+  sum->data_wait_s = (double)data_ns_total / 1e9;
+  sum->world_size = t->world;
+  snprintf(sum->model_spec, sizeof sum->model_spec, "%s", dt_model_spec(t->model));
+  sum->param_count = dt_model_param_count(t->model);
+  sum->wall_s = (double)(dt_now_ns() - t_start) / 1e9;
+  sum->peak_rss_mb = peak_rss_mb();
+  dt__free(rates);
+  return DT_OK;
+fail:
+  dt__free(rates);
+  if (t->world > 1) {
+    /* collect requests still in flight so no buffer is borrowed past our return */
+    t->armed = 0;
+    for (size_t i = 0; i < t->nbuckets; i++)
+      if (t->reqs[i]) {
+        dt_request_wait(t->reqs[i]);
+        t->reqs[i] = NULL;
+      }
+  }
+  return rc;
+}
+
+/* World size the environment announces, by the conventions dtrain/comm.h lists (the first whose
+ * rank variable is set). A single-process run creates no communicator at all: no store server,
+ * no failure detector, nothing to warn about. */
+static int64_t job_world_size(void) {
+  static const char *const conv[][2] = {{"DTRAIN_RANK", "DTRAIN_WORLD_SIZE"},
+                                        {"RANK", "WORLD_SIZE"},
+                                        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                        {"SLURM_PROCID", "SLURM_NTASKS"}};
+  for (size_t i = 0; i < DT_ARRAY_LEN(conv); i++) {
+    if (!dt__env_str(conv[i][0]))
+      continue;
+    int64_t n = 1;
+    /* a malformed value goes to dt_comm_create, which reports it */
+    if (dt__env_int(conv[i][1], 2, &n) != DT_OK)
+      return 2;
+    return n;
+  }
+  return 1;
+}
+
+dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
+                       dt_train_summary *summary) {
+  dt_train_summary local;
+  dt_train_summary *sum = summary ? summary : &local;
+  memset(sum, 0, sizeof *sum);
+  if (!cfg)
+    return dt_set_error(DT_ERR_INVALID, "dt_train_run: cfg is NULL");
+  DT_CHECK(check_config(cfg));
+  trainer t = {.cfg = cfg, .obs = obs, .world = 1};
+  dt_status rc = DT_OK;
+  if (job_world_size() > 1) {
+    rc = dt_comm_create(NULL, &t.comm);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "joining the job");
+    t.rank = dt_comm_rank(t.comm);
+    t.world = dt_comm_size(t.comm);
+  }
+  rc = train(&t, sum);
+  if (rc != DT_OK && t.world > 1)
+    dt__error_prefix(rc, "rank %d", t.rank);
+  dt_loader_destroy(t.loader);
+  dt_loader_destroy(t.eval_loader);
+  dt_optim_destroy(t.optim);
+  dt_model_destroy(t.model);
+  dt_dataset_free(&t.train);
+  dt_dataset_free(&t.test);
+  dt__free(t.bucket_end);
+  dt__free(t.reqs);
+  dt_comm_destroy(t.comm);
+  return rc;
+}

@@ -1,0 +1,257 @@
+/* test_train_cli.c - `dtrain train` and `dtrain eval` as a user runs them, on a tiny IDX dataset
+ * the test writes itself. One group per ctest process (argv[1]):
+ *   usage   bad flags, impossible specs and missing data exit 2 with one error line and a hint;
+ *           --help documents the flags and the spec syntax
+ *   json    --json prints exactly one JSON object with the summary keys; the model file and the
+ *           metrics file are written and valid; `dtrain eval` on the model gives the same
+ *           accuracy and loss
+ *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
+ *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
+ *           final parameters bit for bit */
+#include "train_test.h"
+
+static char dir[1024], data[2048];
+
+/* Two lines on stderr: the error and the hint. */
+static void expect_usage(const char *what, tt_result r, const char *needle) {
+  CHECK(r.code == 2, "%s: exit %d, want 2; stderr: %s", what, r.code, r.err);
+  CHECK(strstr(r.err, "---> HINT:"), "%s: no hint in: %s", what, r.err);
+  CHECK(strstr(r.err, needle), "%s: '%s' not in: %s", what, needle, r.err);
+  int lines = 0;
+  for (const char *p = r.err; *p; p++)
+    lines += *p == '\n';
+  CHECK(lines == 2, "%s: %d lines on stderr, want error + hint: %s", what, lines, r.err);
+  CHECK(r.out[0] == '\0', "%s: stdout not empty: %s", what, r.out);
+  tt_result_free(&r);
+}
+
+static void group_usage(void) {
+  const char *b = tt_bin();
+  tt_result r = tt_run(dir, 30, "%s train --help", b);
+  CHECK(r.code == 0, "--help exit %d", r.code);
+  const char *flags[] = {"--model", "--data", "--epochs", "--max-steps", "--batch", "--accumulate",
+                         "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay",
+                         "--schedule", "--clip", "--threads", "--bucket-size", "--eval-batch",
+                         "--out", "--json", "--checkpoint-dir", "--checkpoint-every", "--keep",
+                         "--resume", "--seed", "presets:", "conv"};
+  for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+    CHECK(strstr(r.out, flags[i]), "--help does not mention %s", flags[i]);
+  tt_result_free(&r);
+
+  expect_usage("unknown flag", tt_run(dir, 30, "%s train --data %s --bogus 3", b, data), "--bogus");
+  expect_usage("bad number", tt_run(dir, 30, "%s train --data %s --lr fast", b, data), "--lr");
+  expect_usage("missing value", tt_run(dir, 30, "%s train --data %s --epochs", b, data), "--epochs");
+  expect_usage("zero batch", tt_run(dir, 30, "%s train --data %s --batch 0", b, data), "--batch");
+  expect_usage("bad optimizer", tt_run(dir, 30, "%s train --data %s --optimizer rmsprop", b, data),
+               "rmsprop");
+  expect_usage("bad spec token", tt_run(dir, 30, "%s train --data %s --model 'in=1x8x8,linearr:4'", b, data),
+               "linearr");
+  expect_usage("impossible spec",
+               tt_run(dir, 30, "%s train --data %s --model 'in=1x8x8,conv9x9:4,linear:4'", b, data),
+               "--model");
+  expect_usage("spec vs data",
+               tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "inputs");
+  expect_usage("missing data", tt_run(dir, 30, "%s train --data %s/nowhere", b, dir),
+               "apt-get install dataset-fashion-mnist");
+  expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
+               "--checkpoint-dir");
+  expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
+  expect_usage("eval missing file", tt_run(dir, 30, "%s eval --model-file %s/none.safetensors", b, dir),
+               "none.safetensors");
+}
+
+static void group_json(void) {
+  const char *b = tt_bin();
+  tt_result r = tt_run(dir, 120,
+                       "%s train --data %s --model '%s' --epochs 2 --batch 32 --optimizer sgd "
+                       "--lr 0.05 --momentum 0.9 --threads 1 --out %s/run --json",
+                       b, data, TINY_MODEL, dir);
+  CHECK(r.code == 0, "train exit %d: %s", r.code, r.err);
+  CHECK(tt_json_is_object(r.out), "stdout is not one JSON object: [%s]", r.out);
+  const char *keys[] = {"test_accuracy", "test_loss", "epochs", "samples_per_s",
+                        "steady_samples_per_s", "wall_s", "peak_rss_mb", "world_size"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    CHECK(isfinite(tt_json_num(r.out, keys[i])), "key %s missing or not a number: %s", keys[i], r.out);
+  double acc = tt_json_num(r.out, "test_accuracy"), loss = tt_json_num(r.out, "test_loss");
+  CHECK(acc >= 0.85 && acc <= 1.0, "tiny set should be learnt: accuracy %g", acc);
+  CHECK(loss > 0 && loss < 0.6, "test loss %g", loss);
+  CHECK(tt_json_num(r.out, "epochs") == 2, "epochs");
+  CHECK(tt_json_num(r.out, "world_size") == 1, "world size");
+  CHECK(tt_json_num(r.out, "steps") == 2 * 19, "steps: 600 samples / 32 = 19 per epoch: %s", r.out);
+  CHECK(tt_json_num(r.out, "peak_rss_mb") > 1, "rss");
+  char model[1024];
+  CHECK(tt_json_str(r.out, "model_file", model, sizeof model), "model_file missing");
+  char want[4096];
+  snprintf(want, sizeof want, "%s/run/model.safetensors", dir);
+  CHECK(!strcmp(model, want), "model_file %s, want %s", model, want);
+  tt_result_free(&r);
+
+  /* the model file: named tensors with the model's shapes and the spec in the metadata */
+  dt_safetensors *f = NULL;
+  CHECK(dt_safetensors_open(want, &f) == DT_OK, "open model: %s", dt_last_error());
+  CHECK(dt_safetensors_count(f) == 4, "4 tensors");
+  const dt_tensor_view *w = dt_safetensors_find(f, "fc1.weight");
+  CHECK(w && w->ndim == 2 && w->shape[0] == 32 && w->shape[1] == 64, "fc1.weight (32, 64)");
+  const char *spec = dt_safetensors_meta_get(f, "dtrain.model_spec");
+  CHECK(spec && strstr(spec, "linear:32"), "spec metadata");
+  dt_safetensors_destroy(f);
+
+  /* the metrics file: JSON lines, steps every 10 plus epoch ends, and two epoch records */
+  char mpath[4096];
+  snprintf(mpath, sizeof mpath, "%s/run/metrics.jsonl", dir);
+  char *m = tt_slurp(mpath);
+  int steps = 0, epochs = 0;
+  for (char *line = strtok(m, "\n"); line; line = strtok(NULL, "\n")) {
+    CHECK(tt_json_is_object(line), "metrics line not JSON: %s", line);
+    if (strstr(line, "\"type\":\"step\"")) {
+      steps++;
+      CHECK(isfinite(tt_json_num(line, "loss")) && isfinite(tt_json_num(line, "samples_per_s")) &&
+                isfinite(tt_json_num(line, "compute_ms")) && isfinite(tt_json_num(line, "comm_ms")) &&
+                isfinite(tt_json_num(line, "data_ms")) && isfinite(tt_json_num(line, "lr")),
+            "step line keys: %s", line);
+    } else if (strstr(line, "\"type\":\"epoch\"")) {
+      epochs++;
+      CHECK(isfinite(tt_json_num(line, "test_accuracy")), "epoch line: %s", line);
+    }
+  }
+  free(m);
+  CHECK(epochs == 2, "%d epoch lines", epochs);
+  CHECK(steps == 5, "%d step lines, want steps 10, 19 (epoch end), 20, 30, 38", steps);
+
+  /* dtrain eval gives what training reported */
+  r = tt_run(dir, 60, "%s eval --model-file %s --data %s --json", b, want, data);
+  CHECK(r.code == 0, "eval exit %d: %s", r.code, r.err);
+  CHECK(tt_json_is_object(r.out), "eval stdout not JSON: %s", r.out);
+  CHECK(tt_json_num(r.out, "test_accuracy") == acc, "eval accuracy %g != train's %g",
+        tt_json_num(r.out, "test_accuracy"), acc);
+  CHECK(fabs(tt_json_num(r.out, "test_loss") - loss) < 1e-6 * (1 + loss), "eval loss %g vs %g",
+        tt_json_num(r.out, "test_loss"), loss);
+  CHECK(tt_json_num(r.out, "samples") == 200, "samples");
+  tt_result_free(&r);
+
+  /* the text summary (no --json) ends with where things went */
+  r = tt_run(dir, 120, "%s train --data %s --model '%s' --max-steps 3 --batch 32 --threads 1 --out %s/run2",
+             b, data, TINY_MODEL, dir);
+  CHECK(r.code == 0, "exit %d: %s", r.code, r.err);
+  CHECK(strstr(r.out, "test accuracy") && strstr(r.out, "run2/model.safetensors") &&
+            strstr(r.out, "run2/metrics.jsonl"),
+        "summary: %s", r.out);
+  tt_result_free(&r);
+}
+
+static void group_accum(void) {
+  const char *b = tt_bin();
+  const char *common = "--model '" TINY_MODEL "' --batch 48 --max-steps 6 --optimizer sgd --lr 0.1 "
+                       "--momentum 0.9 --threads 1 --log-interval 1";
+  tt_result r = tt_run(dir, 120, "%s train --data %s %s --out %s/big --json", b, data, common, dir);
+  CHECK(r.code == 0, "big batch exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --accumulate 4 --out %s/acc --json", b, data, common, dir);
+  CHECK(r.code == 0, "accumulate exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --accumulate 5 --out %s/acc5 --json", b, data, common, dir);
+  CHECK(r.code == 0, "accumulate 5 (uneven micro-batches) exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  char p1[4096], p2[4096], p3[4096];
+  snprintf(p1, sizeof p1, "%s/big/model.safetensors", dir);
+  snprintf(p2, sizeof p2, "%s/acc/model.safetensors", dir);
+  snprintf(p3, sizeof p3, "%s/acc5/model.safetensors", dir);
+  double d = tt_model_rel_diff(p2, p1), d5 = tt_model_rel_diff(p3, p1);
+  fprintf(stderr, "accumulate 4 vs big batch: rel diff %.3g; accumulate 5: %.3g\n", d, d5);
+  CHECK(d <= 1e-5 && d5 <= 1e-5, "accumulated gradients differ from the big batch: %g, %g", d, d5);
+  /* and the runs really trained: parameters moved away from the initialization */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 1 --lr 0 --out %s/init --json", b, data,
+             common, dir);
+  CHECK(r.code == 0, "init run exit %d", r.code);
+  tt_result_free(&r);
+  char p0[4096];
+  snprintf(p0, sizeof p0, "%s/init/model.safetensors", dir);
+  CHECK(tt_model_rel_diff(p0, p1) > 1e-3, "training did not change the parameters");
+}
+
+static void group_resume(void) {
+  const char *b = tt_bin();
+  const char *common = "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
+                       "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 0.0005 "
+                       "--threads 1 --log-interval 1";
+  /* 600 / 40 = 15 steps per epoch; 30 in all. Uninterrupted: */
+  tt_result r = tt_run(dir, 120, "%s train --data %s %s --out %s/full --json", b, data, common, dir);
+  CHECK(r.code == 0, "full run exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  /* Interrupted after step 20 (mid-epoch 2), checkpoints every 4 steps, keep 2 */
+  r = tt_run(dir, 120,
+             "%s train --data %s %s --max-steps 20 --checkpoint-dir %s/ck --checkpoint-every 4 "
+             "--keep 2 --out %s/part --json",
+             b, data, common, dir, dir);
+  CHECK(r.code == 0, "part run exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  uint64_t *steps = NULL;
+  size_t n = 0;
+  char ck[4096];
+  snprintf(ck, sizeof ck, "%s/ck", dir);
+  CHECK(dt_ckpt_list(ck, &steps, &n) == DT_OK, "list: %s", dt_last_error());
+  CHECK(n == 2 && steps[0] == 16 && steps[1] == 20, "kept checkpoints: %zu (want 16, 20)", n);
+  free(steps);
+  /* the max-steps cap differs, so the resumed run gets --epochs 2 as the full one */
+  r = tt_run(dir, 120, "%s train --data %s %s --checkpoint-dir %s/ck --resume --out %s/res --json", b,
+             data, common, dir, dir);
+  CHECK(r.code == 0, "resume exit %d: %s", r.code, r.err);
+  CHECK(tt_json_num(r.out, "resumed_from_step") == 20, "resumed from %g", tt_json_num(r.out, "resumed_from_step"));
+  CHECK(tt_json_num(r.out, "steps") == 30 && tt_json_num(r.out, "steps_run") == 10, "steps: %s", r.out);
+  tt_result_free(&r);
+  double full[64], res[64];
+  char p[4096];
+  snprintf(p, sizeof p, "%s/full/metrics.jsonl", dir);
+  CHECK(tt_metrics_losses(p, full, 64) == 30, "full run logged 30 steps");
+  snprintf(p, sizeof p, "%s/res/metrics.jsonl", dir);
+  CHECK(tt_metrics_losses(p, res, 64) == 30, "resumed run logged up to step 30");
+  for (int s = 21; s <= 30; s++)
+    CHECK(res[s] == full[s], "step %d: resumed loss %.9g != uninterrupted %.9g", s, res[s], full[s]);
+  char a[4096], c[4096];
+  snprintf(a, sizeof a, "%s/full/model.safetensors", dir);
+  snprintf(c, sizeof c, "%s/res/model.safetensors", dir);
+  CHECK(tt_model_rel_diff(c, a) == 0, "resumed parameters differ from uninterrupted ones");
+
+  /* a corrupt newest checkpoint falls back to the previous one (step 16) and still matches */
+  snprintf(p, sizeof p, "%s/ck/ckpt-000000030.dtc", dir);
+  FILE *f = fopen(p, "r+b");
+  CHECK(f, "open %s", p);
+  fseek(f, 200, SEEK_SET);
+  fputc(0x5a, f);
+  fclose(f);
+  r = tt_run(dir, 120, "%s train --data %s %s --checkpoint-dir %s/ck --resume --out %s/res2 --json", b,
+             data, common, dir, dir);
+  CHECK(r.code == 0, "resume after corruption exit %d: %s", r.code, r.err);
+  CHECK(tt_json_num(r.out, "resumed_from_step") == 20, "fell back to %g (want 20)",
+        tt_json_num(r.out, "resumed_from_step"));
+  tt_result_free(&r);
+  snprintf(c, sizeof c, "%s/res2/model.safetensors", dir);
+  CHECK(tt_model_rel_diff(c, a) == 0, "resumed (fallback) parameters differ");
+
+  /* a checkpoint of another model is refused with a usage error naming the setting */
+  r = tt_run(dir, 120, "%s train --data %s --model '%s' --batch 40 --checkpoint-dir %s/ck --resume --out %s/x",
+             b, data, TINY_MODEL, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "--model"), "other model: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+}
+
+int main(int argc, char **argv) {
+  const char *g = argc > 1 ? argv[1] : "usage";
+  tt_scratch(dir, sizeof dir, g);
+  snprintf(data, sizeof data, "%s/data", dir);
+  mkdir(data, 0777);
+  tt_make_dataset(data, 600, 200);
+  if (!strcmp(g, "usage"))
+    group_usage();
+  else if (!strcmp(g, "json"))
+    group_json();
+  else if (!strcmp(g, "accum"))
+    group_accum();
+  else if (!strcmp(g, "resume"))
+    group_resume();
+  else
+    CHECK(0, "unknown group %s", g);
+  tt_rmrf(dir);
+  printf("ok %s\n", g);
+  return 0;
+}

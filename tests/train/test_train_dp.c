@@ -1,0 +1,155 @@
+/* test_train_dp.c - data-parallel `dtrain train` under `dtrain run -n N` (real processes, the real
+ * rendezvous store and transport), on a tiny IDX set the test writes. One group per process:
+ *   equiv     1, 2, 3 and 4 workers, same global batch (uneven shards with 3 and 4) and seed,
+ *             end with the same parameters after K steps: max|a-b| / max|b| <= 1e-5; the
+ *             logged losses (global means) agree too
+ *   mismatch  rank 1 started with another --seed (through a wrapper script) -> every rank
+ *             stops, the error names rank 1 and --seed, exit code 2
+ *   resume    2 workers interrupted at step 12 and resumed on 2 workers repeat the
+ *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
+ *             workers they match within 1e-5 */
+#include "train_test.h"
+
+static char dir[1024], data[2048];
+
+#define COMMON "--model '" TINY_MODEL "' --batch 30 --optimizer sgd --lr 0.1 --momentum 0.9 " \
+               "--threads 1 --log-interval 1 --eval-batch 50"
+
+static void train_n(int n, const char *extra, const char *out) {
+  tt_result r = tt_run(dir, 300, "%s run -n %d --raw-stdout -- %s train --data %s " COMMON " %s --out %s/%s --json",
+                       tt_bin(), n, tt_bin(), data, extra, dir, out);
+  CHECK(r.code == 0, "%d workers (%s) exit %d: %s", n, out, r.code, r.err);
+  CHECK(tt_json_is_object(r.out), "stdout is not one JSON object: [%s]", r.out);
+  CHECK(tt_json_num(r.out, "world_size") == n, "world_size %g != %d", tt_json_num(r.out, "world_size"), n);
+  tt_result_free(&r);
+}
+
+static double model_diff(const char *a, const char *b) {
+  char pa[4096], pb[4096];
+  snprintf(pa, sizeof pa, "%s/%s/model.safetensors", dir, a);
+  snprintf(pb, sizeof pb, "%s/%s/model.safetensors", dir, b);
+  return tt_model_rel_diff(pa, pb);
+}
+
+static void losses(const char *run, double *l, int cap) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+  tt_metrics_losses(p, l, cap);
+}
+
+static void group_equiv(void) {
+  /* 600 samples / 30 = 20 steps per epoch; 25 steps cross an epoch boundary */
+  int ns[] = {1, 2, 3, 4};
+  char name[4][16];
+  for (int i = 0; i < 4; i++) {
+    snprintf(name[i], sizeof name[i], "w%d", ns[i]);
+    train_n(ns[i], "--epochs 2 --max-steps 25", name[i]);
+  }
+  double l1[32], ln[32];
+  losses("w1", l1, 32);
+  for (int i = 1; i < 4; i++) {
+    double d = model_diff(name[i], "w1");
+    fprintf(stderr, "%d workers vs 1: parameter rel diff %.3g\n", ns[i], d);
+    CHECK(d <= 1e-5, "%d workers end with different parameters: rel diff %g", ns[i], d);
+    losses(name[i], ln, 32);
+    for (int s = 1; s <= 25; s++)
+      CHECK(fabs(ln[s] - l1[s]) <= 1e-5 * fabs(l1[s]) + 1e-7, "%d workers step %d: loss %.9g vs %.9g",
+            ns[i], s, ln[s], l1[s]);
+  }
+  /* the runs trained: the loss fell */
+  CHECK(l1[25] < 0.8 * l1[1], "loss did not fall: %g -> %g", l1[1], l1[25]);
+  /* gradient accumulation inside data parallel: 2 workers x 3 micro-batches */
+  train_n(2, "--epochs 2 --max-steps 25 --accumulate 3", "w2acc");
+  double d = model_diff("w2acc", "w1");
+  CHECK(d <= 1e-5, "2 workers with --accumulate 3 differ from 1 worker: %g", d);
+}
+
+static void group_mismatch(void) {
+  char script[4096];
+  snprintf(script, sizeof script, "%s/worker.sh", dir);
+  FILE *f = fopen(script, "w");
+  CHECK(f, "create %s", script);
+  fprintf(f, "#!/bin/sh\nseed=42\nif [ \"$DTRAIN_RANK\" = 1 ]; then seed=7; fi\n"
+             "exec '%s' train --data '%s' " COMMON " --max-steps 3 --seed $seed --out '%s/mm'\n",
+          tt_bin(), data, dir);
+  fclose(f);
+  chmod(script, 0755);
+  tt_result r = tt_run(dir, 300, "%s run -n 3 -- %s", tt_bin(), script);
+  CHECK(r.code == 2, "exit %d, want 2: %s", r.code, r.err);
+  CHECK(strstr(r.err, "rank 1") && strstr(r.err, "--seed") && strstr(r.err, "7") && strstr(r.err, "42"),
+        "error does not name rank 1 and --seed 7 vs 42: %s", r.err);
+  tt_result_free(&r);
+
+  /* a different dataset size on rank 2 */
+  char data2[4096];
+  snprintf(data2, sizeof data2, "%s/data2", dir);
+  mkdir(data2, 0777);
+  tt_make_dataset(data2, 590, 200);
+  f = fopen(script, "w");
+  CHECK(f, "create %s", script);
+  fprintf(f, "#!/bin/sh\nd='%s'\nif [ \"$DTRAIN_RANK\" = 2 ]; then d='%s'; fi\n"
+             "exec '%s' train --data \"$d\" " COMMON " --max-steps 3 --out '%s/mm'\n",
+          data, data2, tt_bin(), dir);
+  fclose(f);
+  r = tt_run(dir, 300, "%s run -n 3 -- %s", tt_bin(), script);
+  CHECK(r.code == 2, "exit %d, want 2: %s", r.code, r.err);
+  CHECK(strstr(r.err, "rank 2") && strstr(r.err, "training set size"), "error: %s", r.err);
+  tt_result_free(&r);
+}
+
+static void group_resume(void) {
+  /* uninterrupted: 2 epochs = 40 steps on 2 workers */
+  train_n(2, "--epochs 2", "full");
+  char extra[8192];
+  snprintf(extra, sizeof extra, "--epochs 2 --max-steps 12 --checkpoint-dir %s/ck --checkpoint-every 6", dir);
+  train_n(2, extra, "part");
+  /* copy the checkpoints so that each resumed run starts from the same step-12 state */
+  char cmd[16384];
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "cp -r %s/ck %s/ck%d", dir, dir, i);
+    CHECK(system(cmd) == 0, "copy checkpoints");
+  }
+  double full[64], res[64];
+  losses("full", full, 64);
+  int ns[] = {2, 1, 4};
+  for (int i = 0; i < 3; i++) {
+    char out[32];
+    snprintf(out, sizeof out, "res%d", ns[i]);
+    snprintf(extra, sizeof extra, "--epochs 2 --checkpoint-dir %s/ck%d --resume", dir, i);
+    train_n(ns[i], extra, out);
+    losses(out, res, 64);
+    double d = model_diff(out, "full");
+    fprintf(stderr, "resumed on %d workers: parameter rel diff %.3g\n", ns[i], d);
+    for (int s = 13; s <= 40; s++) {
+      if (ns[i] == 2)
+        CHECK(res[s] == full[s], "same world size, step %d: %.9g != %.9g", s, res[s], full[s]);
+      else
+        CHECK(fabs(res[s] - full[s]) <= 1e-5 * fabs(full[s]) + 1e-7, "%d workers, step %d: %.9g vs %.9g",
+              ns[i], s, res[s], full[s]);
+    }
+    CHECK(isnan(res[12]), "resumed run should start after step 12");
+    if (ns[i] == 2)
+      CHECK(d == 0, "same world size: parameters differ (%g)", d);
+    else
+      CHECK(d <= 1e-5, "%d workers: parameters differ by %g", ns[i], d);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *g = argc > 1 ? argv[1] : "equiv";
+  tt_scratch(dir, sizeof dir, g);
+  snprintf(data, sizeof data, "%s/data", dir);
+  mkdir(data, 0777);
+  tt_make_dataset(data, 600, 200);
+  if (!strcmp(g, "equiv"))
+    group_equiv();
+  else if (!strcmp(g, "mismatch"))
+    group_mismatch();
+  else if (!strcmp(g, "resume"))
+    group_resume();
+  else
+    CHECK(0, "unknown group %s", g);
+  tt_rmrf(dir);
+  printf("ok %s\n", g);
+  return 0;
+}
