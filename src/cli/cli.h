@@ -18,6 +18,7 @@ int dt_cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(pri
 
 int dt_cli_version(int argc, char **argv);
 int dt_cli_run(int argc, char **argv);
+int dt_cli_bench(int argc, char **argv);
 int dt_cli_train(int argc, char **argv);
 int dt_cli_eval(int argc, char **argv);
 int dt_cli_inspect(int argc, char **argv);

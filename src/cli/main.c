@@ -17,6 +17,7 @@ int dt_cli_version(int argc, char **argv) {
 static const dt_cli_cmd commands[] = {
     {"version", dt_cli_version, "print the version"},
     {"run", dt_cli_run, "launch and supervise N workers (torchrun, horovodrun)"},
+    {"bench", dt_cli_bench, "measure a collective on N local ranks (nccl-tests columns)"},
     {"train", dt_cli_train, "train a model on Fashion-MNIST or any IDX dataset, on 1..N workers"},
     {"eval", dt_cli_eval, "evaluate a saved model on a test set"},
     {"inspect", dt_cli_inspect, "show and verify a checkpoint, safetensors model or IDX file"},

@@ -128,6 +128,11 @@ static dt_status algo_override(dt__coll k, dt__algo *out) {
   return DT_OK;
 }
 
+dt_status dt__coll_algo_validate(void) {
+  dt__algo a;
+  return algo_override(DT_COLL_ALLREDUCE, &a); /* parses (and so checks) every item */
+}
+
 static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
   dt__algo a;
   *st = algo_override(k, &a);
@@ -169,16 +174,16 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   const dt__fp *fp = &k->fp;
   int64_t deadline = dt__comm_deadline(c);
   size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
+  dt_status st = DT_OK;
+  dt__algo a = pick(c, k->kind, bytes, &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
+  if (st)
+    return st;
   if (n == 1) {
     exec_local(c, k);
     return DT_OK;
   }
   if (k->count == 0 && k->kind != DT_COLL_BARRIER)
     return dt__barrier_dissem(c, fp, deadline);
-  dt_status st = DT_OK;
-  dt__algo a = pick(c, k->kind, bytes, &st);
-  if (st)
-    return st;
   char *rb = k->rbuf;
   const void *sb = k->sbuf;
   switch (k->kind) {

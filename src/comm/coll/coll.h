@@ -77,6 +77,9 @@ dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *call);
 dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                            dt_op op, int root, dt__coll_call *call);
 
+/* Checks DTRAIN_ALGO as dt__coll_exec would read it (DT_ERR_INVALID naming the bad item). */
+dt_status dt__coll_algo_validate(void);
+
 /* progress.c: runs a prepared call in call order: inline on this thread when nothing is queued
  * (holding c->lock), else queued behind the pending nonblocking calls and waited for. */
 dt_status dt__progress_run(dt_comm *c, const dt__coll_call *call);

@@ -1,0 +1,534 @@
+/* bench.c - `dtrain bench`: measures one collective on N local ranks, as nccl-tests does, and
+ * validates every result.
+ *
+ * The command starts N copies of itself (through the launcher of `dtrain run`, so a dead or
+ * failing rank stops the job and is named) with a hidden --worker flag and the DTRAIN_* job
+ * environment (store on 127.0.0.1 at a free port, random job secret and id). The workers form a
+ * communicator and, per size: fill inputs whose reductions are exact in every dtype, run
+ * --warmup untimed and --iters timed calls, check each result against the value computed here,
+ * and rank 0 prints one row.
+ *
+ * Timing: before every timed call a barrier lines the ranks up; each rank times its own call;
+ * after the loop an allreduce(max) gives, per iteration, the slowest rank's time; the row shows
+ * the median over iterations of that maximum. algbw = size / time; busbw = algbw x nccl-tests'
+ * factor (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n; broadcast 1).
+ * Sizes follow nccl-tests: allreduce/broadcast the buffer, allgather the gathered total,
+ * reduce_scatter the input total, alltoall each rank's whole send buffer.
+ * It deliberately measures one collective per run and no other process's peers (that is
+ * bench/compare-peers' job). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/launch.h"
+#include "comm/coll/coll.h"
+#include "core/core.h"
+#include "dtrain/comm.h"
+
+#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--json]"
+
+typedef enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCE_SCATTER, B_BROADCAST, B_ALLTOALL, B_COUNT } bench_coll;
+static const char *coll_names[B_COUNT] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
+
+typedef struct bench_opts {
+  bench_coll coll;
+  int nproc;
+  const char *transport, *algo;
+  uint64_t lo, hi;
+  int iters, warmup;
+  dt_dtype dtype;
+  dt_op op;
+  int json;
+  int timeout_s;
+} bench_opts;
+
+static int parse_int(const char *s, int lo, int hi, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi)
+    return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* Parses argv (argv[0] = "bench"); returns 0, or the exit code 2 after printing the error. */
+static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
+  memset(o, 0, sizeof *o);
+  o->nproc = 2;
+  o->lo = 8;
+  o->hi = 64u << 20;
+  o->iters = 20;
+  o->warmup = 5;
+  o->dtype = DT_F32;
+  o->op = DT_SUM;
+  o->timeout_s = 900;
+  *worker = 0;
+  int have_coll = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE()                                                                          \
+  do {                                                                                        \
+    if (!v)                                                                                   \
+      return dt_cli_usage_error("bench", BENCH_HINT, "%s needs a value", a);                  \
+    i++;                                                                                      \
+  } while (0)
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: %s\n\n"
+             "Starts N local ranks and measures one collective at sizes lo, 2*lo, ... hi (bytes,\n"
+             "K/M/G suffixes), printing nccl-tests' columns: size (B), count (elements), type,\n"
+             "redop, time (us, median over --iters of the slowest rank), algbw and busbw (GB/s),\n"
+             "#wrong (elements that differ from the expected result, summed over ranks and\n"
+             "iterations; any wrong element makes the command exit 1). --json prints a JSON array\n"
+             "of rows {bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong} instead.\n"
+             "--algo names the algorithm of this collective (DTRAIN_ALGO), --transport sets\n"
+             "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n",
+             BENCH_HINT);
+      exit(0);
+    } else if (!strcmp(a, "--worker")) {
+      *worker = 1;
+    } else if (!strcmp(a, "-n") || !strcmp(a, "--nproc")) {
+      NEED_VALUE();
+      if (parse_int(v, 1, 256, &o->nproc))
+        return dt_cli_usage_error("bench", "-n takes 1..256", "bad -n '%s'", v);
+    } else if (!strcmp(a, "--transport")) {
+      NEED_VALUE();
+      if (strcmp(v, "shm") && strcmp(v, "tcp") && strcmp(v, "mpi"))
+        return dt_cli_usage_error("bench", "--transport shm or tcp", "unknown transport '%s'", v);
+      o->transport = v;
+    } else if (!strcmp(a, "--algo")) {
+      NEED_VALUE();
+      o->algo = v;
+    } else if (!strcmp(a, "--sizes")) {
+      NEED_VALUE();
+      char buf[64];
+      snprintf(buf, sizeof buf, "%s", v);
+      char *colon = strchr(buf, ':');
+      if (colon)
+        *colon = '\0';
+      if (dt__parse_size(buf, &o->lo) || (colon ? dt__parse_size(colon + 1, &o->hi) : (o->hi = o->lo, 0)))
+        return dt_cli_usage_error("bench", "--sizes LO:HI such as 8:256M", "bad --sizes '%s': %s", v, dt_last_error());
+      if (o->lo < 1 || o->hi < o->lo || o->hi > (8ull << 30))
+        return dt_cli_usage_error("bench", "--sizes LO:HI with 1 <= LO <= HI <= 8G", "bad --sizes '%s'", v);
+    } else if (!strcmp(a, "--iters")) {
+      NEED_VALUE();
+      if (parse_int(v, 1, 1000000, &o->iters))
+        return dt_cli_usage_error("bench", "--iters takes a positive number", "bad --iters '%s'", v);
+    } else if (!strcmp(a, "--warmup")) {
+      NEED_VALUE();
+      if (parse_int(v, 0, 1000000, &o->warmup))
+        return dt_cli_usage_error("bench", "--warmup takes a number >= 0", "bad --warmup '%s'", v);
+    } else if (!strcmp(a, "--timeout")) {
+      NEED_VALUE();
+      if (parse_int(v, 1, 86400, &o->timeout_s))
+        return dt_cli_usage_error("bench", "--timeout takes seconds", "bad --timeout '%s'", v);
+    } else if (!strcmp(a, "--dtype")) {
+      NEED_VALUE();
+      if (dt_dtype_parse(v, &o->dtype))
+        return dt_cli_usage_error("bench", "dtypes: f32 f64 f16 bf16 i32 i64 u8", "%s", dt_last_error());
+    } else if (!strcmp(a, "--op")) {
+      NEED_VALUE();
+      if (dt_op_parse(v, &o->op))
+        return dt_cli_usage_error("bench", "ops: sum prod min max avg", "%s", dt_last_error());
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+    } else if (a[0] != '-' && !have_coll) {
+      int k = -1;
+      for (int j = 0; j < B_COUNT; j++)
+        if (!strcmp(a, coll_names[j]))
+          k = j;
+      if (k < 0)
+        return dt_cli_usage_error("bench", BENCH_HINT, "unknown collective '%s'", a);
+      o->coll = (bench_coll)k;
+      have_coll = 1;
+    } else {
+      return dt_cli_usage_error("bench", BENCH_HINT, "unknown argument '%s'", a);
+    }
+#undef NEED_VALUE
+  }
+  if (!have_coll)
+    return dt_cli_usage_error("bench", BENCH_HINT, "which collective?");
+  return 0;
+}
+
+/* ---------------- worker ---------------- */
+
+/* Input of rank r at element i, chosen so every reduction is exact in every dtype up to 8
+ * ranks (sums <= 252 fit u8 and bf16's 8 bits; products are small powers of two). */
+static double input_value(dt_op op, int r, size_t i) {
+  switch (op) {
+  case DT_PROD: return ((i + (size_t)r) % 4 == 0) ? 2 : 1;
+  case DT_MIN: case DT_MAX: return (double)(((size_t)r * 3 + i) % 11);
+  default: return (double)((r + 1) * (int)(i % 7 + 1));
+  }
+}
+
+static double expected_reduce(dt_op op, int n, size_t i, dt_dtype t) {
+  double acc = input_value(op, 0, i);
+  for (int r = 1; r < n; r++) {
+    double v = input_value(op, r, i);
+    acc = op == DT_PROD ? acc * v : op == DT_MIN ? fmin(acc, v) : op == DT_MAX ? fmax(acc, v) : acc + v;
+  }
+  if (t == DT_U8 && (op == DT_SUM || op == DT_AVG || op == DT_PROD))
+    acc = (double)((uint64_t)acc & 0xff);
+  if (op == DT_AVG)
+    acc = (t == DT_F32 || t == DT_F64 || t == DT_F16 || t == DT_BF16) ? acc / n : (double)((int64_t)acc / n);
+  return acc;
+}
+
+static void put(void *buf, size_t i, dt_dtype t, double v) {
+  switch (t) {
+  case DT_F32: ((float *)buf)[i] = (float)v; break;
+  case DT_F64: ((double *)buf)[i] = v; break;
+  case DT_F16: ((uint16_t *)buf)[i] = dt__f32_to_f16((float)v); break;
+  case DT_BF16: ((uint16_t *)buf)[i] = dt__f32_to_bf16((float)v); break;
+  case DT_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+  case DT_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+  default: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+  }
+}
+
+static double get(const void *buf, size_t i, dt_dtype t) {
+  switch (t) {
+  case DT_F32: return ((const float *)buf)[i];
+  case DT_F64: return ((const double *)buf)[i];
+  case DT_F16: return dt__f16_to_f32(((const uint16_t *)buf)[i]);
+  case DT_BF16: return dt__bf16_to_f32(((const uint16_t *)buf)[i]);
+  case DT_I32: return ((const int32_t *)buf)[i];
+  case DT_I64: return (double)((const int64_t *)buf)[i];
+  default: return ((const uint8_t *)buf)[i];
+  }
+}
+
+/* Exact dtypes must match exactly; avg of floats is one rounded division. */
+static int differs(double got, double want, dt_dtype t) {
+  double tol = t == DT_F16 ? 1.0 / 1024 : t == DT_BF16 ? 1.0 / 128 : t == DT_F32 ? 1e-6 : t == DT_F64 ? 1e-14 : 0;
+  return !(fabs(got - want) <= tol * fmax(1.0, fabs(want)));
+}
+
+typedef struct bench_size {
+  size_t bytes;  /* the size column */
+  size_t count;  /* elements per rank per block (the API's count) */
+  size_t total;  /* the count column: elements of the size */
+  double factor; /* busbw / algbw */
+} bench_size;
+
+static bench_size size_of(bench_coll k, uint64_t bytes, dt_dtype t, int n) {
+  bench_size s;
+  size_t es = dt_dtype_size(t);
+  switch (k) {
+  case B_ALLREDUCE: s.count = bytes / es; s.total = s.count; s.factor = 2.0 * (n - 1) / n; break;
+  case B_BROADCAST: s.count = bytes / es; s.total = s.count; s.factor = 1; break;
+  default: s.count = bytes / es / (size_t)n; s.total = s.count * (size_t)n; s.factor = (double)(n - 1) / n; break;
+  }
+  s.bytes = s.total * es;
+  return s;
+}
+
+/* Fills the send side (and poisons the receive side) for one size. */
+static void fill_inputs(const bench_opts *o, int r, int n, const bench_size *s, void *sbuf, void *rbuf) {
+  dt_dtype t = o->dtype;
+  size_t es = dt_dtype_size(t);
+  switch (o->coll) {
+  case B_ALLREDUCE:
+    for (size_t i = 0; i < s->count; i++)
+      put(sbuf, i, t, input_value(o->op, r, i));
+    memset(rbuf, 0xa5, s->count * es);
+    break;
+  case B_REDUCE_SCATTER:
+    for (size_t i = 0; i < s->count * (size_t)n; i++)
+      put(sbuf, i, t, input_value(o->op, r, i));
+    memset(rbuf, 0xa5, s->count * es);
+    break;
+  case B_ALLGATHER:
+    for (size_t i = 0; i < s->count; i++)
+      put(sbuf, i, t, input_value(DT_SUM, r, i));
+    memset(rbuf, 0xa5, s->count * (size_t)n * es);
+    break;
+  case B_ALLTOALL:
+    for (size_t i = 0; i < s->count * (size_t)n; i++)
+      put(sbuf, i, t, input_value(DT_SUM, r, i));
+    memset(rbuf, 0xa5, s->count * (size_t)n * es);
+    break;
+  case B_BROADCAST:
+    if (r == 0)
+      for (size_t i = 0; i < s->count; i++)
+        put(rbuf, i, t, input_value(DT_SUM, 0, i));
+    else
+      memset(rbuf, 0xa5, s->count * es);
+    break;
+  default:
+    break;
+  }
+}
+
+static int64_t count_wrong(const bench_opts *o, int r, int n, const bench_size *s, const void *rbuf) {
+  dt_dtype t = o->dtype;
+  int64_t wrong = 0;
+  switch (o->coll) {
+  case B_ALLREDUCE:
+    for (size_t i = 0; i < s->count; i++)
+      wrong += differs(get(rbuf, i, t), expected_reduce(o->op, n, i, t), t);
+    break;
+  case B_REDUCE_SCATTER:
+    for (size_t j = 0; j < s->count; j++)
+      wrong += differs(get(rbuf, j, t), expected_reduce(o->op, n, (size_t)r * s->count + j, t), t);
+    break;
+  case B_ALLGATHER:
+    for (int q = 0; q < n; q++)
+      for (size_t j = 0; j < s->count; j++)
+        wrong += differs(get(rbuf, (size_t)q * s->count + j, t), input_value(DT_SUM, q, j), t);
+    break;
+  case B_ALLTOALL:
+    for (int q = 0; q < n; q++)
+      for (size_t j = 0; j < s->count; j++)
+        wrong += differs(get(rbuf, (size_t)q * s->count + j, t), input_value(DT_SUM, q, (size_t)r * s->count + j), t);
+    break;
+  case B_BROADCAST:
+    for (size_t i = 0; i < s->count; i++)
+      wrong += differs(get(rbuf, i, t), input_value(DT_SUM, 0, i), t);
+    break;
+  default:
+    break;
+  }
+  return wrong;
+}
+
+static dt_status run_once(dt_comm *c, const bench_opts *o, const bench_size *s, const void *sbuf, void *rbuf) {
+  switch (o->coll) {
+  case B_ALLREDUCE: return dt_comm_allreduce(c, sbuf, rbuf, s->count, o->dtype, o->op);
+  case B_ALLGATHER: return dt_comm_allgather(c, sbuf, rbuf, s->count, o->dtype);
+  case B_REDUCE_SCATTER: return dt_comm_reduce_scatter(c, sbuf, rbuf, s->count, o->dtype, o->op);
+  case B_BROADCAST: return dt_comm_broadcast(c, rbuf, s->count, o->dtype, 0);
+  default: return dt_comm_alltoall(c, sbuf, rbuf, s->count, o->dtype);
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int bench_worker(const bench_opts *o) {
+  dt_comm *c = NULL;
+  if (dt_comm_create(NULL, &c))
+    return dt_cli_fail("bench", "cannot join the job");
+  int r = dt_comm_rank(c), n = dt_comm_size(c), rc = 1;
+  size_t es = dt_dtype_size(o->dtype);
+  size_t cap = (size_t)o->hi + (size_t)n * es + 64;
+  char *sbuf = dt__alloc(cap), *rbuf = dt__alloc(cap);
+  double *times = malloc(sizeof(double) * (size_t)o->iters);
+  int64_t total_wrong = 0;
+  if (!sbuf || !rbuf || !times) {
+    fprintf(stderr, "dtrain bench: rank %d: out of memory for %zu-byte buffers\n", r, cap);
+    goto done;
+  }
+  if (r == 0) {
+    if (o->json) {
+      printf("[");
+    } else {
+      printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d\n",
+             coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
+             dt_op_name(o->op), o->iters, o->warmup);
+      printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
+      printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw",
+             "busbw", "#wrong");
+      printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "");
+    }
+    fflush(stdout);
+  }
+  int rows = 0;
+  for (uint64_t b = o->lo; b <= o->hi; b *= 2) {
+    bench_size s = size_of(o->coll, b, o->dtype, n);
+    fill_inputs(o, r, n, &s, sbuf, rbuf);
+    int64_t wrong = 0;
+    for (int it = 0; it < o->warmup + o->iters; it++) {
+      if (o->coll == B_BROADCAST && r != 0 && it > 0)
+        memset(rbuf, 0xa5, s.count * es);
+      if (dt_comm_barrier(c))
+        goto fail;
+      int64_t t0 = dt_now_ns();
+      if (run_once(c, o, &s, sbuf, rbuf))
+        goto fail;
+      int64_t t1 = dt_now_ns();
+      if (it >= o->warmup)
+        times[it - o->warmup] = (double)(t1 - t0) / 1e3;
+      wrong += count_wrong(o, r, n, &s, rbuf);
+    }
+    if (dt_comm_allreduce(c, DT_IN_PLACE, times, (size_t)o->iters, DT_F64, DT_MAX) ||
+        dt_comm_allreduce(c, DT_IN_PLACE, &wrong, 1, DT_I64, DT_SUM))
+      goto fail;
+    total_wrong += wrong;
+    qsort(times, (size_t)o->iters, sizeof(double), cmp_double);
+    double us = o->iters % 2 ? times[o->iters / 2] : (times[o->iters / 2 - 1] + times[o->iters / 2]) / 2;
+    double algbw = us > 0 ? (double)s.bytes / (us * 1e3) : 0, busbw = algbw * s.factor;
+    if (r == 0) {
+      if (o->json)
+        printf("%s\n  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
+               "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
+               rows ? "," : "", s.bytes, s.total, dt_dtype_name(o->dtype), us, algbw, busbw, (long long)wrong);
+      else
+        printf(" %11zu %12zu %6s %6s %11.2f %9.3f %9.3f %8lld\n", s.bytes, s.total, dt_dtype_name(o->dtype),
+               o->coll == B_ALLREDUCE || o->coll == B_REDUCE_SCATTER ? dt_op_name(o->op) : "-", us, algbw, busbw,
+               (long long)wrong);
+      fflush(stdout);
+    }
+    rows++;
+    if (b > UINT64_MAX / 2)
+      break;
+  }
+  if (r == 0 && o->json) {
+    printf("\n]\n");
+    fflush(stdout);
+  }
+  if (total_wrong) {
+    if (r == 0)
+      fprintf(stderr, "dtrain bench: error: %lld wrong elements\n", (long long)total_wrong);
+    goto done;
+  }
+  rc = 0;
+  goto done;
+fail:
+  fprintf(stderr, "dtrain bench: error: %s\n", dt_last_error());
+done:
+  dt__free(sbuf);
+  dt__free(rbuf);
+  free(times);
+  dt_comm_destroy(c);
+  return rc;
+}
+
+/* ---------------- launcher side ---------------- */
+
+/* A port that was free a moment ago on 127.0.0.1 (bind port 0, read it back). */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &len))
+    port = ntohs(a.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+static void hex(char *out, const unsigned char *b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+int dt_cli_bench(int argc, char **argv) {
+  bench_opts o;
+  int worker;
+  int rc = bench_parse(argc, argv, &o, &worker);
+  if (rc)
+    return rc;
+  if (worker)
+    return bench_worker(&o);
+
+  if (o.transport)
+    setenv("DTRAIN_TRANSPORT", o.transport, 1);
+  if (o.algo) {
+    char a[128];
+    if (o.coll == B_ALLREDUCE)
+      snprintf(a, sizeof a, "%s", o.algo);
+    else
+      snprintf(a, sizeof a, "%s=%s", coll_names[o.coll], o.algo);
+    setenv("DTRAIN_ALGO", a, 1);
+    if (dt__coll_algo_validate())
+      return dt_cli_usage_error("bench", "see DTRAIN_ALGO in dtrain/comm.h", "--algo %s: %s", o.algo, dt_last_error());
+  }
+  char num[32];
+  snprintf(num, sizeof num, "%d", o.nproc);
+  setenv("DTRAIN_WORLD_SIZE", num, 1);
+  setenv("DTRAIN_LOCAL_WORLD_SIZE", num, 1);
+  setenv("DTRAIN_MASTER_ADDR", "127.0.0.1", 1);
+  int port = free_port();
+  if (port <= 0)
+    return dt_cli_fail("bench", "cannot find a free port for the rendezvous store");
+  snprintf(num, sizeof num, "%d", port);
+  setenv("DTRAIN_MASTER_PORT", num, 1);
+  unsigned char rnd[40];
+  char id[17], secret[65];
+  if (dt__random_bytes(rnd, sizeof rnd))
+    return dt_cli_fail("bench", "cannot draw a job secret");
+  hex(id, rnd, 8);
+  hex(secret, rnd + 8, 32);
+  memset(rnd, 0, sizeof rnd);
+  setenv("DTRAIN_JOB_ID", id, 1);
+  setenv("DTRAIN_JOB_SECRET", secret, 1);
+  memset(secret, 0, sizeof secret);
+
+  static char self[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0)
+    return dt_cli_fail("bench", "cannot find the dtrain executable (/proc/self/exe)");
+  self[len] = '\0';
+  /* worker argv: dtrain bench --worker <our arguments> */
+  char **wargv = calloc((size_t)argc + 3, sizeof *wargv);
+  if (!wargv)
+    return dt_cli_fail("bench", "out of memory");
+  wargv[0] = self;
+  wargv[1] = "bench";
+  wargv[2] = "--worker";
+  for (int i = 1; i < argc; i++)
+    wargv[i + 2] = argv[i];
+
+  dt_launch_opts lo = {
+      .nproc = o.nproc, .nnodes = 1, .node_rank = 0, .master_port = port, .out_mode = DT_OUT_RANK0,
+      .raw_stdout = true, .kill_after_ms = 2000, .timeout_ms = (int64_t)o.timeout_s * 1000, .tail_lines = 5,
+      .argv = wargv, .exec_path = self,
+  };
+  snprintf(lo.master_addr, sizeof lo.master_addr, "127.0.0.1");
+  dt_out *out = dt__out_create(o.nproc, 0, DT_OUT_RANK0, true, 5);
+  if (!out) {
+    free(wargv);
+    return dt_cli_fail("bench", "out of memory for %d ranks", o.nproc);
+  }
+  dt_job job;
+  if (dt__launch_start(&job, &lo, out)) {
+    dt__out_destroy(out);
+    free(wargv);
+    return dt_cli_fail("bench", "cannot start the ranks");
+  }
+  dt__launch_supervise(&job);
+  rc = 0;
+  if (job.outcome != DT_JOB_OK) {
+    dt__out_settle(out);
+    rc = 1;
+    if (job.outcome == DT_JOB_TIMED_OUT) {
+      fprintf(stderr, "dtrain bench: timed out after %d s (--timeout); ranks stopped\n", o.timeout_s);
+    } else if (job.outcome == DT_JOB_SIGNALED) {
+      fprintf(stderr, "dtrain bench: stopped by %s\n", dt__signal_name(job.stop_signal));
+    } else if (job.first_failed >= 0) {
+      const dt_worker *w = &job.w[job.first_failed];
+      if (w->sig)
+        fprintf(stderr, "dtrain bench: rank %d was killed by %s\n", w->rank, dt__signal_name(w->sig));
+      else if (w->exec_errno)
+        fprintf(stderr, "dtrain bench: rank %d could not start: %s\n", w->rank, strerror(w->exec_errno));
+      else
+        fprintf(stderr, "dtrain bench: rank %d failed with exit code %d\n", w->rank, w->code);
+      if (dt__out_tail_count(out, job.first_failed) > 0) {
+        fprintf(stderr, "dtrain bench: last lines of rank %d:\n", w->rank);
+        fflush(stderr);
+        dt__out_write_tail(out, job.first_failed, 2, "  ");
+      }
+    } else {
+      fprintf(stderr, "dtrain bench: the run failed\n");
+    }
+  }
+  dt__launch_finish(&job);
+  dt__out_destroy(out);
+  free(wargv);
+  return rc;
+}

@@ -1,0 +1,223 @@
+/* test_coll_errors.c - mismatched calls, invalid arguments and DTRAIN_ALGO errors, on real
+ * processes over shm and tcp.
+ *
+ * Mismatch: after two good allreduces, rank 1 calls #3 with a different count, dtype, op, a
+ * different collective, a different root, or count 0; every rank must return DT_ERR_MISMATCH or
+ * DT_ERR_ABORTED (never hang, never succeed), and its message must name both sides' calls, e.g.
+ * "rank 1 called allreduce #3 with 8 x f32 sum" and "rank 0 called allreduce #3 with 4 x f32 sum".
+ * Invalid arguments: DT_ERR_INVALID naming the call on the rank that made it, and the other
+ * ranks stop with DT_ERR_ABORTED instead of waiting for it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mp.h"
+#include "coll/sweep.h"
+
+#define CHECK(cond, ...)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      char m_[1600];                                                                \
+      int l_ = snprintf(m_, sizeof m_, "rank %d: line %d: ", rank, __LINE__);      \
+      l_ += snprintf(m_ + l_, sizeof m_ - (size_t)l_, __VA_ARGS__);                 \
+      if (l_ > (int)sizeof m_ - 2)                                                  \
+        l_ = (int)sizeof m_ - 2;                                                    \
+      m_[l_++] = '\n';                                                              \
+      if (write(2, m_, (size_t)l_) < 0) {                                           \
+      }                                                                             \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+
+typedef enum { MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3, MM_N } mm_kind;
+static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)"};
+
+typedef struct job {
+  mm_kind kind;
+  const char *transport;
+} job;
+
+static dt_comm *join(int rank) {
+  dt_comm *c = NULL;
+  if (dt_comm_create(NULL, &c)) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
+    return NULL;
+  }
+  dt_comm_set_timeout(c, 30000);
+  return c;
+}
+
+static int mismatch_body(int rank, int size, void *arg) {
+  const job *j = arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  float a[16] = {0}, b[16];
+  for (int i = 0; i < 2; i++)
+    CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
+  int odd = rank == 1;
+  dt_status st;
+  const char *mine = NULL, *theirs = NULL; /* substrings every message must hold */
+  switch (j->kind) {
+  case MM_COUNT:
+  case MM_COUNT_RD3:
+    st = dt_comm_allreduce(c, a, b, odd ? 8 : 4, DT_F32, DT_SUM);
+    theirs = "rank 1 called allreduce #3 with 8 x f32 sum";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
+    break;
+  case MM_DTYPE:
+    st = dt_comm_allreduce(c, a, b, 4, odd ? DT_F64 : DT_F32, DT_SUM);
+    theirs = "rank 1 called allreduce #3 with 4 x f64 sum";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
+    break;
+  case MM_OP:
+    st = dt_comm_allreduce(c, a, b, 4, DT_F32, odd ? DT_MAX : DT_SUM);
+    theirs = "rank 1 called allreduce #3 with 4 x f32 max";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
+    break;
+  case MM_COLL:
+    st = odd ? dt_comm_broadcast(c, a, 4, DT_F32, 0) : dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM);
+    theirs = "rank 1 called broadcast #3";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
+    break;
+  case MM_ROOT:
+    st = dt_comm_broadcast(c, a, 4, DT_F32, odd ? 1 : 0);
+    theirs = "rank 1 called broadcast #3 with 4 x f32 from root 1";
+    mine = "rank 0 called broadcast #3 with 4 x f32 from root 0";
+    break;
+  default: /* MM_ZERO */
+    st = dt_comm_allreduce(c, a, b, odd ? 0 : 4, DT_F32, DT_SUM);
+    theirs = "rank 1 called allreduce #3 with 0 x f32 sum";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
+    break;
+  }
+  const char *msg = dt_last_error();
+  /* With 3 ranks, rank 2 is not part of the disagreement: it waits on rank 1, which stops. It
+   * learns the verdict through the job abort, or sees rank 1 leave first (DT_ERR_PEER naming
+   * rank 1): both end its call well before the deadline. */
+  int bystander = size == 3 && rank == 2;
+  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || (bystander && st == DT_ERR_PEER),
+        "%s mismatch on %s: got %s (%s)", mm_names[j->kind], j->transport, dt_strerror(st), msg);
+  if (bystander && st == DT_ERR_PEER) {
+    CHECK(strstr(msg, "rank 1"), "message '%s' does not name rank 1", msg);
+  } else {
+    CHECK(strstr(msg, theirs) && strstr(msg, mine), "%s mismatch: message '%s' lacks '%s' or '%s'",
+          mm_names[j->kind], msg, theirs, mine);
+  }
+  /* the communicator stays broken */
+  CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) != DT_OK, "a call after the mismatch succeeded");
+  dt_comm_destroy(c);
+  return 0;
+}
+
+static int invalid_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  float a[4] = {1, 2, 3, 4}, b[4];
+  CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "good allreduce: %s", dt_last_error());
+  if (rank == 0) {
+    dt_status st = dt_comm_allreduce(c, a, NULL, 4, DT_F32, DT_SUM);
+    CHECK(st == DT_ERR_INVALID, "NULL recvbuf gave %s", dt_strerror(st));
+    CHECK(strstr(dt_last_error(), "rank 0: allreduce #2") && strstr(dt_last_error(), "recvbuf is NULL"),
+          "message '%s'", dt_last_error());
+    /* more bad calls keep saying what is wrong */
+    CHECK(dt_comm_allreduce(c, a, b, 4, (dt_dtype)42, DT_SUM) == DT_ERR_INVALID && strstr(dt_last_error(), "dtype 42"),
+          "bad dtype: '%s'", dt_last_error());
+    CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, (dt_op)9) == DT_ERR_INVALID && strstr(dt_last_error(), "op 9"),
+          "bad op: '%s'", dt_last_error());
+    CHECK(dt_comm_broadcast(c, a, 4, DT_F32, 5) == DT_ERR_INVALID && strstr(dt_last_error(), "root 5"),
+          "bad root: '%s'", dt_last_error());
+    CHECK(dt_comm_reduce(c, a, b, 4, DT_F32, DT_SUM, -1) == DT_ERR_INVALID && strstr(dt_last_error(), "reduce"),
+          "bad reduce root: '%s'", dt_last_error());
+    CHECK(dt_comm_scatter(c, NULL, b, 1, DT_F32, 0) == DT_ERR_INVALID && strstr(dt_last_error(), "sendbuf"),
+          "scatter without data: '%s'", dt_last_error());
+    dt_request *req = (dt_request *)1;
+    CHECK(dt_comm_iallreduce(c, a, NULL, 4, DT_F32, DT_SUM, &req) == DT_ERR_INVALID && req == NULL,
+          "nonblocking NULL recvbuf");
+  } else {
+    /* rank 1 makes the right call and must not wait for rank 0 until the deadline */
+    int64_t t0 = dt_now_ns();
+    dt_status st = dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM);
+    CHECK(st == DT_ERR_ABORTED || st == DT_ERR_PEER, "peer of a bad call got %s (%s)", dt_strerror(st),
+          dt_last_error());
+    CHECK(dt_now_ns() - t0 < 25 * 1000000000ll, "took until the deadline");
+    CHECK(strstr(dt_last_error(), "recvbuf is NULL") || st == DT_ERR_PEER, "message '%s' does not say why",
+          dt_last_error());
+  }
+  dt_comm_destroy(c);
+  return 0;
+}
+
+static int algo_body(int rank, int size, void *arg) {
+  (void)arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  float a[4] = {1, 2, 3, 4}, b[4];
+  setenv("DTRAIN_ALGO", "bogus", 1);
+  dt_status st = dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_INVALID || (size > 1 && st == DT_ERR_ABORTED), "DTRAIN_ALGO=bogus gave %s", dt_strerror(st));
+  CHECK(strstr(dt_last_error(), "bogus"), "message '%s' does not name the value", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* A single-rank communicator (no job variables at all) accepts good calls. */
+static int single_rank_ok(void) {
+  int rank = 0;
+  for (const char *const *v = (const char *const[]){"DTRAIN_RANK", "DTRAIN_WORLD_SIZE", "DTRAIN_LOCAL_RANK",
+                                                    "DTRAIN_LOCAL_WORLD_SIZE", "DTRAIN_MASTER_ADDR",
+                                                    "DTRAIN_MASTER_PORT", NULL};
+       *v; v++)
+    unsetenv(*v);
+  dt_comm *c = join(0);
+  CHECK(c, "single-rank create");
+  int32_t a[3] = {1, 2, 3}, b[3] = {0};
+  CHECK(dt_comm_allreduce(c, a, b, 3, DT_I32, DT_SUM) == DT_OK && b[2] == 3, "single-rank allreduce");
+  CHECK(dt_comm_allreduce(c, NULL, NULL, 0, DT_I32, DT_SUM) == DT_OK, "count 0 with NULL buffers");
+  CHECK(dt_comm_allreduce(NULL, a, b, 3, DT_I32, DT_SUM) == DT_ERR_INVALID, "NULL communicator");
+  dt_comm_destroy(c);
+  return 0;
+}
+
+int main(void) {
+  int bad = 0, ran = 0;
+  const char *tps[] = {"shm", "tcp"};
+  for (int t = 0; t < 2; t++) {
+    setenv("DTRAIN_TRANSPORT", tps[t], 1);
+    for (int k = 0; k < MM_N; k++) {
+      job j = {(mm_kind)k, tps[t]};
+      int f = mp_run(k == MM_COUNT_RD3 ? 3 : 2, mismatch_body, &j, 60);
+      ran++;
+      if (f) {
+        fprintf(stderr, "FAIL: %s mismatch on %s\n", mm_names[k], tps[t]);
+        bad++;
+      }
+    }
+    ran++;
+    if (mp_run(2, invalid_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: invalid arguments on %s\n", tps[t]);
+      bad++;
+    }
+    ran++;
+    if (mp_run(2, algo_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: DTRAIN_ALGO on %s\n", tps[t]);
+      bad++;
+    }
+  }
+  ran++;
+  if (mp_run(1, algo_body, NULL, 60)) {
+    fprintf(stderr, "FAIL: DTRAIN_ALGO on one rank\n");
+    bad++;
+  }
+  ran++;
+  if (single_rank_ok()) {
+    fprintf(stderr, "FAIL: single rank\n");
+    bad++;
+  }
+  printf("%d passed, %d failed\n", ran - bad, bad);
+  return bad ? 1 : 0;
+}

@@ -1,0 +1,284 @@
+/* test_coll_sweep.c - every collective x dtype x op x count x ranks x algorithm on one transport,
+ * in real processes over the real store and transport, each result checked against the serial
+ * reference of sweep.h (exact for integers and data movement, justified bounds for floats).
+ *
+ * Usage: test_coll_sweep <shm|tcp> <ranks,...> <counts,...> [colls,...]
+ *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd (+ shm
+ *   on the shm transport when it has the fast path), broadcast tree/chain, and auto. Small ring
+ *   and chain pieces (4 KiB) make the pipelines run several pieces per step at count 4099.
+ * In place and out of place alternate by (dtype + op + count). Allreduce results are also
+ * compared bit for bit across ranks (CRC32C allgathered). Ctest runs several of these, one per
+ * transport and size class (CMakeLists.txt). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mp.h"
+#include "coll/sweep.h"
+
+typedef struct cfg {
+  const char *transport;
+  size_t counts[16];
+  int ncounts;
+  unsigned colls; /* bit per dt__coll */
+} cfg;
+
+static int failures;
+/* one write per message so ranks' lines do not interleave */
+#define FAILF(...)                                                 \
+  do {                                                             \
+    if (failures++ < 12) {                                         \
+      char m_[1400];                                               \
+      int l_ = snprintf(m_, sizeof m_, "rank %d: ", rank);         \
+      l_ += snprintf(m_ + l_, sizeof m_ - (size_t)l_, __VA_ARGS__); \
+      if (l_ > (int)sizeof m_ - 2)                                 \
+        l_ = (int)sizeof m_ - 2;                                   \
+      m_[l_++] = '\n';                                             \
+      if (write(2, m_, (size_t)l_) < 0)                            \
+        failures++;                                                \
+    }                                                              \
+  } while (0)
+
+static int rooted(dt__coll k) {
+  return k == DT_COLL_REDUCE || k == DT_COLL_BROADCAST || k == DT_COLL_GATHER || k == DT_COLL_SCATTER;
+}
+static int has_op(dt__coll k) {
+  return k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE || k == DT_COLL_REDUCE_SCATTER;
+}
+
+/* Runs one call and checks it; returns 0 on success (mismatches are counted in failures). */
+static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int root, int inplace, uint64_t salt,
+               const char *algo) {
+  int rank = dt_comm_rank(c), n = dt_comm_size(c);
+  size_t es = dt_dtype_size(t), blocks = (k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE || k == DT_COLL_BROADCAST) ? 1 : (size_t)n;
+  size_t total = count * (size_t)n + 8;
+  char *in = dt__alloc(total * es + 64), *out = dt__alloc(total * es + 64);
+  if (!in || !out) {
+    FAILF("out of memory");
+    return -1;
+  }
+  memset(out, 0xa5, total * es);
+  const void *sb = in;
+  void *rb = out;
+  dt_status st = DT_OK;
+  char what[200];
+  snprintf(what, sizeof what, "%s %s %s count %zu root %d %s algo %s n %d", dt__coll_name(k), dt_dtype_name(t),
+           has_op(k) ? dt_op_name(op) : "-", count, root, inplace ? "in-place" : "out-of-place", algo, n);
+  switch (k) {
+  case DT_COLL_ALLREDUCE:
+  case DT_COLL_REDUCE:
+    sw_fill(in, count, 0, salt, rank, t, op);
+    if (inplace) {
+      memcpy(out, in, count * es);
+      sb = DT_IN_PLACE;
+    }
+    st = k == DT_COLL_ALLREDUCE ? dt_comm_allreduce(c, sb, rb, count, t, op)
+                                : dt_comm_reduce(c, sb, rb, count, t, op, root);
+    /* allreduce: rank r checks elements i % n == r against the reference, and the CRC
+     * comparison below proves every rank holds the same bits, so all elements are checked */
+    if (st == DT_OK && (k == DT_COLL_ALLREDUCE || rank == root))
+      for (size_t i = k == DT_COLL_ALLREDUCE ? (size_t)rank : 0; i < count; i += k == DT_COLL_ALLREDUCE ? (size_t)n : 1)
+        if (!sw_check_reduced(out, i, salt, n, i, t, op)) {
+          FAILF("%s: element %zu = %.9g is wrong", what, i, sw_get(out, i, t));
+          break;
+        }
+    break;
+  case DT_COLL_REDUCE_SCATTER:
+    sw_fill(in, count * (size_t)n, 0, salt, rank, t, op);
+    if (inplace) {
+      memcpy(out, in, count * (size_t)n * es);
+      sb = DT_IN_PLACE;
+    }
+    st = dt_comm_reduce_scatter(c, sb, rb, count, t, op);
+    if (st == DT_OK)
+      for (size_t j = 0; j < count; j++)
+        if (!sw_check_reduced(out, j, salt, n, (size_t)rank * count + j, t, op)) {
+          FAILF("%s: element %zu = %.9g is wrong", what, j, sw_get(out, j, t));
+          break;
+        }
+    break;
+  case DT_COLL_BROADCAST:
+    if (rank == root)
+      sw_fill(out, count, 0, salt, root, t, DT_SUM);
+    st = dt_comm_broadcast(c, out, count, t, root);
+    if (st == DT_OK) {
+      sw_fill(in, count, 0, salt, root, t, DT_SUM);
+      if (memcmp(in, out, count * es))
+        FAILF("%s: data differs from the root's", what);
+    }
+    break;
+  case DT_COLL_ALLGATHER:
+  case DT_COLL_GATHER:
+    sw_fill(in, count, 0, salt, rank, t, DT_SUM);
+    if (inplace) {
+      memcpy(out + (size_t)rank * count * es, in, count * es);
+      sb = DT_IN_PLACE;
+    }
+    st = k == DT_COLL_ALLGATHER ? dt_comm_allgather(c, sb, rb, count, t) : dt_comm_gather(c, sb, rb, count, t, root);
+    if (st == DT_OK && (k == DT_COLL_ALLGATHER || rank == root))
+      for (int q = 0; q < n; q++) {
+        sw_fill(in, count, 0, salt, q, t, DT_SUM);
+        if (memcmp(in, out + (size_t)q * count * es, count * es)) {
+          FAILF("%s: block of rank %d differs", what, q);
+          break;
+        }
+      }
+    break;
+  case DT_COLL_SCATTER:
+    if (rank == root)
+      sw_fill(in, count * (size_t)n, 0, salt, root, t, DT_SUM);
+    st = dt_comm_scatter(c, rank == root ? in : NULL, rb, count, t, root);
+    if (st == DT_OK) {
+      sw_fill(in, count, (size_t)rank * count, salt, root, t, DT_SUM);
+      if (memcmp(in, out, count * es))
+        FAILF("%s: my block differs", what);
+    }
+    break;
+  case DT_COLL_ALLTOALL:
+    sw_fill(in, count * (size_t)n, 0, salt, rank, t, DT_SUM);
+    if (inplace) {
+      memcpy(out, in, count * (size_t)n * es);
+      sb = DT_IN_PLACE;
+    }
+    st = dt_comm_alltoall(c, sb, rb, count, t);
+    if (st == DT_OK)
+      for (int q = 0; q < n; q++) {
+        sw_fill(in, count, (size_t)rank * count, salt, q, t, DT_SUM);
+        if (memcmp(in, out + (size_t)q * count * es, count * es)) {
+          FAILF("%s: block from rank %d differs", what, q);
+          break;
+        }
+      }
+    break;
+  case DT_COLL_BARRIER:
+    st = dt_comm_barrier(c);
+    break;
+  default:
+    break;
+  }
+  if (st != DT_OK) {
+    FAILF("%s: %s: %s", what, dt_strerror(st), dt_last_error());
+    dt__free(in);
+    dt__free(out);
+    return -1;
+  }
+  if (k == DT_COLL_ALLREDUCE && n > 1) {
+    /* every rank must hold the same bits */
+    uint32_t crc = dt_crc32c(0, out, count * es), all[256];
+    st = dt_comm_allgather(c, &crc, all, 1, DT_I32);
+    if (st != DT_OK) {
+      FAILF("%s: crc allgather: %s", what, dt_last_error());
+      dt__free(in);
+      dt__free(out);
+      return -1;
+    }
+    for (int q = 0; q < n; q++)
+      if (all[q] != crc) {
+        FAILF("%s: rank %d's result differs in its bits from mine", what, q);
+        break;
+      }
+  }
+  (void)blocks;
+  dt__free(in);
+  dt__free(out);
+  return 0;
+}
+
+static int body(int rank, int size, void *arg) {
+  const cfg *g = arg;
+  (void)size;
+  setenv("DTRAIN_TRANSPORT", g->transport, 1);
+  dt_comm *c;
+  if (dt_comm_create(NULL, &c)) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
+    return 2;
+  }
+  int n = dt_comm_size(c);
+  int fast_shm = !strcmp(dt_comm_transport(c), "shm") && c->ops->allreduce;
+  uint64_t salt = 1;
+  for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER; k++) {
+    if (!(g->colls & (1u << k)))
+      continue;
+    const char *algos[4] = {"auto"};
+    int nalgo = 1;
+    if (k == DT_COLL_ALLREDUCE) {
+      algos[1] = "ring";
+      algos[2] = "rd";
+      nalgo = 3;
+      if (fast_shm)
+        algos[nalgo++] = "shm";
+    } else if (k == DT_COLL_BROADCAST) {
+      algos[1] = "broadcast=tree";
+      algos[2] = "broadcast=chain";
+      nalgo = 3;
+    }
+    for (int a = 0; a < nalgo; a++) {
+      setenv("DTRAIN_ALGO", algos[a], 1);
+      int ndt = k == DT_COLL_BARRIER ? 1 : DT_DTYPE_COUNT, nop = has_op((dt__coll)k) ? DT_OP_COUNT : 1;
+      for (int t = 0; t < ndt; t++)
+        for (int op = 0; op < nop; op++)
+          for (int ci = 0; ci < g->ncounts; ci++) {
+            size_t count = k == DT_COLL_BARRIER ? 0 : g->counts[ci];
+            int root = rooted((dt__coll)k) ? (int)((count + (size_t)t + (size_t)op) % (size_t)n) : -1;
+            int inplace = (t + op + (int)ci) % 2;
+            if (one(c, (dt__coll)k, (dt_dtype)t, (dt_op)op, count, root, inplace, salt++, algos[a]))
+              goto out;
+            if (k == DT_COLL_BARRIER)
+              break;
+          }
+    }
+  }
+out:
+  dt_comm_destroy(c);
+  return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s <shm|tcp> <ranks,...> <counts,...> [colls,...]\n", argv[0]);
+    return 2;
+  }
+  cfg g = {.transport = argv[1]};
+  int ranks[16], nranks = 0;
+  for (char *s = strtok(argv[2], ","); s && nranks < 16; s = strtok(NULL, ","))
+    ranks[nranks++] = atoi(s);
+  for (char *s = strtok(argv[3], ","); s && g.ncounts < 16; s = strtok(NULL, ","))
+    g.counts[g.ncounts++] = (size_t)strtoull(s, NULL, 10);
+  if (argc > 4) {
+    for (char *s = strtok(argv[4], ","); s; s = strtok(NULL, ",")) {
+      int found = 0;
+      for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER; k++)
+        if (!strcmp(s, dt__coll_name(k)))
+          g.colls |= 1u << k, found = 1;
+      if (!found) {
+        fprintf(stderr, "unknown collective %s\n", s);
+        return 2;
+      }
+    }
+  } else {
+    g.colls = ~0u;
+  }
+  /* several pieces per pipeline step already at count 4099; large counts keep the default
+   * pieces (4 KiB pieces of a megabyte would test nothing new, only slowly) */
+  size_t maxcount = 0;
+  for (int i = 0; i < g.ncounts; i++)
+    maxcount = g.counts[i] > maxcount ? g.counts[i] : maxcount;
+  if (maxcount < 100000 && !getenv("DTRAIN_RING_PIECE"))
+    setenv("DTRAIN_RING_PIECE", "4096", 1);
+  if (maxcount < 100000 && !getenv("DTRAIN_CHAIN_PIECE"))
+    setenv("DTRAIN_CHAIN_PIECE", "4096", 1);
+  int bad = 0;
+  for (int i = 0; i < nranks; i++) {
+    printf("# %s, %d ranks\n", g.transport, ranks[i]);
+    fflush(stdout);
+    int codes[256];
+    int f = mp_run_codes(ranks[i], body, &g, 600, codes);
+    if (f) {
+      fprintf(stderr, "FAIL: %s with %d ranks: %d rank(s) failed\n", g.transport, ranks[i], f);
+      bad++;
+    }
+  }
+  printf("%d passed, %d failed\n", nranks - bad, bad);
+  return bad ? 1 : 0;
+}
