@@ -361,6 +361,8 @@ int dt_cli_train(int argc, char **argv) {
     json_num(o, s.train_s);
     fputs(",\"comm_exposed_s\":", o);
     json_num(o, s.comm_exposed_s);
+    fputs(",\"comm_exposed_share\":", o);
+    json_num(o, s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
     fputs(",\"data_wait_s\":", o);
     json_num(o, s.data_wait_s);
     fputs(",\"peak_rss_mb\":", o);
@@ -391,6 +393,9 @@ int dt_cli_train(int argc, char **argv) {
          cfg.model, s.param_count, s.epochs, s.epochs == 1 ? "" : "s", (long long)s.steps, s.train_s,
          s.samples_per_s, s.world_size, s.world_size == 1 ? "" : "s", cfg.threads,
          cfg.threads == 1 ? "" : "s");
+  if (s.world_size > 1 && s.train_s > 0)
+    printf("exposed communication %.1f%% of training time (%.2f s), data wait %.1f%%\n",
+           100.0 * s.comm_exposed_s / s.train_s, s.comm_exposed_s, 100.0 * s.data_wait_s / s.train_s);
   printf("test accuracy %.4f, test loss %.4f\n", s.test_accuracy, s.test_loss);
   printf("model:       %s\n", s.model_file);
   if (cfg.checkpoint_dir)

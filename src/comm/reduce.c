@@ -21,6 +21,7 @@
 #include "comm/comm.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define RED_X86 1
 #endif
@@ -334,7 +335,10 @@ static bool use_avx2(void) {
   int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
   if (s == 0) {
     __builtin_cpu_init();
-    s = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) ? 2 : 1;
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". */
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    s = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) ? 2 : 1;
     if (dt__env_str("DTRAIN_NO_SIMD"))
       s = 1;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);

@@ -104,6 +104,12 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
   char eta[32];
   fmt_hms(eta, sizeof eta, s->eta_s);
   if (m->mode == DT_PROGRESS_BAR) {
+    /* at most ~10 redraws a second: a terminal is slow to scroll through more */
+    int64_t now = dt_now_ns();
+    if (m->last_line_ns && now - m->last_line_ns < 100000000 && s->step != s->total_steps &&
+        s->step_in_epoch != s->steps_per_epoch)
+      return;
+    m->last_line_ns = now;
     enum { W = 24 };
     char bar[W + 1];
     int fill = s->steps_per_epoch ? (int)(W * s->step_in_epoch / s->steps_per_epoch) : 0;
