@@ -300,8 +300,8 @@ int dt__run_elastic(dt_launch_opts *base) {
       if (e.members[k].node == e.me)
         pos = k;
     if (pos < 0) {
-      fprintf(stderr, "dtrain run: node %d was left out of generation %d (it failed %d times)\n", e.me, e.gen,
-              e.fails[e.me]);
+      fprintf(stderr, "dtrain run: node %d was left out of generation %d (its workers failed repeatedly)\n", e.me,
+              e.gen);
       rc = 1;
       break;
     }
