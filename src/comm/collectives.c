@@ -67,6 +67,8 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     above (it won at 2-4 MiB in both runs); with 2 ranks both are one transfer: tree.
  *   barrier: the transport's own when present (one shared counter beats log2(n) messages). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
+  if (ops->fast_paths_always && has_fast(ops, k))
+    return DT_ALGO_SHM;
   switch (k) {
   case DT_COLL_ALLREDUCE:
     if (n <= 1)
