@@ -5,8 +5,9 @@ same JSON rows (bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong), for 
 `gloo_allreduce.py -n N --sizes B1,B2,... [--iters I] [--warmup W]` starts N local processes
 (this script again, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set as torchrun would) that join
 one gloo process group over loopback (GLOO_SOCKET_IFNAME=lo; Gloo has no shared-memory transport).
-Per size: `warmup` untimed calls, a barrier, `iters` timed dist.all_reduce calls; the time of a
-call is the slowest rank's elapsed / iters. all_reduce works in place, so the timed calls reduce
+Per size: `warmup` untimed calls, then `iters` timed dist.all_reduce calls, each after a barrier
+and timed on every rank; per call the slowest rank's time counts and the row gives the median over
+the calls (what `dtrain bench` does). all_reduce works in place, so the timed calls reduce
 their own growing output (still plain float adds); afterwards the tensor is refilled with small
 integers and one more call is checked exactly; `wrong` counts wrong elements over all ranks.
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -44,14 +46,14 @@ def worker(args):
         t = input_values(torch, rank, count)
         for _ in range(args.warmup):
             dist.all_reduce(t)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
+        times = torch.zeros(args.iters, dtype=torch.float64)
+        for it in range(args.iters):
+            dist.barrier()
+            t0 = time.perf_counter()
             dist.all_reduce(t)
-        mine = (time.perf_counter() - t0) / args.iters
-        slowest = torch.tensor([mine], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        slowest = float(slowest.item())
+            times[it] = time.perf_counter() - t0
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        slowest = statistics.median(times.tolist())
 
         t = input_values(torch, rank, count)
         dist.all_reduce(t)

@@ -1,8 +1,9 @@
 /* mpi_coll.c - Open MPI's collectives timed the way `dtrain bench` times dtrain's, printing the
  * same JSON rows, so bench/compare-peers can put the two side by side.
  *
- * For each size: fill the buffers, `warmup` untimed calls, a barrier, `iters` timed calls; the
- * time of a call is the slowest rank's elapsed time / iters. Then the outputs are poisoned and
+ * For each size: fill the buffers, `warmup` untimed calls, then `iters` timed calls, each after a
+ * barrier and timed on every rank; per call the slowest rank's time counts, and the row gives the
+ * median over the calls (what `dtrain bench` does). Then the outputs are poisoned and
  * one more call is checked element by element against the exact expected values (the inputs are
  * small integers, so float sums are exact); `wrong` is the number of wrong elements over all
  * ranks. Sizes follow nccl-tests' convention, which `dtrain bench` uses too: `bytes` is the
@@ -27,6 +28,11 @@ enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
 
 /* Input element i of rank r: a small integer, so any sum over <= 1000 ranks is exact in f32. */
 static float input_value(int r, size_t i) { return (float)((i * 7 + (size_t)r * 13) % 17 + 1); }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
 
 static int die(const char *msg) {
   fprintf(stderr, "mpi_coll: %s\n", msg);
@@ -154,6 +160,9 @@ int main(int argc, char **argv) {
     return die("cannot allocate the buffers");
   memset(send, 0, elems * sizeof(float));
   memset(recv, 0, elems * sizeof(float));
+  double *times = malloc((size_t)iters * sizeof(double));
+  if (!times)
+    return die("cannot allocate the timing array");
 
   if (rank == 0)
     printf("[");
@@ -167,12 +176,15 @@ int main(int argc, char **argv) {
     fill(coll, rank, n, send, recv, count);
     for (int w = 0; w < warmup; w++)
       call(coll, send, recv, count);
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
-    for (int it = 0; it < iters; it++)
+    for (int it = 0; it < iters; it++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
       call(coll, send, recv, count);
-    double mine = (MPI_Wtime() - t0) / iters, slowest = 0.0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      times[it] = MPI_Wtime() - t0;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, times, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    double slowest = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
 
     /* Validation call on fresh inputs and poisoned outputs. */
     fill(coll, rank, n, send, recv, count);
@@ -196,6 +208,7 @@ int main(int argc, char **argv) {
   }
   if (rank == 0)
     printf("\n]\n");
+  free(times);
   free(send);
   free(recv);
   MPI_Finalize();

@@ -1,6 +1,10 @@
-/* nn_step.c - samples/s of one training step (forward + backward + SGD momentum) of a model
- * on random data, and the machine's sgemm GFLOP/s for reference. Not a test: it times things.
- * usage: nn_step MODEL [BATCH] [THREADS] [STEPS] */
+/* nn_step.c - samples/s of one training step (zero_grad + forward + backward + SGD momentum
+ * update) of a model on random data, and the machine's sgemm GFLOP/s for reference. Not a test:
+ * it times things, so run it on a quiet machine and alternate settings.
+ *   build: cc -O2 -Iinclude bench/nn_step.c -o nn_step build/libdtrain.a -lopenblas -lm -lpthread
+ *   usage: nn_step MODEL [BATCH] [THREADS] [STEPS]      e.g. nn_step cnn 128 2 20
+ * Prints the median step time (with min/max samples/s), the split forward/backward/update, and
+ * the CPU time of all threads per step (wall ~ cpu / threads means the threads scale). */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,9 +1,9 @@
 /* cli/launch.h - the parts of `dtrain run`: worker output handling (launch_output.c) and the
  * job that forks, supervises and stops the local workers (launch_job.c). run.c parses the
  * command line, fills a dt_launch_opts and prints the outcome.
- * One agent per host; agents do not talk to each other here. Heartbeats between agents and
- * elastic restarts (issue 6) go around dt__launch_start/supervise/finish: a restart is a new
- * start on the same options with a new rendezvous generation. */
+ * One agent per host. Elastic restarts (run.c, run_elastic.c) go around
+ * dt__launch_start/supervise/finish: a restart is a new start with a new rendezvous generation;
+ * across hosts the agents agree on generations through an agent store (run_elastic.c). */
 #ifndef DT_CLI_LAUNCH_H
 #define DT_CLI_LAUNCH_H
 
@@ -31,6 +31,10 @@ typedef struct dt_launch_opts {
   int tail_lines;        /* lines of the failing rank shown in the failure summary */
   char **argv;           /* worker command, NULL-terminated; borrowed */
   const char *exec_path; /* what to execvp (argv[0], or this binary for "dtrain") */
+  /* elastic (issue 6): zero = off */
+  int max_restarts;         /* new generations after a worker failure */
+  int64_t fault_timeout_ms; /* DTRAIN_FAULT_TIMEOUT_MS for the workers; 0 = their default */
+  int min_nodes, max_nodes; /* hosts the job may shrink to / grow to (multi-node restarts) */
 } dt_launch_opts;
 
 /* ---- output: line splitting, prefixes, filters, per-rank tails (launch_output.c) ---- */
@@ -48,8 +52,11 @@ void dt__out_eof(dt_out *o, int local, int stream);
 /* Ends a progress display left on a terminal (cursor after \r) so a message starts on a fresh
  * line. */
 void dt__out_settle(dt_out *o);
-/* Writes the last lines of a worker (both streams, arrival order) to fd, each after indent. */
+/* Writes the last lines of a worker (both streams, arrival order) to fd (1 or 2), each after
+ * indent. */
 void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent);
+/* Line k (0 = oldest) of a worker's tail, NULL past the end; valid until the next feed. */
+const char *dt__out_tail_line(const dt_out *o, int local, int k);
 /* Number of lines dt__out_write_tail would write. */
 int dt__out_tail_count(dt_out *o, int local);
 /* True once a write to our stdout failed with EPIPE (`dtrain run ... | head`): the job should
@@ -107,8 +114,28 @@ dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out)
  * (SIGTERM, then SIGKILL after opts->kill_after_ms). Every wait is bounded or ends with a
  * child's exit. Sets job->outcome. */
 void dt__launch_supervise(dt_job *job);
+/* Like dt__launch_supervise, but calls poll_fn(ctx) at least every tick (<= 200 ms); when it
+ * returns true the job is stopped as on a failure elsewhere (outcome DT_JOB_FAILED with
+ * first_failed -1 unless a local worker failed first). For agents that learn of failures on
+ * other hosts. poll_fn may be NULL. */
+void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ctx);
 /* Reaps the workers and frees the job's resources (not opts, not out). */
 void dt__launch_finish(dt_job *job);
+
+/* ---- elastic restarts (run.c, run_elastic.c) ---- */
+typedef struct dt__run_failure {
+  int gen;          /* generation that failed */
+  char what[600];   /* who failed and how */
+  double detect_s;  /* from the generation's start until the failure was seen */
+  double restart_s; /* from then until the next generation's workers were started */
+} dt__run_failure;
+/* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */
+void dt__run_cause(dt_job *job, char *buf, size_t n);
+/* "rank 1 killed by signal 9 (SIGKILL) (rank 1 failed: connection lost ...)". */
+void dt__run_describe_failure(dt_job *job, char *buf, size_t n);
+/* Multi-host elastic agent (--nnodes > 1 with --max-restarts): returns the exit code. The job
+ * environment is already set up (run_job_env). */
+int dt__run_elastic(dt_launch_opts *o);
 
 /* "SIGKILL" for 9; "signal N" style fallback owned by a static buffer. */
 const char *dt__signal_name(int sig);

@@ -5,8 +5,8 @@
  * are reaped only in dt__launch_finish: while worker 0's zombie exists its pid, which is the
  * group id, cannot be reused, so signalling the group never hits a stranger.
  * Every wait is bounded by a deadline or ends with a child's exit (SIGCHLD wakes the loop
- * through a self-pipe). It does not restart workers or talk to other agents (issue 6); the
- * loop's periodic wake-up is where heartbeats will go. */
+ * through a self-pipe). It does not restart workers itself (run.c does, around it); an agent
+ * that must hear of failures on other hosts passes a poll function the loop calls each tick. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -29,6 +29,8 @@
 #define JOB_KILL_WAIT_MS 3000
 /* Longest poll(2) sleep: the loop re-checks its deadlines at least this often. */
 #define JOB_TICK_MS 1000
+/* With a poll function (an elastic agent): how often it is asked. */
+#define JOB_POLL_TICK_MS 100
 
 static volatile sig_atomic_t job_sig;       /* last stop signal received */
 static volatile sig_atomic_t job_sig_count; /* stop signals received */
@@ -148,6 +150,15 @@ static void job_signal_all(dt_job *job, int sig) {
   for (int i = 0; i < job->opts->nproc; i++)
     if (job->w[i].pid > 0 && !job->w[i].exited)
       kill(job->w[i].pid, sig);
+  /* A stopped worker (SIGSTOP, a debugger, an injected hang) acts on SIGTERM only once it runs
+   * again; without this it would always cost the whole grace period. */
+  if (sig == SIGTERM) {
+    if (job->pgid > 0)
+      kill(-job->pgid, SIGCONT);
+    for (int i = 0; i < job->opts->nproc; i++)
+      if (job->w[i].pid > 0 && !job->w[i].exited)
+        kill(job->w[i].pid, SIGCONT);
+  }
 }
 
 dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out) {
@@ -307,7 +318,9 @@ static void job_read(dt_job *job, int i, int stream) {
   }
 }
 
-void dt__launch_supervise(dt_job *job) {
+void dt__launch_supervise(dt_job *job) { dt__launch_supervise_poll(job, NULL, NULL); }
+
+void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ctx) {
   const dt_launch_opts *o = job->opts;
   int n = o->nproc;
   struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
@@ -354,6 +367,10 @@ void dt__launch_supervise(dt_job *job) {
         job_begin_stop(job, &s);
       }
     }
+    if (!s.stopping && poll_fn && poll_fn(ctx)) {
+      job->outcome = DT_JOB_FAILED; /* first_failed stays -1: the failure was elsewhere */
+      job_begin_stop(job, &s);
+    }
     if (s.stopping && dt__expired(s.kill_at))
       job_kill(job, &s);
 
@@ -389,7 +406,7 @@ void dt__launch_supervise(dt_job *job) {
           }
     }
     int64_t next = DT_MIN(DT_MIN(job_deadline, s.kill_at), DT_MIN(s.give_up, s.drain_until));
-    int ms = DT_MIN(dt__ms_left(next), JOB_TICK_MS);
+    int ms = DT_MIN(dt__ms_left(next), poll_fn ? JOB_POLL_TICK_MS : JOB_TICK_MS);
     int r = np ? poll(pf, (nfds_t)np, ms) : (dt__sleep_ns((int64_t)ms * 1000000), 0);
     if (r <= 0)
       continue; /* timeout, or EINTR: the top of the loop looks at what happened */

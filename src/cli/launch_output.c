@@ -300,6 +300,13 @@ int dt__out_tail_count(dt_out *o, int local) { return o->r[local].count; }
 
 bool dt__out_stdout_broken(const dt_out *o) { return o->broken_stdout; }
 
+const char *dt__out_tail_line(const dt_out *o, int local, int k) {
+  const out_rank *r = &o->r[local];
+  if (k < 0 || k >= r->count)
+    return NULL;
+  return r->tail[(r->head + k) % o->tail_cap].text;
+}
+
 void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent) {
   out_rank *r = &o->r[local];
   for (int k = 0; k < r->count; k++) {

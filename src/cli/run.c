@@ -20,6 +20,7 @@
 #include "cli/cli.h"
 #include "cli/launch.h"
 #include "core/core.h"
+#include "dtrain/fault.h"
 
 #define RUN_MAX_NPROC 1024
 #define RUN_SECRET_BYTES 32
@@ -48,6 +49,23 @@ static void run_help(FILE *f) {
 "  --kill-after SECONDS  grace between SIGTERM and SIGKILL when stopping workers (default 5)\n"
 "  --timeout SECONDS     stop the whole job after this long and exit 124 (default: none)\n"
 "  --tail N              lines of the failing rank shown in the summary (default 10)\n"
+"\n"
+"fault tolerance:\n"
+"  --max-restarts K      after a worker fails, stop the others and start a new generation\n"
+"                        of workers (DTRAIN_RESTART_COUNT = 1, 2, ...; a new rendezvous),\n"
+"                        up to K times; the workers resume from their last checkpoint\n"
+"                        (e.g. dtrain train --checkpoint-dir D --resume). Default 0\n"
+"  --min-nodes A         with --nnodes > 1 and restarts: go on with at least A hosts when\n"
+"                        hosts fail (default: all of --nnodes); a host whose workers fail\n"
+"                        twice is left out of later generations\n"
+"  --max-nodes B         hosts that may join a generation (default --nnodes)\n"
+"  --fault-timeout S     a worker silent for S seconds (hung, stopped, cut off) is declared\n"
+"                        failed (DTRAIN_FAULT_TIMEOUT_MS; default the workers' 10 s)\n"
+"  --inject-fault SPEC   fault injection for rehearsals and tests (DTRAIN_FAULTS; repeat to\n"
+"                        add faults), e.g. 'kill:rank=1,step=5' or 'stop:rank=any,step=3-9;\n"
+"                        seed=4'; kinds kill, stop, exit, delay, close, corrupt-ckpt (see\n"
+"                        include/dtrain/fault.h); a fault fires in generation 0 only unless\n"
+"                        gen=G|any says otherwise\n"
 "  -h, --help            this text\n"
 "\n"
 "Each worker gets DTRAIN_RANK, DTRAIN_WORLD_SIZE, DTRAIN_LOCAL_RANK,\n"
@@ -59,7 +77,9 @@ static void run_help(FILE *f) {
 "COMMAND 'dtrain' runs this same dtrain binary.\n"
 "\n"
 "When a worker fails, the others get SIGTERM (SIGKILL after --kill-after) and stderr gets\n"
-"one summary: the first failing rank, its exit code or signal, and its last lines.\n"
+"one summary: the first failing rank, its exit code or signal, and its last lines. With\n"
+"--max-restarts the job goes on in a new generation, and at the end stderr lists each\n"
+"failure, when it was detected and how long the restart took.\n"
 "\n"
 "exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
 "128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
@@ -208,6 +228,12 @@ static int run_report(dt_job *job) {
                 ? (strchr(o->argv[0], '/') ? "check the path" : "check the name and PATH")
                 : "check that the file is an executable program and you may run it");
     rc = w->exec_errno == ENOENT ? 127 : 126;
+  } else if (job->outcome == DT_JOB_FAILED && job->first_failed < 0) {
+    char what[600];
+    dt__run_describe_failure(job, what, sizeof what);
+    fprintf(stderr, "dtrain run: the job failed on another host: %s; stopped %d local worker%s\n", what,
+            job->stopped, job->stopped == 1 ? "" : "s");
+    rc = 1;
   } else if (job->outcome == DT_JOB_FAILED) {
     const dt_worker *w = &job->w[job->first_failed];
     run_describe_exit(w, what, sizeof what);
@@ -251,6 +277,105 @@ static int run_report(dt_job *job) {
   return rc;
 }
 
+/* One line per failure that led to a restart, and the end of the story. */
+static void run_print_failures(const dt__run_failure *f, int n, int restarts_left) {
+  if (n == 0)
+    return;
+  fprintf(stderr, "dtrain run: %d failure%s, %d restart%s:\n", n, n == 1 ? "" : "s", n, n == 1 ? "" : "s");
+  for (int k = 0; k < n; k++)
+    fprintf(stderr, "  generation %d: %s; detected %.3f s into the generation, new workers started %.3f s later\n",
+            f[k].gen, f[k].what, f[k].detect_s, f[k].restart_s);
+  (void)restarts_left;
+}
+
+/* Picks the clearest account of a failure: the first line of any worker's tail that names a
+ * failed rank ("rank 3 failed: no heartbeat ..."), which tells a hang from its victims' errors. */
+void dt__run_cause(dt_job *job, char *buf, size_t n) {
+  buf[0] = '\0';
+  for (int i = 0; i < job->opts->nproc; i++) {
+    const char *line;
+    for (int k = 0; (line = dt__out_tail_line(job->out, i, k)); k++) {
+      for (const char *p = strstr(line, "rank "); p; p = strstr(p + 5, "rank ")) {
+        int r;
+        char word[16];
+        if (sscanf(p, "rank %d %15[a-z]", &r, word) == 2 && !strcmp(word, "failed")) {
+          snprintf(buf, n, "%s", p);
+          return;
+        }
+      }
+    }
+  }
+}
+
+void dt__run_describe_failure(dt_job *job, char *buf, size_t n) {
+  char cause[512], what[128];
+  dt__run_cause(job, cause, sizeof cause);
+  if (job->first_failed >= 0) {
+    run_describe_exit(&job->w[job->first_failed], what, sizeof what);
+    snprintf(buf, n, "rank %d %s%s%s%s", job->w[job->first_failed].rank, what, cause[0] ? " (" : "", cause,
+             cause[0] ? ")" : "");
+  } else {
+    snprintf(buf, n, "%s", cause[0] ? cause : "a failure on another host");
+  }
+}
+
+/* Runs the job on this host, and again in a new generation after each worker failure while
+ * restarts are left. Returns the exit code. */
+static int run_generations(dt_launch_opts *o, bool have_master) {
+  dt__run_failure fails[64];
+  int nfails = 0;
+  int64_t run_start = dt_now_ns(), total_ms = o->timeout_ms, detect_ns = 0;
+  int rc = 0;
+  for (int gen = 0;; gen++) {
+    char v[32];
+    snprintf(v, sizeof v, "%d", gen);
+    setenv("DTRAIN_RESTART_COUNT", v, 1);
+    if (gen > 0 && !have_master) { /* a fresh store: nothing of the failed generation lingers */
+      if (run_free_port(&o->master_port))
+        return dt_cli_fail("run", "cannot find a free port for the rendezvous store");
+      run_setenv_int("DTRAIN_MASTER_PORT", "MASTER_PORT", o->master_port);
+    }
+    if (total_ms > 0) {
+      o->timeout_ms = total_ms - (dt_now_ns() - run_start) / 1000000;
+      if (o->timeout_ms < 1)
+        o->timeout_ms = 1;
+    }
+    dt_out *out = dt__out_create(o->nproc, o->node_rank * o->nproc, o->out_mode, o->raw_stdout, o->tail_lines);
+    if (!out)
+      return dt_cli_fail("run", "out of memory for %d workers", o->nproc);
+    DT_LOG_INFO("dtrain run: generation %d: %d workers (ranks %d..%d of %d), store at %s:%d", gen, o->nproc,
+                o->node_rank * o->nproc, o->node_rank * o->nproc + o->nproc - 1, o->nnodes * o->nproc,
+                o->master_addr, o->master_port);
+    dt_job job;
+    if (dt__launch_start(&job, o, out)) {
+      dt__out_destroy(out);
+      return dt_cli_fail("run", "cannot start the workers");
+    }
+    if (gen > 0 && nfails > 0)
+      fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
+    dt__launch_supervise(&job);
+    if (job.outcome == DT_JOB_FAILED && gen < o->max_restarts && nfails < (int)DT_ARRAY_LEN(fails)) {
+      dt__run_failure *f = &fails[nfails++];
+      f->gen = gen;
+      dt__run_describe_failure(&job, f->what, sizeof f->what);
+      detect_ns = job.w[job.first_failed].exit_ns;
+      f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
+      dt__out_settle(out);
+      fprintf(stderr, "dtrain run: generation %d failed: %s; restarting (%d of %d)\n", gen, f->what, gen + 1,
+              o->max_restarts);
+      dt__launch_finish(&job);
+      dt__out_destroy(out);
+      continue;
+    }
+    rc = run_report(&job);
+    dt__launch_finish(&job);
+    dt__out_destroy(out);
+    break;
+  }
+  run_print_failures(fails, nfails, o->max_restarts - nfails);
+  return rc;
+}
+
 int dt_cli_run(int argc, char **argv) {
   dt_launch_opts o;
   memset(&o, 0, sizeof o);
@@ -261,6 +386,8 @@ int dt_cli_run(int argc, char **argv) {
   o.kill_after_ms = 5000;
   o.tail_lines = 10;
   bool have_master = false;
+  static char faults[4096];
+  faults[0] = '\0';
   int i = 1;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -292,7 +419,9 @@ int dt_cli_run(int argc, char **argv) {
                  !strcmp(name, "--nnodes") || !strcmp(name, "--node-rank") ||
                  !strcmp(name, "--master") || !strcmp(name, "--output") ||
                  !strcmp(name, "--kill-after") || !strcmp(name, "--timeout") ||
-                 !strcmp(name, "--tail");
+                 !strcmp(name, "--tail") || !strcmp(name, "--max-restarts") ||
+                 !strcmp(name, "--min-nodes") || !strcmp(name, "--max-nodes") ||
+                 !strcmp(name, "--fault-timeout") || !strcmp(name, "--inject-fault");
     if (!known)
       return dt_cli_usage_error("run", USAGE_HINT, "unknown option '%s'", a);
     if (flag) {
@@ -338,6 +467,25 @@ int dt_cli_run(int argc, char **argv) {
     } else if (!strcmp(name, "--tail")) {
       if (!run_parse_int(val, 1, 10000, &o.tail_lines))
         return dt_cli_usage_error("run", USAGE_HINT, "--tail '%s' is not a line count >= 1", val);
+    } else if (!strcmp(name, "--max-restarts")) {
+      if (!run_parse_int(val, 0, 10000, &o.max_restarts))
+        return dt_cli_usage_error("run", USAGE_HINT, "--max-restarts '%s' is not a count 0..10000", val);
+    } else if (!strcmp(name, "--min-nodes")) {
+      if (!run_parse_int(val, 1, 65536, &o.min_nodes))
+        return dt_cli_usage_error("run", USAGE_HINT, "--min-nodes '%s' is not a host count >= 1", val);
+    } else if (!strcmp(name, "--max-nodes")) {
+      if (!run_parse_int(val, 1, 65536, &o.max_nodes))
+        return dt_cli_usage_error("run", USAGE_HINT, "--max-nodes '%s' is not a host count >= 1", val);
+    } else if (!strcmp(name, "--fault-timeout")) {
+      if (!run_parse_seconds(val, &o.fault_timeout_ms) || o.fault_timeout_ms < 1 || o.fault_timeout_ms > 86400000)
+        return dt_cli_usage_error("run", USAGE_HINT, "--fault-timeout '%s' is not seconds in 0.001..86400", val);
+    } else if (!strcmp(name, "--inject-fault")) {
+      size_t have = strlen(faults), add = strlen(val);
+      if (have + add + 2 > sizeof faults)
+        return dt_cli_usage_error("run", USAGE_HINT, "--inject-fault: specs longer than %zu bytes", sizeof faults - 2);
+      if (have)
+        faults[have++] = ';';
+      memcpy(faults + have, val, add + 1);
     }
   }
   if (o.nproc == 0)
@@ -367,6 +515,24 @@ int dt_cli_run(int argc, char **argv) {
   if ((long)o.nnodes * o.nproc > INT_MAX / 2)
     return dt_cli_usage_error("run", USAGE_HINT, "world size %d x %d is too large", o.nnodes,
                               o.nproc);
+  if (o.min_nodes == 0)
+    o.min_nodes = o.nnodes;
+  if (o.max_nodes == 0)
+    o.max_nodes = o.nnodes;
+  if (o.min_nodes > o.nnodes || o.max_nodes < o.nnodes)
+    return dt_cli_usage_error("run", "use --min-nodes <= --nnodes <= --max-nodes",
+                              "--min-nodes %d / --max-nodes %d do not bracket --nnodes %d", o.min_nodes,
+                              o.max_nodes, o.nnodes);
+  if (faults[0] && dt_fault_validate(faults, o.nnodes * o.nproc) != DT_OK)
+    return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "--inject-fault: %s",
+                              dt_last_error());
+  if (faults[0])
+    setenv("DTRAIN_FAULTS", faults, 1);
+  if (o.fault_timeout_ms > 0) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)o.fault_timeout_ms);
+    setenv("DTRAIN_FAULT_TIMEOUT_MS", v, 1);
+  }
   const char *sf = dt__env_str("DTRAIN_JOB_SECRET_FILE");
   if (sf && !dt__env_str("DTRAIN_JOB_SECRET") && access(sf, R_OK) != 0)
     return dt_cli_usage_error("run", "point DTRAIN_JOB_SECRET_FILE at a readable file",
@@ -389,22 +555,7 @@ int dt_cli_run(int argc, char **argv) {
   if (run_job_env(&o))
     return dt_cli_fail("run", "cannot prepare the job environment");
   run_raise_nofile();
-
-  dt_out *out = dt__out_create(o.nproc, o.node_rank * o.nproc, o.out_mode, o.raw_stdout,
-                               o.tail_lines);
-  if (!out)
-    return dt_cli_fail("run", "out of memory for %d workers", o.nproc);
-  DT_LOG_INFO("dtrain run: %d workers (ranks %d..%d of %d), store at %s:%d", o.nproc,
-              o.node_rank * o.nproc, o.node_rank * o.nproc + o.nproc - 1, o.nnodes * o.nproc,
-              o.master_addr, o.master_port);
-  dt_job job;
-  if (dt__launch_start(&job, &o, out)) {
-    dt__out_destroy(out);
-    return dt_cli_fail("run", "cannot start the workers");
-  }
-  dt__launch_supervise(&job);
-  int rc = run_report(&job);
-  dt__launch_finish(&job);
-  dt__out_destroy(out);
-  return rc;
+  if (o.nnodes > 1 && o.max_restarts > 0)
+    return dt__run_elastic(&o);
+  return run_generations(&o, have_master);
 }

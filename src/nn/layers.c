@@ -140,12 +140,16 @@ static void col2im(const nn_layer *l, const float *dcol, int nb, float *dx) {
   }
 }
 
+/* Chunks of equal size (within one sample): a short last chunk would run a small, slow sgemm. */
+#define CHUNK_START(n, i, k) ((int)((int64_t)(n) * (i) / (k)))
+
 static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
-  for (int c0 = 0; c0 < s->nb; c0 += l->chunk) {
-    int nb = s->nb - c0 < l->chunk ? s->nb - c0 : l->chunk;
+  const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
+  for (int ci = 0; ci < nchunks; ci++) {
+    int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
     size_t b = (size_t)s->b0 + (size_t)c0;
     im2col(l, l->x + b * in_sz, nb, s->col);
     float *y = l->y + b * out_sz;
@@ -159,8 +163,9 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
-  for (int c0 = 0; c0 < s->nb; c0 += l->chunk) {
-    int nb = s->nb - c0 < l->chunk ? s->nb - c0 : l->chunk;
+  const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
+  for (int ci = 0; ci < nchunks; ci++) {
+    int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
     size_t b = (size_t)s->b0 + (size_t)c0;
     int rows = nb * pix;
     const float *dy = l->dy + b * out_sz;

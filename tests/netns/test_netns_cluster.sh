@@ -32,15 +32,23 @@ echo "cluster $NAME"
 
 # ---- connectivity: each host connects to a listener on host 0 and gets its greeting back ----
 cat > /tmp/$NAME-echo.py <<'EOF'
-import socket, sys
+import socket, sys, time
 mode, port = sys.argv[1], int(sys.argv[2])
+def connect(host):
+    # The listener may still be starting: retry for up to 10 s.
+    for _ in range(100):
+        try:
+            return socket.create_connection((host, port), timeout=10)
+        except ConnectionRefusedError:
+            time.sleep(0.1)
+    raise SystemExit("cannot connect to %s:%d" % (host, port))
 if mode == "serve":
     n = int(sys.argv[3]); s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port)); s.listen(8); s.settimeout(20)
     for _ in range(n):
         c, _ = s.accept(); c.settimeout(10); c.sendall(c.recv(64)); c.close()
 elif mode == "hello":
-    s = socket.create_connection((sys.argv[3], port), timeout=10); s.sendall(b"hi from " + sys.argv[4].encode())
+    s = connect(sys.argv[3]); s.sendall(b"hi from " + sys.argv[4].encode())
     print(s.recv(64).decode())
 elif mode == "sink":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -52,8 +60,7 @@ elif mode == "sink":
         n += len(b)
     c.sendall(str(n).encode()); c.close()
 elif mode == "blast":
-    import time
-    total = int(sys.argv[4]); s = socket.create_connection((sys.argv[3], port), timeout=20)
+    total = int(sys.argv[4]); s = connect(sys.argv[3])
     buf = b"x" * (1 << 16); t0 = time.monotonic(); sent = 0
     while sent < total:
         s.sendall(buf); sent += len(buf)
@@ -75,7 +82,9 @@ read -r got secs mbs < <(timeout 30 "$NC" exec "$NAME" 1 python3 /tmp/$NAME-echo
   fail "bulk transfer failed"
 echo "rate: $got bytes in $secs s = $mbs MB/s (link 12.5 MB/s)"
 (( got >= 6000000 )) || fail "sink got only $got bytes"
-awk -v r="$mbs" 'BEGIN { exit !(r > 6 && r < 14) }' || fail "$mbs MB/s is not near the 12.5 MB/s tbf rate"
+# The cap is what the shaping proves; the floor only catches a broken link (a loaded machine
+# may not fill it).
+awk -v r="$mbs" 'BEGIN { exit !(r > 2 && r < 14) }' || fail "$mbs MB/s is not near the 12.5 MB/s tbf rate"
 
 # ---- a multi-host job: 3 agents x 2 workers meeting through the store on host 0 ----
 export DTRAIN_JOB_SECRET="netns-test-$$-$RANDOM"

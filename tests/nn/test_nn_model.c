@@ -221,6 +221,8 @@ static void test_hook_and_state(void **s) {
   assert_int_equal(dt_model_forward(m, x, 4, 0, NULL), DT_OK);
   assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, &loss), DT_ERR_STATE);
   assert_int_equal(dt_model_forward(m, x, 5, 1, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_forward(m, NULL, 4, 1, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_eval_batch(m, x, NULL, 4, NULL, NULL), DT_ERR_INVALID);
   assert_int_equal(dt_model_forward(m, x, 4, 1, NULL), DT_OK);
   int32_t bad[4] = {0, 1, 10, 2};
   assert_int_equal(dt_model_backward(m, bad, 1.0f, NULL, NULL, &loss), DT_ERR_INVALID);
@@ -386,7 +388,8 @@ static void test_determinism(void **s) {
 
 /* Gradients, loss and logits with 2 and 3 threads equal the single-thread ones up to float
  * summation order, for every layer kind (dropout masks do not depend on the split), also when
- * the batch is smaller than the thread count; the hook still reports contiguous prefixes. */
+ * the batch is smaller than the thread count and when convolutions run in many im2col chunks;
+ * the hook still reports contiguous prefixes. */
 static void test_threads_match(void **s) {
   const char *specs[] = {
       "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
@@ -401,7 +404,11 @@ static void test_threads_match(void **s) {
       size_t n = 0;
       for (int T = 1; T <= 3; T++) {
         dt_nn_set_threads(T);
+        /* with 3 threads also cut conv work into one-sample im2col chunks */
+        if (T == 3)
+          setenv("DTRAIN_CONV_CHUNK", "64", 1);
         dt_model *m = make(specs[si], 8, 5);
+        unsetenv("DTRAIN_CONV_CHUNK");
         assert_int_equal(dt_model_threads(m), T);
         n = dt_model_param_count(m);
         size_t in = dt_model_input_size(m);

@@ -1,0 +1,164 @@
+/* test_bench_tools.c - the comparison benchmarks' own programs under bench/ (the C helpers and
+ * the harness scripts) build cleanly and tell the truth: the Open MPI peer program checks every
+ * collective's result and reports it in dtrain bench's JSON row format, the ceilings programs
+ * report positive rates, and the harnesses reject bad usage with exit code 2 before installing or
+ * running anything.
+ *
+ * It deliberately times nothing (rates are only checked to be positive and finite) and never
+ * needs PyTorch. The C helpers are compiled here with -Wall -Wextra -Werror, as the harnesses do.
+ * Every child runs under `timeout`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *src_dir;
+static char tmp_dir[256];
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                         \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fputc('\n', stderr);                                                                         \
+      failures++;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+/* Runs a shell command; returns its exit code (or 128+signal), stdout in out (NUL-terminated). */
+static int run(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  if (!p)
+    return -1;
+  size_t n = 0;
+  while (out && n + 1 < cap) {
+    size_t r = fread(out + n, 1, cap - 1 - n, p);
+    if (r == 0)
+      break;
+    n += r;
+  }
+  if (out)
+    out[n] = '\0';
+  else {
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+  }
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* Number of occurrences of needle in hay. */
+static int count(const char *hay, const char *needle) {
+  int k = 0;
+  for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+    k++;
+  return k;
+}
+
+static void test_mpi_coll(void) {
+  char cmd[2048], out[16384];
+  snprintf(cmd, sizeof cmd, "timeout 120 mpicc -O2 -Wall -Wextra -Werror -o %s/mpi_coll %s/bench/mpi_coll.c -lm 2>&1",
+           tmp_dir, src_dir);
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0, "mpicc bench/mpi_coll.c failed (%d): %s", rc, out);
+  if (rc)
+    return;
+  static const char *colls[] = {"allreduce", "allgather", "reduce_scatter", "broadcast"};
+  for (int n = 2; n <= 3; n++) {
+    for (size_t c = 0; c < sizeof colls / sizeof colls[0]; c++) {
+      /* 24 B and 12 KiB are whole f32 blocks for 2 and 3 ranks; 4 B is not for the block collectives */
+      snprintf(cmd, sizeof cmd,
+               "timeout 120 mpirun %s --oversubscribe -np %d %s/mpi_coll --coll %s --sizes 4,24,12288,1048584 "
+               "--iters 3 2>/dev/null",
+               geteuid() == 0 ? "--allow-run-as-root" : "", n, tmp_dir, colls[c]);
+      rc = run(cmd, out, sizeof out);
+      CHECK(rc == 0, "mpi_coll %s -np %d exited %d: %s", colls[c], n, rc, out);
+      int block = c == 1 || c == 2;
+      int rows = block ? 3 : 4;
+      CHECK(count(out, "\"bytes\"") == rows, "%s -np %d: want %d rows, got: %s", colls[c], n, rows, out);
+      CHECK(count(out, "\"wrong\": 0,") == rows, "%s -np %d: a result was wrong or unchecked: %s", colls[c], n, out);
+      CHECK(strstr(out, "\"busbw_gbs\"") && strstr(out, "\"time_us\"") && strstr(out, "\"dtype\": \"f32\""),
+            "%s: row format differs from dtrain bench's: %s", colls[c], out);
+      CHECK(out[0] == '[', "%s: stdout must be a JSON array: %s", colls[c], out);
+    }
+  }
+  /* A wrong collective name is a usage error, not a run. */
+  snprintf(cmd, sizeof cmd, "timeout 60 mpirun %s -np 1 %s/mpi_coll --coll gather --sizes 4 >/dev/null 2>&1",
+           geteuid() == 0 ? "--allow-run-as-root" : "", tmp_dir);
+  CHECK(run(cmd, NULL, 0) != 0, "mpi_coll accepted an unknown collective");
+}
+
+static void test_ceilings(void) {
+  char cmd[2048], out[4096];
+  snprintf(cmd, sizeof cmd,
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/stream %s/bench/stream.c -lpthread 2>&1 && "
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/tcp_bw %s/bench/tcp_bw.c 2>&1 && "
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror $(pkg-config --cflags openblas) -o %s/sgemm_peak "
+           "%s/bench/sgemm_peak.c $(pkg-config --libs openblas) 2>&1",
+           tmp_dir, src_dir, tmp_dir, src_dir, tmp_dir, src_dir);
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0, "compiling bench/stream.c, tcp_bw.c, sgemm_peak.c failed: %s", out);
+  if (rc)
+    return;
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/stream --mib 8 --reps 2 --threads 1,2", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && count(out, "\"gbs\": ") == 6 && !strstr(out, "\"gbs\": 0.000") && !strstr(out, "nan") &&
+            !strstr(out, "inf"),
+        "stream: %d %s", rc, out);
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw --seconds 0.3", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "\"gbs\": ") && !strstr(out, "\"gbs\": 0.0000"), "tcp_bw: %d %s", rc, out);
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/sgemm_peak --n 128 --reps 2 --threads 1", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "\"check_ok\": true"), "sgemm_peak: %d %s", rc, out);
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/stream --mib 0 >/dev/null 2>&1", tmp_dir);
+  CHECK(run(cmd, NULL, 0) == 2, "stream accepted --mib 0");
+}
+
+static void test_harness_usage(void) {
+  static const char *bad[] = {
+      "bench/compare-peers --ranks 1",
+      "bench/compare-peers --colls gather",
+      "bench/compare-peers --sides nccl",
+      "bench/train-vs-pytorch --models resnet",
+      "bench/train-vs-pytorch --threads 0",
+      "bench/ddp-vs-pytorch --workers 1",
+  };
+  char cmd[2048];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(cmd, sizeof cmd, "cd %s && timeout 60 /usr/bin/python3 %s >/dev/null 2>&1", src_dir, bad[i]);
+    int rc = run(cmd, NULL, 0);
+    CHECK(rc == 2, "'%s' exited %d, want 2 (usage error before any install or run)", bad[i], rc);
+  }
+  snprintf(cmd, sizeof cmd, "cd %s && timeout 60 /usr/bin/python3 bench/compare-peers --help >/dev/null 2>&1", src_dir);
+  CHECK(run(cmd, NULL, 0) == 0, "compare-peers --help failed");
+}
+
+int main(void) {
+  src_dir = getenv("DTRAIN_SOURCE_DIR");
+  if (!src_dir) {
+    fprintf(stderr, "DTRAIN_SOURCE_DIR is not set (run under ctest)\n");
+    return 1;
+  }
+  snprintf(tmp_dir, sizeof tmp_dir, "/tmp/dtrain-test-bench-XXXXXX");
+  if (!mkdtemp(tmp_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_mpi_coll();
+  test_ceilings();
+  test_harness_usage();
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "warning: could not remove %s\n", tmp_dir);
+  if (failures) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("test_bench_tools: all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,426 @@
+/* test_faults.c - built-in fault injection (DTRAIN_FAULTS, dtrain run --inject-fault) and what
+ * the survivors make of each fault, with real worker processes (fault_worker) joined by a real
+ * communicator. Two ways to run them:
+ *   - direct: the test starts W workers itself (no launcher that would stop the survivors), so
+ *     each survivor's own error and the moment it saw it can be read from its stderr;
+ *   - through `dtrain run`, for exit codes, summaries and elastic restarts.
+ * Detection bounds are issue 6's: a killed worker is named within 2 s, a stopped one within the
+ * fault timeout (1.5 s here) plus one heartbeat round.
+ * One executable per group (argv[1]: parse, direct, run) so each is its own ctest process. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "core/core.h"
+#include "dtrain/fault.h"
+
+static const char *bin, *worker;
+static char dir[256];
+static pid_t kids[16];
+static int nkids;
+
+static void msleep(int ms) { dt__sleep_ns((int64_t)ms * 1000000LL); }
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return strdup("");
+  char *buf = calloc(1, 1 << 20);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static char *pathf(const char *fmt, ...) {
+  static char bufs[8][512];
+  static int k;
+  char *b = bufs[k++ % 8];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b, 512, fmt, ap);
+  va_end(ap);
+  return b;
+}
+
+/* Starts argv with extra environment "K=V" strings, stdout/stderr to files. */
+static pid_t spawn(const char *const *argv, const char *const *env, const char *out, const char *err) {
+  fflush(NULL);
+  pid_t p = fork();
+  if (p == 0) {
+    setpgid(0, 0);
+    for (int i = 0; env && env[i]; i++)
+      putenv((char *)env[i]);
+    int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    alarm(120);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  if (p > 0 && nkids < 16)
+    kids[nkids++] = p;
+  return p;
+}
+
+/* Exit status (as from waitpid) within ms, else SIGKILL and -1. */
+static int wait_bounded(pid_t p, int ms) {
+  int st;
+  for (int t = 0; t < ms; t += 10) {
+    if (waitpid(p, &st, WNOHANG) == p) {
+      for (int i = 0; i < nkids; i++)
+        if (kids[i] == p)
+          kids[i] = 0;
+      return st;
+    }
+    msleep(10);
+  }
+  kill(-p, SIGKILL);
+  kill(p, SIGKILL);
+  waitpid(p, &st, 0);
+  return -1;
+}
+
+static int teardown(void **state) {
+  for (int i = 0; i < nkids; i++)
+    if (kids[i] > 0) {
+      kill(-kids[i], SIGKILL);
+      kill(kids[i], SIGKILL);
+      waitpid(kids[i], NULL, 0);
+      kids[i] = 0;
+    }
+  nkids = 0;
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (dir[0] && system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", dir);
+  return 0;
+}
+
+static int setup(void **state) {
+  snprintf(dir, sizeof dir, "/tmp/dtrain-faults-XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  return 0;
+}
+
+/* The value after "key" in s (e.g. "t="), or -1. */
+static long long after(const char *s, const char *key) {
+  const char *p = s ? strstr(s, key) : NULL;
+  return p ? atoll(p + strlen(key)) : -1;
+}
+
+/* ---------------------------------------------------------------- parse */
+
+static void test_parse_valid(void **state) {
+  const char *ok[] = {"", "   ", "kill:rank=1,step=5", "stop:rank=any,step=3-9;seed=7", "exit:code=3",
+                      "delay:ms=50,rank=0", "close:rank=2,step=1,gen=any", "corrupt-ckpt:dir=/tmp/x,mode=truncate",
+                      "kill:rank=0 ; stop:rank=1,step=2", "seed=5;kill"};
+  for (size_t i = 0; i < DT_ARRAY_LEN(ok); i++)
+    if (dt_fault_validate(ok[i], 4) != DT_OK)
+      fail_msg("'%s' should parse: %s", ok[i], dt_last_error());
+}
+
+static void test_parse_invalid(void **state) {
+  struct {
+    const char *spec, *msg;
+  } bad[] = {
+      {"kil:rank=1", "unknown fault 'kil'"},
+      {"kill:rank=4", "rank=4 must be"},
+      {"kill:rank=-1", "rank=-1"},
+      {"kill:step=5-3", "step=5-3 must be"},
+      {"kill:step=x", "step=x"},
+      {"kill:ms=5", "unknown key 'ms'"},
+      {"delay:rank=1", "needs ms=D"},
+      {"delay:ms=0", "ms=0 must be"},
+      {"exit:code=300", "code=300"},
+      {"corrupt-ckpt:rank=0", "needs dir=PATH"},
+      {"corrupt-ckpt:dir=/d,mode=shred", "mode=shred"},
+      {"kill:rank=1,rank=2", "given twice"},
+      {"kill:rank", "not KEY=VALUE"},
+      {"kill:rank=1,", "empty KEY=VALUE"},
+      {"kill;;stop", "item 2 is empty"},
+      {"kill;", "item 2 is empty"},
+      {"seed=abc", "seed=abc"},
+  };
+  for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
+    if (dt_fault_validate(bad[i].spec, 4) != DT_ERR_INVALID)
+      fail_msg("'%s' should be refused", bad[i].spec);
+    if (!strstr(dt_last_error(), bad[i].msg))
+      fail_msg("'%s': message '%s' lacks '%s'", bad[i].spec, dt_last_error(), bad[i].msg);
+  }
+}
+
+static void test_parse_run_refuses_bad_spec(void **state) {
+  const char *argv[] = {bin, "run", "-n", "2", "--inject-fault", "kill:rank=2", "--", "/bin/true", NULL};
+  pid_t p = spawn(argv, NULL, pathf("%s/out", dir), pathf("%s/err", dir));
+  int st = wait_bounded(p, 10000);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 2);
+  char *err = slurp(pathf("%s/err", dir));
+  assert_non_null(strstr(err, "rank=2 must be 'any' or 0..1"));
+  free(err);
+}
+
+/* ---------------------------------------------------------------- direct */
+
+/* Starts W fault_workers on 127.0.0.1 with a fresh port and the given extra env; returns via
+ * pids[]. Output in dir/w<r>.out/.err. */
+static int free_port(void) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+static void start_workers(int w, const char *faults, const char *transport, const char *steps, const char *step_ms,
+                          pid_t *pids) {
+  static char envs[16][12][128];
+  int port = free_port();
+  for (int r = 0; r < w; r++) {
+    char(*e)[128] = envs[r];
+    snprintf(e[0], 128, "DTRAIN_RANK=%d", r);
+    snprintf(e[1], 128, "DTRAIN_WORLD_SIZE=%d", w);
+    snprintf(e[2], 128, "DTRAIN_LOCAL_RANK=%d", r);
+    snprintf(e[3], 128, "DTRAIN_LOCAL_WORLD_SIZE=%d", w);
+    snprintf(e[4], 128, "DTRAIN_MASTER_ADDR=127.0.0.1");
+    snprintf(e[5], 128, "DTRAIN_MASTER_PORT=%d", port);
+    snprintf(e[6], 128, "DTRAIN_JOB_SECRET=faults-%d", (int)getpid());
+    snprintf(e[7], 128, "DTRAIN_JOB_ID=ft%d_%d", (int)getpid(), port);
+    snprintf(e[8], 128, "DTRAIN_FAULTS=%s", faults);
+    snprintf(e[9], 128, "DTRAIN_FAULT_TIMEOUT_MS=1500");
+    snprintf(e[10], 128, "DTRAIN_TRANSPORT=%s", transport);
+    const char *env[] = {e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], NULL};
+    const char *argv[] = {worker, "--steps", steps, "--step-ms", step_ms, NULL};
+    pids[r] = spawn(argv, env, pathf("%s/w%d.out", dir, r), pathf("%s/w%d.err", dir, r));
+  }
+}
+
+/* Victim `v` gets the fault; every other rank must exit 1 with an error naming "rank v" no
+ * later than bound_ms after the fault's timestamp. */
+static void survivors_name_victim(const char *fault, const char *transport, int w, int v, int bound_ms,
+                                  bool victim_stays) {
+  pid_t pids[8];
+  start_workers(w, fault, transport, "400", "10", pids);
+  for (int r = 0; r < w; r++) {
+    if (r == v)
+      continue;
+    int st = wait_bounded(pids[r], 20000);
+    assert_true(st != -1);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+  }
+  char *verr = slurp(pathf("%s/w%d.err", dir, v));
+  long long t0 = after(verr, ", t=");
+  if (t0 < 0)
+    fail_msg("victim's stderr has no fault line: %s", verr);
+  for (int r = 0; r < w; r++) {
+    if (r == v)
+      continue;
+    char *err = slurp(pathf("%s/w%d.err", dir, r));
+    long long t1 = after(strstr(err, "failed at"), "failed at t=");
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", v);
+    const char *msg = strstr(err, "failed at");
+    if (!msg || !strstr(msg, want))
+      fail_msg("rank %d's error does not name %s: %s", r, want, err);
+    long long ms = (t1 - t0) / 1000000;
+    printf("%s over %s: rank %d named rank %d %lld ms after the fault\n", fault, transport, r, v, ms);
+    if (ms < 0 || ms > bound_ms)
+      fail_msg("rank %d took %lld ms (bound %d ms): %s", r, ms, bound_ms, err);
+    free(err);
+  }
+  if (victim_stays) {
+    kill(pids[v], SIGKILL);
+    wait_bounded(pids[v], 5000);
+  } else {
+    int st = wait_bounded(pids[v], 10000);
+    assert_true(st != -1);
+  }
+  free(verr);
+}
+
+static void test_direct_kill_tcp(void **state) { survivors_name_victim("kill:rank=1,step=5", "tcp", 3, 1, 2000, false); }
+static void test_direct_kill_shm(void **state) { survivors_name_victim("kill:rank=2,step=5", "shm", 3, 2, 2000, false); }
+static void test_direct_stop_tcp(void **state) {
+  survivors_name_victim("stop:rank=1,step=5", "tcp", 3, 1, 1500 + 1500, true);
+}
+static void test_direct_stop_shm(void **state) {
+  survivors_name_victim("stop:rank=0,step=5", "shm", 3, 0, 1500 + 1500, true);
+}
+static void test_direct_close_tcp(void **state) {
+  survivors_name_victim("close:rank=1,step=5", "tcp", 3, 1, 2000, false);
+}
+
+/* The delayed rank slows every step of the job: 10 steps with 200 ms per message take at least
+ * the 8 delayed steps' 1.6 s, and the job still computes the right answer. */
+static void test_direct_delay(void **state) {
+  pid_t pids[2];
+  int64_t t0 = dt_now_ns();
+  start_workers(2, "delay:rank=1,step=2,ms=200", "tcp", "10", "0", pids);
+  for (int r = 0; r < 2; r++) {
+    int st = wait_bounded(pids[r], 30000);
+    assert_true(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  double s = (double)(dt_now_ns() - t0) / 1e9;
+  char *out = slurp(pathf("%s/w0.out", dir));
+  assert_non_null(strstr(out, "done steps 10 x 55 "));
+  char *err = slurp(pathf("%s/w1.err", dir));
+  assert_non_null(strstr(err, "dtrain fault: rank 1 delay at step 2"));
+  printf("delay: 10 steps took %.2f s\n", s);
+  assert_true(s >= 1.6);
+  free(out);
+  free(err);
+}
+
+/* ---------------------------------------------------------------- run */
+
+static int run_dtrain(const char *const *argv, int ms, char **out, char **err) {
+  pid_t p = spawn(argv, NULL, pathf("%s/run.out", dir), pathf("%s/run.err", dir));
+  int st = wait_bounded(p, ms);
+  *out = slurp(pathf("%s/run.out", dir));
+  *err = slurp(pathf("%s/run.err", dir));
+  return st;
+}
+
+static void test_run_exit_code(void **state) {
+  const char *argv[] = {bin, "run", "-n", "3", "--inject-fault", "exit:rank=2,step=3,code=7", "--", worker,
+                        "--steps", "50", "--step-ms", "10", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 30000, &out, &err);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 7);
+  assert_non_null(strstr(err, "rank 2 failed first: exit code 7"));
+  free(out);
+  free(err);
+}
+
+static void test_run_kill_summary(void **state) {
+  const char *argv[] = {bin, "run", "-n", "3", "--inject-fault", "kill:rank=1,step=4", "--", worker,
+                        "--steps", "50", "--step-ms", "10", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 30000, &out, &err);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 128 + SIGKILL);
+  assert_non_null(strstr(err, "rank 1 failed first: killed by signal 9 (SIGKILL)"));
+  assert_non_null(strstr(err, "dtrain fault: rank 1 kill at step 4"));
+  free(out);
+  free(err);
+}
+
+/* A stopped worker: the survivors' verdict names it and the launcher passes that on. */
+static void test_run_stop_named(void **state) {
+  const char *argv[] = {bin, "run", "-n", "3", "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
+                        "stop:rank=2,step=4", "--", worker, "--steps", "400", "--step-ms", "10", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 30000, &out, &err);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 1);
+  assert_non_null(strstr(err, "rank 2 failed: no heartbeat"));
+  free(out);
+  free(err);
+}
+
+/* Kill mid-run with checkpoints every 3 steps: one restart, resumed from a checkpoint, and the
+ * final state equals the undisturbed run's (20 steps: 210). */
+static void test_run_restart_resumes(void **state) {
+  const char *ck = pathf("%s/ck", dir);
+  const char *argv[] = {bin, "run", "-n", "3", "--max-restarts", "2", "--inject-fault", "kill:rank=1,step=10", "--",
+                        worker, "--steps", "20", "--step-ms", "10", "--ckpt-dir", ck, "--ckpt-every", "3", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 60000, &out, &err);
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+    fail_msg("status %d, stderr:\n%s", st, err);
+  assert_non_null(strstr(out, "done steps 20 x 210 resumed 9 world 3 generation 1"));
+  assert_non_null(strstr(err, "generation 0 failed: rank 1 killed by signal 9"));
+  assert_non_null(strstr(err, "1 failure, 1 restart"));
+  free(out);
+  free(err);
+}
+
+/* The newest checkpoint is corrupted, then a worker dies: the restart skips the corrupt file,
+ * resumes from the one before, and still ends with the right state. */
+static void test_run_corrupt_ckpt_fallback(void **state) {
+  const char *ck = pathf("%s/ck", dir);
+  char spec[400];
+  snprintf(spec, sizeof spec, "corrupt-ckpt:rank=0,step=10,dir=%s;kill:rank=2,step=11", ck);
+  const char *argv[] = {bin, "run", "-n", "3", "--max-restarts", "1", "--inject-fault", spec, "--", worker,
+                        "--steps", "16", "--step-ms", "10", "--ckpt-dir", ck, "--ckpt-every", "3", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 60000, &out, &err);
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+    fail_msg("status %d, stderr:\n%s", st, err);
+  assert_non_null(strstr(err, "flipped bytes in"));
+  assert_non_null(strstr(err, "skipped corrupt checkpoints"));
+  assert_non_null(strstr(out, "done steps 16 x 136 resumed 6 world 3 generation 1"));
+  free(out);
+  free(err);
+}
+
+/* A fault that fires in every generation spends all restarts; the summary lists each. */
+static void test_run_restarts_exhausted(void **state) {
+  const char *argv[] = {bin, "run", "-n", "2", "--max-restarts", "2", "--inject-fault", "kill:rank=1,step=2,gen=any",
+                        "--", worker, "--steps", "30", "--step-ms", "10", NULL};
+  char *out, *err;
+  int st = run_dtrain(argv, 60000, &out, &err);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 128 + SIGKILL);
+  assert_non_null(strstr(err, "2 failures, 2 restarts"));
+  assert_non_null(strstr(err, "generation 1:"));
+  assert_non_null(strstr(err, "dtrain fault: rank 1 kill at step 2 (generation 2"));
+  free(out);
+  free(err);
+}
+
+int main(int argc, char **argv) {
+  bin = getenv("DTRAIN_BIN");
+  worker = getenv("FAULT_WORKER");
+  if (!bin || !worker) {
+    fprintf(stderr, "DTRAIN_BIN and FAULT_WORKER must be set\n");
+    return 1;
+  }
+  const char *group = argc > 1 ? argv[1] : "parse";
+  const struct CMUnitTest parse[] = {
+      cmocka_unit_test_setup_teardown(test_parse_valid, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_parse_invalid, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_parse_run_refuses_bad_spec, setup, teardown),
+  };
+  const struct CMUnitTest direct[] = {
+      cmocka_unit_test_setup_teardown(test_direct_kill_tcp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_kill_shm, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_stop_tcp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_stop_shm, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_close_tcp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_delay, setup, teardown),
+  };
+  const struct CMUnitTest run[] = {
+      cmocka_unit_test_setup_teardown(test_run_exit_code, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_kill_summary, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_stop_named, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_restart_resumes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_corrupt_ckpt_fallback, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
+  };
+  if (!strcmp(group, "parse"))
+    return cmocka_run_group_tests(parse, NULL, NULL);
+  if (!strcmp(group, "direct"))
+    return cmocka_run_group_tests(direct, NULL, NULL);
+  if (!strcmp(group, "run"))
+    return cmocka_run_group_tests(run, NULL, NULL);
+  fprintf(stderr, "unknown group %s\n", group);
+  return 1;
+}
