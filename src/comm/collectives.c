@@ -60,6 +60,8 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *              below that the chain is just a slower tree).
  *   barrier:   the transport's own when present (one shared counter beats log2(n) messages). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
+  if (ops->fast_paths_always && has_fast(ops, k))
+    return DT_ALGO_SHM;
   switch (k) {
   case DT_COLL_ALLREDUCE:
     if (bytes <= (32u << 10) || n <= 1)

@@ -13,6 +13,9 @@
 
 #include "comm/coll/coll.h"
 #include "comm/comm.h"
+#ifdef DTRAIN_HAVE_MPI
+#include "comm/mpi/mpi_boot.h"
+#endif
 
 /* Every transport this build has. Adding one is a line here (and its folder). Keep "shm" and
  * "tcp" first: the automatic choice names them. The MPI table joins under DTRAIN_HAVE_MPI when
@@ -20,6 +23,9 @@
 static const dt_transport_ops *const comm_transports[] = {
     &dt__transport_shm,
     &dt__transport_tcp,
+#ifdef DTRAIN_HAVE_MPI
+    &dt__transport_mpi,
+#endif
 };
 
 /* How long create/split wait for one store key before re-checking the job's health, so a
@@ -370,6 +376,36 @@ static bool comm_is_loopback(const char *h) {
   return strcmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
 }
 
+#ifdef DTRAIN_HAVE_MPI
+/* Under mpirun without a store address: rank 0 starts the store on an ephemeral port of every
+ * interface and broadcasts "<hostname> <port>" over MPI; a rank on the same host connects
+ * through loopback, others by the host name. */
+static dt_status comm_mpi_store(dt_comm *c) {
+  int rank, size, lr, ls;
+  DT_CHECK(dt__mpi_bootstrap(&rank, &size, &lr, &ls));
+  if (rank != c->rank || size != c->size)
+    return dt_set_error(DT_ERR_INVALID, "MPI says rank %d of %d but the environment says rank %d of %d", rank, size,
+                        c->rank, c->size);
+  char msg[300] = {0}, me[256] = {0};
+  gethostname(me, sizeof me - 1);
+  if (c->rank == 0) {
+    int port = 0;
+    DT_CHECK(dt__store_server_start(NULL, 0, c->env.secret, c->env.secret_len, c->size, c->env.fault_timeout_ms,
+                                    &c->server, &port));
+    snprintf(msg, sizeof msg, "%.255s %d", me, port);
+  }
+  DT_CHECK(dt__mpi_bcast_bytes(msg, sizeof msg, 0));
+  char host[256];
+  int port = 0;
+  if (sscanf(msg, "%255s %d", host, &port) != 2 || port <= 0 || port > 65535)
+    return dt_set_error(DT_ERR_PROTOCOL, "rank %d: bad store address from rank 0 over MPI: '%.60s'", c->rank, msg);
+  snprintf(c->env.store_host, sizeof c->env.store_host, "%s", strcmp(host, me) == 0 ? "127.0.0.1" : host);
+  c->env.store_port = port;
+  c->env.host_store = 0;
+  return DT_OK;
+}
+
+#endif
 dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_comm_create: out is NULL");
@@ -392,7 +428,14 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   dt_status st;
   char (*ids)[COMM_HOSTID_MAX] = NULL;
 
-  if (env.host_store) {
+#ifdef DTRAIN_HAVE_MPI
+  if (env.mpi_boot) {
+    st = comm_mpi_store(c);
+    if (st != DT_OK)
+      goto fail;
+  }
+#endif
+  if (env.host_store && !c->server) {
     int port = 0;
     const char *bind = comm_is_loopback(env.store_host) ? env.store_host : NULL;
     st = dt__store_server_start(bind, env.store_port, env.secret, env.secret_len, env.world_size, env.fault_timeout_ms,

@@ -44,6 +44,7 @@ typedef struct dt__comm_env {
   char job_id[64];
   int timeout_ms, fault_timeout_ms;
   char source[32]; /* "dtrain", "torchrun", "openmpi", "slurm", "config", "single" */
+  int mpi_boot;     /* started by mpirun with no store address: MPI tells rank 0's store address */
 } dt__comm_env;
 dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env);
 

@@ -175,6 +175,12 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
     DT_CHECK(cfg_port("MASTER_PORT", &port));
   if (env->world_size == 1 && (!host || !port)) {
     host = host ? host : "127.0.0.1";
+#ifdef DTRAIN_HAVE_MPI
+  } else if (!host && !port && conv && strcmp(conv->name, "openmpi") == 0) {
+    /* Started by mpirun: rank 0 starts the store and MPI tells everyone where (comm.c). */
+    env->mpi_boot = 1;
+    host = "";
+#endif
   } else if (!host || !port) {
     const char *how = conv ? conv->name : "config";
     return dt_set_error(DT_ERR_INVALID,
@@ -198,6 +204,8 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
   /* ---- secret, transport, bind address, job id, timeouts ---- */
   DT_CHECK(dt__secret_load(cfg->secret, env->secret, sizeof env->secret, &env->secret_len));
   const char *tp = cfg->transport ? cfg->transport : dt__env_str("DTRAIN_TRANSPORT");
+  if (!tp)
+    tp = dt__env_str("DTRAIN_BACKEND"); /* `dtrain run --backend` and the spelling */
   if (tp && *tp && strcmp(tp, "auto") != 0) {
     if (strcmp(tp, "shm") && strcmp(tp, "tcp") && strcmp(tp, "mpi"))
       return dt_set_error(DT_ERR_INVALID, "%s '%s' is not a transport (use shm, tcp or mpi)",

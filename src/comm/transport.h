@@ -76,6 +76,9 @@ typedef struct dt_transport_ops {
   dt_status (*reduce_scatter)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
                               dt_op op, const dt__fp *fp, int64_t deadline);
   dt_status (*barrier)(dt_transport *t, const dt__fp *fp, int64_t deadline);
+  /* 1 when the fast paths above beat dtrain's own algorithms at every size, so they are used
+   * whenever present (mpi: the library's tuned collectives); 0 lets the size decide. */
+  int fast_paths_always;
   /* Closes every connection and frees t; never blocks long. Accepts NULL. */
   void (*destroy)(dt_transport *t);
 } dt_transport_ops;

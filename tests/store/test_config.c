@@ -121,9 +121,15 @@ static void test_openmpi(void **unused) {
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
   dt__comm_env e;
+#ifdef DTRAIN_HAVE_MPI
+  /* Built with Open MPI: the store's address will come through MPI (comm.c). */
+  assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_OK);
+  assert_int_equal(e.mpi_boot, 1);
+#else
   assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_ERR_INVALID);
   assert_non_null(strstr(dt_last_error(), "DTRAIN_MASTER_ADDR"));
   assert_non_null(strstr(dt_last_error(), "openmpi"));
+#endif
   setenv("DTRAIN_MASTER_ADDR", "head", 1);
   setenv("DTRAIN_MASTER_PORT", "4000", 1);
   assert_int_equal(dt__comm_env_resolve(NULL, &e), DT_OK);

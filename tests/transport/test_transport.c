@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "comm/coll/coll.h"
 #include "comm/comm.h"
 #include "comm/wire.h"
 #include "common/mp.h"
@@ -157,6 +158,65 @@ static int case_sendrecv(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Value of element i of rank r's input (small halves: every sum here is exact in f16/f32). */
+static double fval(int r, size_t i) { return (double)((int)((i * 7 + (size_t)r * 13) % 1000) - 500) * 0.5; }
+
+/* broadcast, allgather and reduce_scatter fast paths (when the transport has them). */
+static int fast_others(dt_comm *c, int rank, int size) {
+  static const size_t counts[] = {0, 1, 7, 4099, 300007};
+  for (size_t ki = 0; ki < DT_ARRAY_LEN(counts); ki++) {
+    size_t n = counts[ki];
+    float *a = malloc((n * (size_t)size + 1) * 4), *b = malloc((n * (size_t)size + 1) * 4);
+    if (c->ops->broadcast)
+      for (int root = 0; root < size; root++) {
+        for (size_t i = 0; i < n; i++)
+          a[i] = rank == root ? (float)fval(root, i) : -1.0f;
+        dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_BROADCAST, .dtype = DT_F32, .root = root};
+        CHECK_OK(c->ops->broadcast(c->tp, a, n, DT_F32, root, &fp, dt__comm_deadline(c)));
+        for (size_t i = 0; i < n; i++)
+          CHECK(a[i] == (float)fval(root, i), "broadcast count %zu root %d element %zu = %g", n, root, i, (double)a[i]);
+      }
+    if (c->ops->allgather)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        float *mine = inplace ? b + (size_t)rank * n : a;
+        for (size_t i = 0; i < n; i++)
+          mine[i] = (float)fval(rank, i);
+        dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLGATHER, .dtype = DT_F32, .root = -1};
+        CHECK_OK(c->ops->allgather(c->tp, inplace ? DT_IN_PLACE : a, b, n, DT_F32, &fp, dt__comm_deadline(c)));
+        for (int r = 0; r < size; r++)
+          for (size_t i = 0; i < n; i++)
+            CHECK(b[(size_t)r * n + i] == (float)fval(r, i), "allgather count %zu block %d element %zu", n, r, i);
+      }
+    if (c->ops->reduce_scatter)
+      for (int ti = 0; ti < 2; ti++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+          dt_dtype t = ti ? DT_F16 : DT_F32;
+          uint16_t *h = (uint16_t *)a;
+          float *in = inplace ? b : a;
+          for (size_t i = 0; i < n * (size_t)size; i++) {
+            if (t == DT_F16)
+              ((uint16_t *)(inplace ? (void *)b : (void *)a))[i] = dt__f32_to_f16((float)fval(rank, i));
+            else
+              in[i] = (float)fval(rank, i);
+          }
+          dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_REDUCE_SCATTER, .dtype = (uint8_t)t, .op = DT_SUM, .root = -1};
+          CHECK_OK(c->ops->reduce_scatter(c->tp, inplace ? DT_IN_PLACE : a, b, n, t, DT_SUM, &fp, dt__comm_deadline(c)));
+          for (size_t i = 0; i < n; i++) {
+            double want = 0;
+            for (int r = 0; r < size; r++)
+              want += fval(r, (size_t)rank * n + i);
+            double got = t == DT_F16 ? dt__f16_to_f32(((uint16_t *)b)[i]) : b[i];
+            CHECK(got == want, "reduce_scatter %s inplace %d count %zu element %zu = %g, want %g", t == DT_F16 ? "f16" : "f32",
+                  inplace, n, i, got, want);
+          }
+          (void)h;
+        }
+    free(a);
+    free(b);
+  }
+  return 0;
+}
+
 /* The transport's allreduce fast path (shm) against a serial reference. */
 static int case_allreduce(int rank, int size, void *arg) {
   g_rank = rank;
@@ -209,10 +269,42 @@ static int case_allreduce(int rank, int size, void *arg) {
           free(si);
           free(ri);
         }
+  if (fast_others(c, rank, size))
+    return 1;
   if (c->ops->barrier) {
     dt__fp fp = {.seq = ++c->seq, .coll = DT_COLL_BARRIER, .root = -1};
     CHECK_OK(c->ops->barrier(c->tp, &fp, dt__comm_deadline(c)));
   }
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* Mismatched calls on the fast paths: different counts, then a barrier against an allreduce.
+ * Both sides must report DT_ERR_MISMATCH naming both calls. */
+static int case_fastmismatch(int rank, int size, void *arg) {
+  g_rank = rank;
+  int which = *(int *)arg;
+  dt_comm *c;
+  if (join(&c))
+    return 1;
+  float buf[64] = {0};
+  dt__fp fp = {.seq = 1, .count = rank ? 20 : 10, .coll = DT_COLL_ALLREDUCE, .dtype = DT_F32, .op = DT_SUM, .root = -1};
+  dt_status st;
+  const char *want0 = "rank 0 called allreduce #1 with 10 x f32 sum", *want1 = "rank 1 called allreduce #1 with 20 x f32 sum";
+  if (which == 0) {
+    st = c->ops->allreduce(c->tp, buf, buf, fp.count, DT_F32, DT_SUM, &fp, dt__comm_deadline(c));
+  } else {
+    want0 = "rank 0 called barrier #1";
+    if (rank == 0) {
+      fp = (dt__fp){.seq = 1, .coll = DT_COLL_BARRIER, .root = -1};
+      st = c->ops->barrier(c->tp, &fp, dt__comm_deadline(c));
+    } else {
+      st = c->ops->allreduce(c->tp, buf, buf, fp.count, DT_F32, DT_SUM, &fp, dt__comm_deadline(c));
+    }
+  }
+  CHECK(st == DT_ERR_MISMATCH, "status %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(strstr(dt_last_error(), want0) && strstr(dt_last_error(), want1), "message: %s", dt_last_error());
+  fprintf(stderr, "[rank %d] expected failure: %s: %s\n", rank, dt_strerror(st), dt_last_error());
   dt_comm_destroy(c);
   return 0;
 }
@@ -415,7 +507,7 @@ static int case_stranger(int rank, int size, void *arg) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s p2p|sendrecv|allreduce|split|kill|stop|nojoin|mismatch|stranger shm|tcp\n", argv[0]);
+    fprintf(stderr, "usage: %s p2p|sendrecv|fast|fastmismatch|split|kill|stop|nojoin|mismatch|stranger shm|tcp\n", argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -423,9 +515,9 @@ int main(int argc, char **argv) {
   setenv("DTRAIN_TIMEOUT_MS", "60000", 1);
   g_pids = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   int failures = 0;
-  if (!strcmp(cs, "p2p") || !strcmp(cs, "sendrecv") || !strcmp(cs, "allreduce") || !strcmp(cs, "split")) {
+  if (!strcmp(cs, "p2p") || !strcmp(cs, "sendrecv") || !strcmp(cs, "fast") || !strcmp(cs, "split")) {
     mp_body b = !strcmp(cs, "p2p") ? case_p2p : !strcmp(cs, "sendrecv") ? case_sendrecv
-                : !strcmp(cs, "allreduce") ? case_allreduce : case_split;
+                : !strcmp(cs, "fast") ? case_allreduce : case_split;
     for (int n = 1; n <= 4; n++) {
       int f = mp_run(n, b, NULL, 100);
       fprintf(stderr, "%s %s with %d rank(s): %s\n", cs, g_tp, n, f ? "FAILED" : "ok");
@@ -446,6 +538,9 @@ int main(int argc, char **argv) {
     }
   } else if (!strcmp(cs, "nojoin")) {
     failures += mp_run(3, case_nojoin, NULL, 60);
+  } else if (!strcmp(cs, "fastmismatch")) {
+    for (int which = 0; which < 2; which++)
+      failures += mp_run(2, case_fastmismatch, &which, 60);
   } else if (!strcmp(cs, "mismatch")) {
     for (int which = 0; which < 2; which++)
       failures += mp_run(2, case_mismatch, &which, 60);

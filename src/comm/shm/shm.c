@@ -41,8 +41,10 @@
 /* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
  * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
 #define SHM_DEFAULT_CHUNK (512u << 10)
-#define SHM_SPINS 2000
-#define SHM_YIELDS 200
+/* Waiting: ~256 pauses (a few microseconds: the other side is usually that close when each
+ * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps. */
+#define SHM_SPINS 256
+#define SHM_YIELDS 64
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
 #define SHM_ALIVE_NS 50000000 /* liveness check of awaited ranks: 50 ms */
 
@@ -67,6 +69,10 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t bar_seq; /* barriers entered */
   alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer / barrier parity */
   dt__fp bar_fp[2];
+  /* The call this rank is in (seqlock: odd version = being written), so a rank waiting for it
+   * can tell "slow" from "in a different call" and report a mismatch instead of a timeout. */
+  alignas(SHM_LINE) _Atomic uint32_t cur_ver;
+  dt__fp cur_fp;
 } shm_rank;
 
 typedef struct shm_slot {
@@ -92,6 +98,7 @@ struct dt_transport {
   uint64_t chunks; /* allreduce chunks done on this communicator (same on every rank) */
   uint64_t bars;   /* barriers done */
   bool broken;     /* a mismatch left rings in an unknown state */
+  dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
 
@@ -155,6 +162,42 @@ static bool shm_alive(dt_transport *t, int peer, int *pid_out) {
   return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
+/* Publishes the collective call this rank is in (point-to-point calls are not collective and
+ * are not published). */
+static void shm_board_set(dt_transport *t, const dt__fp *fp) {
+  if (fp->coll == DT_COLL_SEND || dt__fp_equal(&t->cur, fp))
+    return;
+  shm_rank *me = &t->ranks[t->rank];
+  uint32_t v = atomic_load_explicit(&me->cur_ver, memory_order_relaxed);
+  atomic_store_explicit(&me->cur_ver, v + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  me->cur_fp = *fp;
+  atomic_store_explicit(&me->cur_ver, v + 2, memory_order_release);
+  t->cur = *fp;
+}
+
+/* DT_ERR_MISMATCH if `peer` is in a different collective call with our sequence number. */
+static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
+  if (peer < 0 || fp->coll == DT_COLL_SEND)
+    return DT_OK;
+  shm_rank *pr = &t->ranks[peer];
+  for (int tries = 0; tries < 4; tries++) {
+    uint32_t v1 = atomic_load_explicit(&pr->cur_ver, memory_order_acquire);
+    if (v1 & 1)
+      continue;
+    dt__fp theirs = pr->cur_fp;
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&pr->cur_ver, memory_order_relaxed) != v1)
+      continue;
+    if (v1 && theirs.seq == fp->seq && !dt__fp_equal(&theirs, fp)) {
+      t->broken = true;
+      return dt__comm_mismatch(t->c, peer, &theirs, fp);
+    }
+    return DT_OK;
+  }
+  return DT_OK;
+}
+
 /* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
  * for liveness). bell is the bell value read before the condition was found false. */
 static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
@@ -174,6 +217,8 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
+  if (w->iter >= SHM_SPINS)
+    DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
   if (now >= deadline) {
     char pn[64], what[160];
@@ -364,6 +409,7 @@ static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
     return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
+  shm_board_set(t, fp);
   const uint64_t nslots = t->h->nslots, slot_bytes = t->h->slot_bytes;
   shm_ring *sr = dst >= 0 ? shm_ring_of(t, t->rank, dst) : NULL;
   shm_ring *rr = src >= 0 ? shm_ring_of(t, src, t->rank) : NULL;
@@ -586,6 +632,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
+  shm_board_set(t, fp);
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
   const uint64_t base = t->chunks;
@@ -622,11 +669,169 @@ fail:
   return st;
 }
 
+/* Common frame of the two-phase fast paths (broadcast, allgather, reduce_scatter): for chunk k
+ * (global number g), fill() writes this rank's staging buffer (if it contributes), every rank
+ * publishes in_seq = g, waits for all (checking fingerprints), consume() reads what it needs,
+ * and every rank publishes out_seq = g. A buffer is refilled only after every rank consumed the
+ * chunk that used it two chunks earlier. */
+typedef struct shm_phase {
+  const uint8_t *in;
+  uint8_t *out;
+  size_t count, es, per; /* elements per block; element size; elements per block per chunk */
+  int root;
+  dt_dtype dt;
+  dt_op op;
+} shm_phase;
+
+typedef void (*shm_fill_fn)(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage);
+typedef dt_status (*shm_consume_fn)(dt_transport *t, const shm_phase *p, size_t k, int b);
+
+static dt_status shm_two_phase(dt_transport *t, const shm_phase *p, size_t nchunks, shm_fill_fn fill,
+                               shm_consume_fn consume, const dt__fp *fp, int64_t deadline) {
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(t->c))
+    return dt__comm_abort_status(t->c);
+  shm_board_set(t, fp);
+  const uint64_t base = t->chunks;
+  dt_status st = DT_OK;
+  for (size_t k = 0; k < nchunks; k++) {
+    uint64_t g = base + k + 1;
+    int b = (int)(g & 1);
+    if (g > 2)
+      DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, out_seq), g - 2, 0, 0, fp, deadline), st, fail);
+    if (fill)
+      fill(t, p, k, shm_stage(t, t->rank, b));
+    t->ranks[t->rank].fp[b] = *fp;
+    shm_publish(t, offsetof(shm_rank, in_seq), g);
+    DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, in_seq), g, offsetof(shm_rank, fp), b, fp, deadline), st, fail);
+    DT_CHECK_GOTO(consume(t, p, k, b), st, fail);
+    shm_publish(t, offsetof(shm_rank, out_seq), g);
+  }
+  t->chunks = base + nchunks;
+  return DT_OK;
+fail:
+  t->broken = true;
+  return st;
+}
+
+static size_t shm_piece(const shm_phase *p, size_t k) {
+  return p->count > k * p->per ? DT_MIN(p->per, p->count - k * p->per) : 0;
+}
+
+/* broadcast: the root fills, everybody else copies out. */
+static void bcast_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
+  size_t m = shm_piece(p, k);
+  if (t->rank == p->root && m)
+    memcpy(stage, p->out + k * p->per * p->es, m * p->es);
+}
+static dt_status bcast_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
+  size_t m = shm_piece(p, k);
+  if (t->rank != p->root && m)
+    memcpy(p->out + k * p->per * p->es, shm_stage(t, p->root, b), m * p->es);
+  return DT_OK;
+}
+
+static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtype dt, int root, const dt__fp *fp,
+                               int64_t deadline) {
+  if (t->n == 1)
+    return DT_OK;
+  shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
+  p.per = t->h->chunk_bytes / p.es;
+  size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
+  return shm_two_phase(t, &p, nchunks, bcast_fill, bcast_consume, fp, deadline);
+}
+
+/* allgather: everybody fills its piece, everybody copies every other rank's piece out. */
+static void gather_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
+  size_t m = shm_piece(p, k);
+  if (m)
+    memcpy(stage, p->in + k * p->per * p->es, m * p->es);
+}
+static dt_status gather_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
+  size_t m = shm_piece(p, k), blk = p->count * p->es;
+  for (int s = 0; s < t->n && m; s++)
+    if (s != t->rank || p->in != p->out + (size_t)s * blk)
+      memcpy(p->out + (size_t)s * blk + k * p->per * p->es, shm_stage(t, s, b), m * p->es);
+  return DT_OK;
+}
+
+static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
+                               const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(dt);
+  uint8_t *out = rbuf;
+  const uint8_t *in = sbuf == DT_IN_PLACE ? out + (size_t)t->rank * count * es : sbuf;
+  if (t->n == 1) {
+    if (in != out && count)
+      memmove(out, in, count * es);
+    return DT_OK;
+  }
+  shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
+  p.per = t->h->chunk_bytes / es;
+  size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
+  return shm_two_phase(t, &p, nchunks, gather_fill, gather_consume, fp, deadline);
+}
+
+/* reduce_scatter: each chunk holds `per` elements of every block (block s at s * per); rank r
+ * reduces block r's piece across all ranks' staging buffers straight into its output. */
+static void rs_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
+  size_t m = shm_piece(p, k);
+  for (int s = 0; s < t->n && m; s++)
+    memcpy(stage + (size_t)s * p->per * p->es, p->in + ((size_t)s * p->count + k * p->per) * p->es, m * p->es);
+}
+static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
+  size_t m = shm_piece(p, k);
+  if (!m)
+    return DT_OK;
+  size_t off = (size_t)t->rank * p->per * p->es;
+  uint8_t *dst = p->out + k * p->per * p->es;
+  if (dt__coll_wide(p->dt, p->op)) {
+    /* f32 accumulator, rounded once into the output (avg divides before that rounding). */
+    int div = p->op == DT_AVG ? t->n : 1, last = t->n - 1;
+    if (t->n == 2) {
+      dt__reduce_mix(dst, p->dt, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, div);
+      return DT_OK;
+    }
+    if (!t->acc && !(t->acc = dt__alloc(t->h->chunk_bytes * 2 + SHM_LINE * 4)))
+      return DT_ERR_NOMEM;
+    dt__reduce_mix(t->acc, DT_F32, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, 1);
+    for (int s = 2; s < last; s++)
+      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_stage(t, s, b) + off, p->dt, m, p->op, 1);
+    dt__reduce_mix(dst, p->dt, t->acc, DT_F32, shm_stage(t, last, b) + off, p->dt, m, p->op, div);
+    return DT_OK;
+  }
+  dt__reduce2(dst, shm_stage(t, 0, b) + off, shm_stage(t, 1, b) + off, m, p->dt, p->op);
+  for (int s = 2; s < t->n; s++)
+    dt__reduce(dst, shm_stage(t, s, b) + off, m, p->dt, p->op);
+  dt__reduce_finish(dst, m, p->dt, p->op, t->n);
+  return DT_OK;
+}
+
+static dt_status shm_reduce_scatter(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
+                                    const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(dt);
+  const uint8_t *in = sbuf == DT_IN_PLACE ? rbuf : sbuf;
+  if (t->n == 1) {
+    if (in != (uint8_t *)rbuf && count)
+      memmove(rbuf, in, count * es);
+    dt__reduce_finish(rbuf, count, dt, op, 1);
+    return DT_OK;
+  }
+  shm_phase p = {.in = in, .out = rbuf, .count = count, .es = es, .dt = dt, .op = op};
+  p.per = (t->h->chunk_bytes / (size_t)t->n) / SHM_LINE * SHM_LINE / es;
+  if (!p.per)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CHUNK %llu is too small for %d ranks",
+                        (unsigned long long)t->h->chunk_bytes, t->n);
+  size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
+  return shm_two_phase(t, &p, nchunks, rs_fill, rs_consume, fp, deadline);
+}
+
 static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
   if (t->broken)
     return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  shm_board_set(t, fp);
   uint64_t g = ++t->bars;
   int b = (int)(g & 1);
   t->ranks[t->rank].bar_fp[b] = *fp;
@@ -639,6 +844,9 @@ const dt_transport_ops dt__transport_shm = {
     .create = shm_create,
     .sendrecv = shm_sendrecv,
     .allreduce = shm_allreduce,
+    .broadcast = shm_broadcast,
+    .allgather = shm_allgather,
+    .reduce_scatter = shm_reduce_scatter,
     .barrier = shm_barrier,
     .destroy = shm_destroy,
 };
