@@ -129,10 +129,19 @@ typedef struct dt__run_failure {
   double detect_s;  /* from the generation's start until the failure was seen */
   double restart_s; /* from then until the next generation's workers were started */
 } dt__run_failure;
+/* R if p starts "rank R failed" or "rank R (...) failed", else -1. */
+int dt__run_failed_rank(const char *p);
 /* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */
 void dt__run_cause(dt_job *job, char *buf, size_t n);
 /* "rank 1 killed by signal 9 (SIGKILL) (rank 1 failed: connection lost ...)". */
 void dt__run_describe_failure(dt_job *job, char *buf, size_t n);
+/* The variables every worker of this host shares (world size, node rank, store address, a new
+ * job id, a secret if none is set); per-rank ones are set in each child. */
+dt_status dt__run_job_env(const dt_launch_opts *o);
+/* One summary for a job that did not end well; returns the exit code. */
+int dt__run_report(dt_job *job);
+/* The list of failures that led to restarts (stderr). */
+void dt__run_print_failures(const dt__run_failure *f, int n, int restarts_left);
 /* Multi-host elastic agent (--nnodes > 1 with --max-restarts): returns the exit code. The job
  * environment is already set up (run_job_env). */
 int dt__run_elastic(dt_launch_opts *o);

@@ -173,8 +173,7 @@ static void run_setenv_int(const char *a, const char *b, int v) {
     setenv(b, s, 1);
 }
 
-/* The variables every worker of this host shares; per-rank ones are set in each child. */
-static dt_status run_job_env(const dt_launch_opts *o) {
+dt_status dt__run_job_env(const dt_launch_opts *o) {
   run_setenv_int("DTRAIN_WORLD_SIZE", "WORLD_SIZE", o->nnodes * o->nproc);
   run_setenv_int("DTRAIN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", o->nproc);
   run_setenv_int("DTRAIN_NODE_RANK", NULL, o->node_rank);
@@ -214,7 +213,7 @@ static void run_describe_exit(const dt_worker *w, char *buf, size_t n) {
 }
 
 /* One summary for a job that did not end well; returns our exit code. */
-static int run_report(dt_job *job) {
+int dt__run_report(dt_job *job) {
   const dt_launch_opts *o = job->opts;
   char what[128];
   int rc = 0;
@@ -278,7 +277,7 @@ static int run_report(dt_job *job) {
 }
 
 /* One line per failure that led to a restart, and the end of the story. */
-static void run_print_failures(const dt__run_failure *f, int n, int restarts_left) {
+void dt__run_print_failures(const dt__run_failure *f, int n, int restarts_left) {
   if (n == 0)
     return;
   fprintf(stderr, "dtrain run: %d failure%s, %d restart%s:\n", n, n == 1 ? "" : "s", n, n == 1 ? "" : "s");
@@ -290,20 +289,34 @@ static void run_print_failures(const dt__run_failure *f, int n, int restarts_lef
 
 /* Picks the clearest account of a failure: the first line of any worker's tail that names a
  * failed rank ("rank 3 failed: no heartbeat ..."), which tells a hang from its victims' errors. */
+int dt__run_failed_rank(const char *p) {
+  int r, used = 0;
+  if (sscanf(p, "rank %d%n", &r, &used) != 1 || r < 0)
+    return -1;
+  p += used;
+  while (*p == ' ')
+    p++;
+  if (*p == '(') { /* "rank 0 (store host 10.0.0.1:29500) failed" */
+    const char *close = strchr(p, ')');
+    if (!close)
+      return -1;
+    p = close + 1;
+    while (*p == ' ')
+      p++;
+  }
+  return strncmp(p, "failed", 6) == 0 ? r : -1;
+}
+
 void dt__run_cause(dt_job *job, char *buf, size_t n) {
   buf[0] = '\0';
   for (int i = 0; i < job->opts->nproc; i++) {
     const char *line;
-    for (int k = 0; (line = dt__out_tail_line(job->out, i, k)); k++) {
-      for (const char *p = strstr(line, "rank "); p; p = strstr(p + 5, "rank ")) {
-        int r;
-        char word[16];
-        if (sscanf(p, "rank %d %15[a-z]", &r, word) == 2 && !strcmp(word, "failed")) {
+    for (int k = 0; (line = dt__out_tail_line(job->out, i, k)); k++)
+      for (const char *p = strstr(line, "rank "); p; p = strstr(p + 5, "rank "))
+        if (dt__run_failed_rank(p) >= 0) {
           snprintf(buf, n, "%s", p);
           return;
         }
-      }
-    }
   }
 }
 
@@ -367,12 +380,12 @@ static int run_generations(dt_launch_opts *o, bool have_master) {
       dt__out_destroy(out);
       continue;
     }
-    rc = run_report(&job);
+    rc = dt__run_report(&job);
     dt__launch_finish(&job);
     dt__out_destroy(out);
     break;
   }
-  run_print_failures(fails, nfails, o->max_restarts - nfails);
+  dt__run_print_failures(fails, nfails, o->max_restarts - nfails);
   return rc;
 }
 
@@ -552,7 +565,7 @@ int dt_cli_run(int argc, char **argv) {
     if (run_free_port(&o.master_port))
       return dt_cli_fail("run", "cannot find a free port for the rendezvous store");
   }
-  if (run_job_env(&o))
+  if (dt__run_job_env(&o))
     return dt_cli_fail("run", "cannot prepare the job environment");
   run_raise_nofile();
   if (o.nnodes > 1 && o.max_restarts > 0)

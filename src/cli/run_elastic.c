@@ -1,10 +1,394 @@
-/* run_elastic.c - multi-host elastic agent. */
+/* run_elastic.c - the multi-host elastic agent of `dtrain run` (--nnodes > 1 with
+ * --max-restarts): the agents of all hosts agree on each generation's members through an agent
+ * store, run their local workers, and after a failure anywhere re-form with the hosts that are
+ * still there.
+ *
+ * The agent store is a rendezvous store (comm/store.h) at --master HOST:PORT, hosted by the agent
+ * of node 0. Keys of generation g:
+ *   g<g>/join/<node>   "<addr>"   an agent that is ready for generation g (addr: its IP as seen
+ *                                 on the route to the store)
+ *   g<g>/members       "n:addr,n:addr,..." (original node numbers, ascending), or "abort:<why>"
+ *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers
+ *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
+ *   g<g>/finished      count of agents whose generation ended well
+ * The agent of the first member decides the members: everyone who joined within the join window
+ * (all previous members, or the window's end), minus hosts blamed for FAILS_TO_EXCLUDE
+ * failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
+ * so nothing of a failed generation can answer the next one. The world size is members x -n;
+ * `dtrain train --batch` is global, so the per-worker batch follows.
+ *
+ * When the host of the agent store dies, its workers die with it, the other agents see their
+ * workers fail and the store vanish, and the store moves: every agent tries the last members in
+ * order and the first that is alive hosts a new store (same port, its own address).
+ * Not here: hosts joining a running job between failures (a new host is only taken at a
+ * generation boundary, up to --max-nodes), or surviving the loss of a majority of hosts at once
+ * while the store moves (each agent tries each candidate once per window). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/launch.h"
+#include "comm/store.h"
+#include "comm/wire.h"
+#include "core/core.h"
 
-int dt__run_elastic(dt_launch_opts *o) {
-  fprintf(stderr, "dtrain run: multi-host restarts come next\n");
-  return 1;
+#define FAILS_TO_EXCLUDE 2
+#define EL_MAX_NODES 256
+#define EL_RPC_MS 2000 /* one store call */
+
+typedef struct el_member {
+  int node;
+  char addr[64];
+} el_member;
+
+typedef struct elastic {
+  dt_launch_opts *base; /* the command line's options */
+  int me;               /* this host's original node number */
+  char my_addr[64];
+  char store_addr[256];
+  int store_port;
+  uint8_t secret[256];
+  size_t secret_len;
+  dt__store_server *server; /* when this agent hosts the agent store */
+  dt__store *st;
+  el_member members[EL_MAX_NODES];
+  int nmembers;
+  int fails[EL_MAX_NODES]; /* blamed failures per original node (kept by whoever decides) */
+  int gen;
+  int64_t window_ms;
+} elastic;
+
+/* This host's address on the route to host:port (a UDP connect sends nothing). */
+static dt_status el_local_addr(const char *host, int port, char *buf, size_t n) {
+  struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", port);
+  int rc = getaddrinfo(host, ps, &hints, &res);
+  if (rc)
+    return dt_set_error(DT_ERR_INVALID, "cannot resolve %s: %s", host, gai_strerror(rc));
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a;
+  socklen_t len = sizeof a;
+  dt_status st = DT_OK;
+  if (s < 0 || connect(s, res->ai_addr, res->ai_addrlen) != 0 || getsockname(s, (struct sockaddr *)&a, &len) != 0)
+    st = dt__errno(DT_ERR_SYSTEM, "finding this host's address towards %s", host);
+  else
+    inet_ntop(AF_INET, &a.sin_addr, buf, (socklen_t)n);
+  if (s >= 0)
+    close(s);
+  freeaddrinfo(res);
+  return st;
+}
+
+static void el_disconnect(elastic *e) {
+  dt__store_close(e->st);
+  e->st = NULL;
+}
+
+/* Hosts the agent store here (on all interfaces, the agreed port). */
+static dt_status el_host_store(elastic *e) {
+  if (e->server)
+    return DT_OK;
+  /* world = nodes that may ever send heartbeats; agents send none, the detector stays idle. */
+  DT_CHECK(dt__store_server_start(NULL, e->store_port, e->secret, e->secret_len, e->base->max_nodes, 3600000,
+                                  &e->server, NULL));
+  snprintf(e->store_addr, sizeof e->store_addr, "%s", e->my_addr);
+  DT_LOG_INFO("dtrain run: node %d hosts the agent store on port %d", e->me, e->store_port);
+  return DT_OK;
+}
+
+static dt_status el_connect(elastic *e, const char *host, int64_t deadline) {
+  el_disconnect(e);
+  DT_CHECK(dt__store_connect(host, e->store_port, e->secret, e->secret_len, e->me, deadline, &e->st));
+  snprintf(e->store_addr, sizeof e->store_addr, "%s", host);
+  return DT_OK;
+}
+
+/* After the store vanished: the first of the last members that is alive hosts it. Each agent
+ * walks the same list; a candidate that is not this host gets a bounded number of tries. */
+static dt_status el_move_store(elastic *e) {
+  el_disconnect(e);
+  for (int k = 0; k < e->nmembers; k++) {
+    const el_member *m = &e->members[k];
+    if (m->node == e->me) {
+      DT_CHECK(el_host_store(e));
+      return el_connect(e, e->my_addr, dt__deadline_after_ms(EL_RPC_MS));
+    }
+    if (!strcmp(m->addr, e->store_addr) && k == 0)
+      continue; /* the host that just vanished */
+    if (el_connect(e, m->addr, dt__deadline_after_ms(e->window_ms / 2)) == DT_OK) {
+      DT_LOG_WARN("dtrain run: the agent store moved to node %d (%s)", m->node, m->addr);
+      return DT_OK;
+    }
+  }
+  return dt_set_error(DT_ERR_PEER, "no surviving host could host the agent store");
+}
+
+static void el_key(char *buf, size_t n, int gen, const char *what) { snprintf(buf, n, "g%d/%s", gen, what); }
+
+/* Parses "n:addr,n:addr" into e->members. */
+static dt_status el_parse_members(elastic *e, const char *v) {
+  e->nmembers = 0;
+  const char *p = v;
+  while (*p && e->nmembers < EL_MAX_NODES) {
+    el_member *m = &e->members[e->nmembers];
+    int used = 0;
+    if (sscanf(p, "%d:%63[^,]%n", &m->node, m->addr, &used) != 2)
+      return dt_set_error(DT_ERR_PROTOCOL, "agent store: bad members list '%s'", v);
+    e->nmembers++;
+    p += used;
+    if (*p == ',')
+      p++;
+  }
+  return DT_OK;
+}
+
+/* The decider's part: who joined generation gen within the window. */
+static dt_status el_decide(elastic *e, char *val, size_t cap) {
+  char key[64];
+  int64_t end = dt__deadline_after_ms(e->gen == 0 ? (e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)
+                                                  : e->window_ms);
+  int candidates[EL_MAX_NODES], nc = 0;
+  if (e->gen == 0) {
+    for (int n = 0; n < e->base->nnodes; n++)
+      candidates[nc++] = n;
+  } else {
+    for (int k = 0; k < e->nmembers; k++)
+      candidates[nc++] = e->members[k].node;
+  }
+  /* Whoever failed too often is not waited for. */
+  char blame[DT_STORE_MSG_MAX];
+  size_t bn;
+  el_key(key, sizeof key, e->gen - 1, "blame");
+  if (e->gen > 0 && dt__store_get(e->st, key, blame, sizeof blame - 1, &bn, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK) {
+    blame[bn] = '\0';
+    int who = atoi(blame);
+    if (who >= 0 && who < EL_MAX_NODES && ++e->fails[who] >= FAILS_TO_EXCLUDE)
+      fprintf(stderr, "dtrain run: node %d failed %d times; leaving it out from now on\n", who, e->fails[who]);
+  }
+  size_t o = 0;
+  int count = 0;
+  val[0] = '\0';
+  for (int k = 0; k < nc; k++) {
+    int n = candidates[k];
+    if (e->fails[n] >= FAILS_TO_EXCLUDE)
+      continue;
+    char addr[64];
+    size_t an;
+    snprintf(key, sizeof key, "g%d/join/%d", e->gen, n);
+    /* After the window only those already there count: ask without waiting. */
+    dt_status st = dt__expired(end)
+                       ? dt__store_get(e->st, key, addr, sizeof addr - 1, &an, dt__deadline_after_ms(EL_RPC_MS))
+                       : dt__store_wait_flags(e->st, key, addr, sizeof addr - 1, &an, DT_STORE_WAIT_IGNORE_VERDICT, end);
+    if (st == DT_ERR_TIMEOUT || st == DT_ERR_NOT_FOUND) {
+      fprintf(stderr, "dtrain run: node %d did not join generation %d; going on without it\n", n, e->gen);
+      continue;
+    }
+    DT_CHECK(st);
+    addr[an] = '\0';
+    o += (size_t)snprintf(val + o, cap - o, "%s%d:%s", count ? "," : "", n, addr);
+    count++;
+  }
+  if (count < e->base->min_nodes)
+    snprintf(val, cap, "abort:only %d host%s left for generation %d, --min-nodes is %d", count, count == 1 ? "" : "s",
+             e->gen, e->base->min_nodes);
+  el_key(key, sizeof key, e->gen, "members");
+  return dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS));
+}
+
+/* Joins generation e->gen and learns its members. DT_ERR_ABORTED when the job cannot go on. */
+static dt_status el_join(elastic *e) {
+  char key[64], val[EL_MAX_NODES * 72];
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (e->st && dt__store_broken(e->st))
+      el_disconnect(e);
+    if (!e->st) {
+      if (e->gen == 0) {
+        if (e->me == 0)
+          DT_CHECK(el_host_store(e));
+        DT_CHECK(el_connect(e, e->me == 0 ? e->my_addr : e->base->master_addr,
+                            dt__deadline_after_ms(e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)));
+      } else {
+        DT_CHECK(el_move_store(e));
+      }
+    }
+    snprintf(key, sizeof key, "g%d/join/%d", e->gen, e->me);
+    dt_status st = dt__store_set(e->st, key, e->my_addr, strlen(e->my_addr), dt__deadline_after_ms(EL_RPC_MS));
+    /* The decider is the first of the previous members still here: the store's host. */
+    bool decider = e->server != NULL;
+    if (!st && decider)
+      st = el_decide(e, val, sizeof val);
+    size_t n = 0;
+    el_key(key, sizeof key, e->gen, "members");
+    if (!st)
+      st = dt__store_wait_flags(e->st, key, val, sizeof val - 1, &n, DT_STORE_WAIT_IGNORE_VERDICT,
+                                dt__deadline_after_ms(e->gen == 0 ? 300000 : 4 * e->window_ms));
+    if (st == DT_OK) {
+      val[n] = '\0';
+      if (!strncmp(val, "abort:", 6))
+        return dt_set_error(DT_ERR_ABORTED, "%s", val + 6);
+      DT_CHECK(el_parse_members(e, val));
+      return DT_OK;
+    }
+    if (st == DT_ERR_ABORTED || st == DT_ERR_INVALID || st == DT_ERR_AUTH)
+      return st;
+    /* Closed, reset or silent (a cut link): look for the store again. */
+    DT_LOG_WARN("dtrain run: lost the agent store while joining generation %d: %s", e->gen, dt_last_error());
+    el_disconnect(e);
+  }
+  return dt_set_error(DT_ERR_PEER, "could not reach any agent store for generation %d", e->gen);
+}
+
+/* Poll function during a generation: another host's failure, or the store gone. */
+static bool el_poll(void *ctx) {
+  elastic *e = ctx;
+  if (!e->st || dt__store_broken(e->st))
+    return false; /* the workers see the failure themselves; nothing to ask */
+  char key[64], v[8];
+  size_t n;
+  el_key(key, sizeof key, e->gen, "stop");
+  dt_status st = dt__store_get(e->st, key, v, sizeof v, &n, dt__deadline_after_ms(500));
+  return st == DT_OK;
+}
+
+/* The node a failure account names ("rank R failed" -> R's host), else this host. */
+static int el_blame(const elastic *e, dt_job *job, const char *what) {
+  const char *p = strstr(what, "rank ");
+  for (; p; p = strstr(p + 5, "rank ")) {
+    int r = dt__run_failed_rank(p);
+    if (r >= 0) {
+      int idx = r / e->base->nproc;
+      if (idx >= 0 && idx < e->nmembers)
+        return e->members[idx].node;
+    }
+  }
+  if (job->first_failed >= 0 && job->w[job->first_failed].sig)
+    return e->me;
+  return job->first_failed >= 0 ? e->me : -1;
+}
+
+int dt__run_elastic(dt_launch_opts *base) {
+  elastic e;
+  memset(&e, 0, sizeof e);
+  e.base = base;
+  e.me = base->node_rank;
+  e.store_port = base->master_port;
+  int64_t fault_ms = base->fault_timeout_ms > 0 ? base->fault_timeout_ms : 10000;
+  e.window_ms = fault_ms + base->kill_after_ms + 1000;
+  if (dt__secret_load(NULL, e.secret, sizeof e.secret, &e.secret_len) != DT_OK)
+    return dt_cli_fail("run", "job secret");
+  if (el_local_addr(base->master_addr, base->master_port, e.my_addr, sizeof e.my_addr) != DT_OK)
+    return dt_cli_fail("run", "elastic agent");
+  dt__run_failure fails[64];
+  int nfails = 0, rc = 1;
+  int64_t detect_ns = 0;
+  for (e.gen = 0;; e.gen++) {
+    if (el_join(&e) != DT_OK) {
+      fprintf(stderr, "dtrain run: node %d: cannot form generation %d: %s\n", e.me, e.gen, dt_last_error());
+      rc = 1;
+      break;
+    }
+    int pos = -1;
+    for (int k = 0; k < e.nmembers; k++)
+      if (e.members[k].node == e.me)
+        pos = k;
+    if (pos < 0) {
+      fprintf(stderr, "dtrain run: node %d was left out of generation %d (its workers failed repeatedly)\n", e.me,
+              e.gen);
+      rc = 1;
+      break;
+    }
+    dt_launch_opts o = *base;
+    o.nnodes = e.nmembers;
+    o.node_rank = pos;
+    snprintf(o.master_addr, sizeof o.master_addr, "%s", e.members[0].addr);
+    o.master_port = base->master_port + 1 + e.gen;
+    char v[32];
+    snprintf(v, sizeof v, "%d", e.gen);
+    setenv("DTRAIN_RESTART_COUNT", v, 1);
+    if (dt__run_job_env(&o) != DT_OK)
+      return dt_cli_fail("run", "job environment");
+    if (e.me == e.members[0].node || e.gen > 0)
+      fprintf(stderr, "dtrain run: node %d: generation %d with %d host%s (world size %d), workers' store %s:%d\n",
+              e.me, e.gen, e.nmembers, e.nmembers == 1 ? "" : "s", e.nmembers * o.nproc, o.master_addr,
+              o.master_port);
+    dt_out *out = dt__out_create(o.nproc, o.node_rank * o.nproc, o.out_mode, o.raw_stdout, o.tail_lines);
+    if (!out)
+      return dt_cli_fail("run", "out of memory");
+    dt_job job;
+    if (dt__launch_start(&job, &o, out)) {
+      dt__out_destroy(out);
+      return dt_cli_fail("run", "cannot start the workers");
+    }
+    if (nfails > 0 && fails[nfails - 1].gen == e.gen - 1)
+      fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
+    dt__launch_supervise_poll(&job, el_poll, &e);
+    char key[64];
+    if (job.outcome == DT_JOB_OK) {
+      el_key(key, sizeof key, e.gen, "finished");
+      int64_t fin = 0;
+      if (e.st && !dt__store_broken(e.st))
+        dt__store_add(e.st, key, 1, &fin, dt__deadline_after_ms(EL_RPC_MS));
+      /* The store's host stays until every member finished (bounded), so nobody loses it. */
+      for (int t = 0; e.server && fin < e.nmembers && t < 200; t++) {
+        dt__sleep_ns(50 * 1000000LL);
+        if (dt__store_add(e.st, key, 0, &fin, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
+          break;
+      }
+      rc = dt__run_report(&job);
+      dt__launch_finish(&job);
+      dt__out_destroy(out);
+      break;
+    }
+    bool failed = job.outcome == DT_JOB_FAILED;
+    if (failed) {
+      dt__run_failure *f = &fails[nfails < 64 ? nfails : 63];
+      f->gen = e.gen;
+      dt__run_describe_failure(&job, f->what, sizeof f->what);
+      detect_ns = job.first_failed >= 0 ? job.w[job.first_failed].exit_ns : dt_now_ns();
+      f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
+      f->restart_s = 0;
+      if (nfails < 64)
+        nfails++;
+      if (e.st && !dt__store_broken(e.st)) {
+        el_key(key, sizeof key, e.gen, "stop");
+        dt__store_set(e.st, key, "1", 1, dt__deadline_after_ms(EL_RPC_MS));
+        int who = el_blame(&e, &job, f->what);
+        if (who >= 0) {
+          char b[700];
+          int bl = snprintf(b, sizeof b, "%d %s", who, f->what);
+          int swapped;
+          el_key(key, sizeof key, e.gen, "blame");
+          dt__store_cas(e.st, key, NULL, 0, b, (size_t)DT_MIN(bl, (int)sizeof b - 1), &swapped,
+                        dt__deadline_after_ms(EL_RPC_MS));
+        }
+      }
+    }
+    if (!failed || e.gen >= base->max_restarts) {
+      rc = dt__run_report(&job);
+      dt__launch_finish(&job);
+      dt__out_destroy(out);
+      break;
+    }
+    dt__out_settle(out);
+    fprintf(stderr, "dtrain run: node %d: generation %d failed: %s; re-forming (restart %d of %d)\n", e.me, e.gen,
+            fails[nfails - 1].what, e.gen + 1, base->max_restarts);
+    dt__launch_finish(&job);
+    dt__out_destroy(out);
+  }
+  dt__run_print_failures(fails, nfails, base->max_restarts - nfails);
+  el_disconnect(&e);
+  if (e.server) {
+    dt__store_server_stop(e.server);
+    e.server = NULL;
+  }
+  explicit_bzero(e.secret, sizeof e.secret);
+  return rc;
 }

@@ -78,6 +78,11 @@ static void fault_trim(const char **s, size_t *n) {
 
 #define FAULT_BAD(...) dt_set_error(DT_ERR_INVALID, __VA_ARGS__)
 
+/* The launcher checks rank=R against the world it starts; a worker does not, since an elastic
+ * job may have shrunk below R (the fault then concerns nobody). Set only under fault_once or
+ * in dt_fault_validate, which a launcher calls before any worker thread exists. */
+static bool fault_check_ranks = true;
+
 /* One "key=value" of item `idx` (1-based, for messages). `seen` tracks duplicates. */
 static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, unsigned *seen, int world) {
   const char *eq = memchr(s, '=', n);
@@ -106,7 +111,7 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     if (vn == 3 && !memcmp(v, "any", 3))
       it->rank = FAULT_ANY;
     else
-      good = fault_num(v, vn, &it->rank) && (world <= 0 || it->rank < world);
+      good = fault_num(v, vn, &it->rank) && (world <= 0 || it->rank < world || !fault_check_ranks);
     if (!good)
       return FAULT_BAD("DTRAIN_FAULTS item %d (%s): rank=%.*s must be 'any' or 0..%d", idx, fault_names[it->kind],
                        (int)vn, v, world > 0 ? world - 1 : 1 << 20);
@@ -268,6 +273,7 @@ static void fault_init(void) {
   fault_rank = fault_env(rank_vars, 4, 0);
   fault_gen = fault_env(gen_vars, 2, 0);
   int world = (int)fault_env(size_vars, 4, 0);
+  fault_check_ranks = false;
   fault_init_st = fault_parse(spec, world, &fault_the_plan);
   if (fault_init_st) {
     snprintf(fault_init_msg, sizeof fault_init_msg, "%s", dt_last_error());
