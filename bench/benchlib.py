@@ -316,3 +316,23 @@ def find_key(summary, *words):
         if all(w in k for w in words) and isinstance(v, (int, float)):
             return k, float(v)
     return None, None
+
+
+def update_doc(name, text, doc=os.path.join(ROOT, "docs", "BENCHMARKS.md")):
+    """Replaces the part of docs/BENCHMARKS.md between <!-- NAME:begin --> and <!-- NAME:end -->
+    with text (a run's results, command and date included). Returns True if the markers were
+    found."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    try:
+        with open(doc) as fh:
+            cur = fh.read()
+    except OSError:
+        return False
+    i, j = cur.find(begin), cur.find(end)
+    if i < 0 or j < i:
+        return False
+    # headings of the results move one level down under the doc's section
+    body = re.sub(r"^(#+) ", lambda m: "##" + m.group(1) + " ", text.strip(), flags=re.M)
+    with open(doc, "w") as fh:
+        fh.write(cur[:i + len(begin)] + "\n" + body + "\n" + cur[j:])
+    return True
