@@ -129,6 +129,9 @@ typedef struct dt__run_failure {
   double detect_s;  /* from the generation's start until the failure was seen */
   double restart_s; /* from then until the next generation's workers were started */
 } dt__run_failure;
+/* With DTRAIN_RUN_EVENTS=FILE: appends {"event","node","gen","t_ns" (CLOCK_MONOTONIC),"world",
+ * "what"} as one line (one write, so agents sharing the file do not interleave). */
+void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world, const char *what);
 /* R if p starts "rank R failed" or "rank R (...) failed", else -1. */
 int dt__run_failed_rank(const char *p);
 /* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */
