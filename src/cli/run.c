@@ -233,8 +233,8 @@ int dt__run_report(dt_job *job) {
   } else if (job->outcome == DT_JOB_FAILED && job->first_failed < 0) {
     char what[600];
     dt__run_describe_failure(job, what, sizeof what);
-    fprintf(stderr, "dtrain run: the job failed on another host: %s; stopped %d local worker%s\n", what,
-            job->stopped, job->stopped == 1 ? "" : "s");
+    fprintf(stderr, "dtrain run: the job failed: %s; stopped %d worker%s here\n", what, job->stopped,
+            job->stopped == 1 ? "" : "s");
     rc = 1;
   } else if (job->outcome == DT_JOB_FAILED) {
     const dt_worker *w = &job->w[job->first_failed];
@@ -394,7 +394,7 @@ static int run_generations(dt_launch_opts *o, bool have_master) {
       dt__run_failure *f = &fails[nfails++];
       f->gen = gen;
       dt__run_describe_failure(&job, f->what, sizeof f->what);
-      detect_ns = job.w[job.first_failed].exit_ns;
+      detect_ns = job.detect_ns;
       f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
       dt__run_event("failure", o->node_rank, gen, detect_ns, o->nnodes * o->nproc, f->what);
       dt__out_settle(out);

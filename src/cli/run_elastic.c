@@ -354,7 +354,7 @@ int dt__run_elastic(dt_launch_opts *base) {
       dt__run_failure *f = &fails[nfails < 64 ? nfails : 63];
       f->gen = e.gen;
       dt__run_describe_failure(&job, f->what, sizeof f->what);
-      detect_ns = job.first_failed >= 0 ? job.w[job.first_failed].exit_ns : dt_now_ns();
+      detect_ns = job.detect_ns ? job.detect_ns : dt_now_ns();
       f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
       f->restart_s = 0;
       if (nfails < 64)
