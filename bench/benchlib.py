@@ -276,13 +276,38 @@ def thread_env(threads):
 
 
 def steady_rate(summary):
-    """(samples/s, how) for a training summary: the median step throughput when the summary has
-    one, else its whole-run samples_per_s."""
-    for k, v in summary.items():
-        if "median" in k and "samples" in k and isinstance(v, (int, float)):
+    """(samples/s, key) for a training summary: its steady-state rate (dtrain train and the
+    PyTorch scripts both report `steady_samples_per_s`: the median over 10-step intervals after the
+    first), else its whole-run samples_per_s."""
+    for k in ("steady_samples_per_s",):
+        v = summary.get(k)
+        if isinstance(v, (int, float)) and v > 0:
             return float(v), k
     v = summary.get("samples_per_s")
     return (float(v), "samples_per_s") if isinstance(v, (int, float)) else (None, None)
+
+
+def dtrain_interval_spread(summary):
+    """Adds steady_samples_per_s_p10/_p90 to a dtrain train summary from the per-interval rates
+    of its metrics file (the "step" lines after the first, as its steady rate uses)."""
+    path = summary.get("metrics_file")
+    if not path or not os.path.exists(path):
+        return summary
+    rates = []
+    with open(path) as fh:
+        for line in fh:
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if d.get("type") == "step" and isinstance(d.get("samples_per_s"), (int, float)):
+                rates.append(float(d["samples_per_s"]))
+    rates = rates[1:] if len(rates) > 1 else rates
+    if rates:
+        summary["steady_samples_per_s_p10"] = percentile(rates, 0.1)
+        summary["steady_samples_per_s_p90"] = percentile(rates, 0.9)
+        summary["intervals"] = len(rates)
+    return summary
 
 
 def find_key(summary, *words):
@@ -291,3 +316,23 @@ def find_key(summary, *words):
         if all(w in k for w in words) and isinstance(v, (int, float)):
             return k, float(v)
     return None, None
+
+
+def update_doc(name, text, doc=os.path.join(ROOT, "docs", "BENCHMARKS.md")):
+    """Replaces the part of docs/BENCHMARKS.md between <!-- NAME:begin --> and <!-- NAME:end -->
+    with text (a run's results, command and date included). Returns True if the markers were
+    found."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    try:
+        with open(doc) as fh:
+            cur = fh.read()
+    except OSError:
+        return False
+    i, j = cur.find(begin), cur.find(end)
+    if i < 0 or j < i:
+        return False
+    # headings of the results move one level down under the doc's section
+    body = re.sub(r"^(#+) ", lambda m: "##" + m.group(1) + " ", text.strip(), flags=re.M)
+    with open(doc, "w") as fh:
+        fh.write(cur[:i + len(begin)] + "\n" + body + "\n" + cur[j:])
+    return True

@@ -7,8 +7,8 @@ local processes, same models, data and recipe as torch_train.py, printing one JS
 --batch is the global batch: every epoch all ranks draw the same seeded permutation, and rank r
 trains on its 1/n share of each global batch, as DistributedSampler does with a global shuffle.
 The processes are this script again with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set as torchrun
-would (GLOO_SOCKET_IFNAME=lo). Rank 0 times each step (its steps are in lock-step with the others
-through the gradient allreduce) and, after training, evaluates the model on the whole test set.
+would (GLOO_SOCKET_IFNAME=lo). Rank 0 measures throughput as torch_train.py does (10-step intervals;
+its steps are in lock-step with the others through the gradient allreduce) and, after training, evaluates the model on the whole test set.
 
 It deliberately keeps DDP's defaults (25 MB buckets, overlap of allreduce with backward).
 """
@@ -39,16 +39,17 @@ def worker(args):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(args.seed)
-    step_times, batch_sizes, epoch_s = [], [], []
-    samples, train_s = 0, 0.0
+    rates, epoch_s = tt.IntervalRates(), []
+    samples, steps, train_s = 0, 0, 0.0
     dist.barrier()
     for epoch in range(args.epochs):
         perm = torch.randperm(xtr.shape[0], generator=gen)  # identical on every rank
+        starts = list(range(0, xtr.shape[0], args.batch))
+        if args.max_steps:
+            starts = starts[:args.max_steps]
         t_epoch = time.perf_counter()
-        for k, i in enumerate(range(0, xtr.shape[0], args.batch)):
-            if args.max_steps and k >= args.max_steps:
-                break
-            t0 = time.perf_counter()
+        rates.restart()
+        for k, i in enumerate(starts):
             gidx = perm[i:i + args.batch]
             per = (gidx.shape[0] + n - 1) // n
             idx = gidx[rank * per:(rank + 1) * per]
@@ -58,9 +59,9 @@ def worker(args):
             loss = loss_fn(model(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
-            step_times.append(time.perf_counter() - t0)
-            batch_sizes.append(int(gidx.shape[0]))
+            rates.step(int(gidx.shape[0]), epoch_end=k == len(starts) - 1)
             samples += int(gidx.shape[0])
+            steps += 1
         dist.barrier()
         dt = time.perf_counter() - t_epoch
         epoch_s.append(dt)
@@ -71,13 +72,13 @@ def worker(args):
     if rank == 0:
         xte, yte = tt.to_tensors(torch, *tt.load_split(args.data, "test"), args.model)
         acc, tloss = tt.evaluate(torch, model.module, xte, yte)
-        med, p10, p90 = tt.step_stats(step_times, batch_sizes)
+        med, p10, p90 = rates.summary()
         print(json.dumps({
             "system": "pytorch-ddp", "torch_version": torch.__version__, "model": args.model, "workers": n,
             "threads": torch.get_num_threads(), "epochs": args.epochs, "batch": args.batch, "lr": args.lr,
             "test_accuracy": acc, "test_loss": tloss, "samples_per_s": samples / train_s if train_s else None,
-            "step_samples_per_s_median": med, "step_samples_per_s_p10": p10, "step_samples_per_s_p90": p90,
-            "steps": len(step_times), "epoch_s": epoch_s,
+            "steady_samples_per_s": med, "steady_samples_per_s_p10": p10, "steady_samples_per_s_p90": p90,
+            "steps": steps, "epoch_s": epoch_s,
             "peak_rss_mb_rank0": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}), flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -9,10 +9,12 @@ Models: mlp = 784-1024-1024-10 with ReLU; cnn = conv5x5 1->32 pad 2, ReLU, maxpo
 32->64 pad 2, ReLU, maxpool 2, linear 3136->512, ReLU, linear 512->10 (PyTorch's default
 initialization). Data: Fashion-MNIST IDX files (gzip) parsed here with gzip+struct+numpy, pixels
 scaled to [0,1], no normalization, a seeded shuffle each epoch, the last partial batch kept.
-Loss: softmax cross-entropy; optimizer: SGD with momentum. Each training step (batch gather,
-forward, backward, update) is timed; the summary gives the median step throughput after a
-warm-up of 10 steps (and its 10th-90th percentile), the whole-run throughput, time per epoch and
-the test accuracy and loss after the last epoch.
+Loss: softmax cross-entropy; optimizer: SGD with momentum. Throughput is measured the way
+`dtrain train` measures it: the wall time of every interval of 10 steps (and of the last, shorter
+interval of an epoch) gives a rate; `steady_samples_per_s` is the median of these rates without
+the first interval (warm-up), with their 10th-90th percentiles; `samples_per_s` is the whole
+run's training samples / training time (evaluation excluded). The summary also has the time per
+epoch and the test accuracy and loss after the last epoch.
 
 It deliberately uses plain eager PyTorch as a user would write it (no torch.compile, no
 channels-last tuning, no DataLoader workers: the data is already in memory). Set threads the way
@@ -29,7 +31,39 @@ import sys
 import time
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
-WARMUP_STEPS = 10
+LOG_INTERVAL = 10  # steps per throughput interval, as dtrain train's default --log-interval
+
+
+class IntervalRates:
+    """Samples/s over intervals of LOG_INTERVAL steps, closed early at an epoch's end."""
+
+    def __init__(self):
+        self.rates, self.t0, self.samples, self.steps = [], time.perf_counter(), 0, 0
+
+    def restart(self):
+        self.t0, self.samples, self.steps = time.perf_counter(), 0, 0
+
+    def step(self, samples, epoch_end=False):
+        self.samples += samples
+        self.steps += 1
+        if self.steps == LOG_INTERVAL or epoch_end:
+            dt = time.perf_counter() - self.t0
+            if dt > 0:
+                self.rates.append(self.samples / dt)
+            self.restart()
+
+    def summary(self):
+        """(median, p10, p90) of the rates after the first interval."""
+        r = sorted(self.rates[1:] if len(self.rates) > 1 else self.rates)
+        if not r:
+            return None, None, None
+
+        def pct(q):
+            k = (len(r) - 1) * q
+            lo = int(k)
+            hi = min(lo + 1, len(r) - 1)
+            return r[lo] + (r[hi] - r[lo]) * (k - lo)
+        return pct(0.5), pct(0.1), pct(0.9)
 
 
 def read_idx(path):
@@ -92,20 +126,6 @@ def evaluate(torch, model, xt, yt):
     return correct / xt.shape[0], loss_sum / xt.shape[0]
 
 
-def step_stats(step_times, batch_sizes):
-    """Median and 10th/90th percentile of per-step samples/s after the warm-up steps."""
-    rates = sorted(b / t for t, b in zip(step_times[WARMUP_STEPS:], batch_sizes[WARMUP_STEPS:]) if t > 0)
-    if not rates:
-        return None, None, None
-
-    def pct(q):
-        k = (len(rates) - 1) * q
-        lo = int(k)
-        hi = min(lo + 1, len(rates) - 1)
-        return rates[lo] + (rates[hi] - rates[lo]) * (k - lo)
-    return pct(0.5), pct(0.1), pct(0.9)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, choices=["mlp", "cnn"])
@@ -133,38 +153,39 @@ def main():
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(args.seed)
 
-    step_times, batch_sizes, epoch_s = [], [], []
-    samples = 0
+    rates, epoch_s = IntervalRates(), []
+    samples, steps = 0, 0
     train_s = 0.0
     for epoch in range(args.epochs):
         perm = torch.randperm(xtr.shape[0], generator=gen)
+        starts = list(range(0, xtr.shape[0], args.batch))
+        if args.max_steps:
+            starts = starts[:args.max_steps]
         t_epoch = time.perf_counter()
-        for k, i in enumerate(range(0, xtr.shape[0], args.batch)):
-            if args.max_steps and k >= args.max_steps:
-                break
-            t0 = time.perf_counter()
+        rates.restart()
+        for k, i in enumerate(starts):
             idx = perm[i:i + args.batch]
             xb, yb = xtr[idx], ytr[idx]
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
-            step_times.append(time.perf_counter() - t0)
-            batch_sizes.append(int(idx.shape[0]))
+            rates.step(int(idx.shape[0]), epoch_end=k == len(starts) - 1)
             samples += int(idx.shape[0])
+            steps += 1
         dt = time.perf_counter() - t_epoch
         epoch_s.append(dt)
         train_s += dt
         print(f"torch_train: epoch {epoch + 1}/{args.epochs}: {dt:.2f} s, last loss {float(loss):.4f}",
               file=sys.stderr)
     acc, tloss = evaluate(torch, model, xte, yte)
-    med, p10, p90 = step_stats(step_times, batch_sizes)
+    med, p10, p90 = rates.summary()
     print(json.dumps({
         "system": "pytorch", "torch_version": torch.__version__, "model": args.model,
         "threads": torch.get_num_threads(), "epochs": args.epochs, "batch": args.batch, "lr": lr,
         "test_accuracy": acc, "test_loss": tloss, "samples_per_s": samples / train_s if train_s else None,
-        "step_samples_per_s_median": med, "step_samples_per_s_p10": p10, "step_samples_per_s_p90": p90,
-        "steps": len(step_times), "epoch_s": epoch_s, "wall_s": time.perf_counter() - t_wall,
+        "steady_samples_per_s": med, "steady_samples_per_s_p10": p10, "steady_samples_per_s_p90": p90,
+        "steps": steps, "epoch_s": epoch_s, "wall_s": time.perf_counter() - t_wall,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
 
 

@@ -52,23 +52,32 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
 }
 
 /* The one place algorithms are chosen: a pure function of (collective, ranks, bytes per rank,
- * transport). Thresholds are from `dtrain bench <coll> -n 2 --algo X --sizes 4:64M` on the
- * 2-core EPYC VM (docs/BENCHMARKS.md has the runs):
- *   allreduce: recursive doubling wins while latency dominates (<= 32 KiB on tcp and on shm);
- *              above that the transport's shared-memory fast path when it has one, else ring.
- *   broadcast: binomial tree up to 256 KiB, then the pipelined chain (one piece = 256 KiB, so
- *              below that the chain is just a slower tree).
- *   barrier:   the transport's own when present (one shared counter beats log2(n) messages). */
+ * transport). Thresholds come from
+ *   dtrain bench allreduce -n {2,4} --transport {shm,tcp} --algo {rd,ring,shm} --sizes 1K:4M --iters 30
+ *   dtrain bench broadcast -n 4 --transport {shm,tcp} --algo {tree,chain} --sizes 16K:4M --iters 20
+ * run twice, alternating, on the 2-core EPYC VM while other jobs loaded it (load average 17-70,
+ * so single points are noisy; the cut points below held in both runs):
+ *   allreduce, transport with a shared-memory fast path (shm): recursive doubling ~1-3 us up to
+ *     32 KiB when the cores are free; the fast path wins from 64 KiB on (n=2: 0.26 ms vs rd
+ *     0.40 ms at 64 KiB, 0.35 vs 2.5 ms at 128 KiB).
+ *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
+ *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
+ *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
+ *   broadcast: binomial tree up to 1 MiB (it won at <= 256 KiB in both runs), pipelined chain
+ *     above (it won at 2-4 MiB in both runs); with 2 ranks both are one transfer: tree.
+ *   barrier: the transport's own when present (one shared counter beats log2(n) messages). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
   switch (k) {
   case DT_COLL_ALLREDUCE:
-    if (bytes <= (32u << 10) || n <= 1)
+    if (n <= 1)
       return DT_ALGO_RD;
-    return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_RING;
+    if (has_fast(ops, k))
+      return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_SHM;
+    return bytes <= (n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
-    return bytes <= (256u << 10) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
+    return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER:
   case DT_COLL_REDUCE_SCATTER:
     return DT_ALGO_RING;

@@ -119,6 +119,7 @@ struct dt__store_server {
   pthread_mutex_t lock; /* guards the fields read by dt__store_server_drain */
   pthread_cond_t cond;
   int live;             /* ranks watched and neither gone nor failed */
+  int seen;             /* ranks that ever sent a heartbeat */
   dt_status verdict_st; /* DT_OK until a rank failed or aborted; then sticky */
   char verdict[DT_STORE_MSG_MAX];
   int64_t listen_pause_until;
@@ -546,6 +547,8 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     r->hb_cid = c->cid;
     if (!r->watched || r->left) {
       pthread_mutex_lock(&s->lock);
+      if (!r->watched)
+        s->seen++;
       r->watched = true;
       r->left = false;
       s->live++;
@@ -997,6 +1000,19 @@ int dt__store_server_drain(dt__store_server *s, int64_t deadline) {
   int live = s->live;
   pthread_mutex_unlock(&s->lock);
   return live;
+}
+
+dt_status dt__store_server_status(dt__store_server *s, int *seen, int *live, char *verdict, size_t n) {
+  pthread_mutex_lock(&s->lock);
+  if (seen)
+    *seen = s->seen;
+  if (live)
+    *live = s->live;
+  if (verdict && n)
+    snprintf(verdict, n, "%s", s->verdict_st ? s->verdict : "");
+  dt_status st = s->verdict_st;
+  pthread_mutex_unlock(&s->lock);
+  return st;
 }
 
 /* ======================================================================================== */

@@ -555,30 +555,38 @@ static void shm_slice(size_t len, size_t es, int n, int s, size_t *lo, size_t *h
   *hi = DT_MIN(len, units * (size_t)(s + 1) / (size_t)n * unit);
 }
 
-/* CI(k): waits until every rank copied chunk k-2 out of this staging buffer, then fills it. */
+/* CI(k): waits until every rank copied chunk k-2 out of this staging buffer, then fills it with
+ * every slice but this rank's own (which it reduces straight from its input). */
 static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, size_t es, size_t ce, uint64_t base,
                              size_t k, const dt__fp *fp, int64_t deadline) {
   uint64_t g = base + k + 1;
   int b = (int)(g & 1);
   if (g > 2)
     DT_CHECK(shm_wait_all(t, offsetof(shm_rank, out_seq), g - 2, 0, 0, fp, deadline));
-  size_t len = count ? DT_MIN(count - k * ce, ce) : 0;
-  if (len)
-    memcpy(shm_stage(t, t->rank, b), in + k * ce * es, len * es);
+  size_t len = count ? DT_MIN(count - k * ce, ce) : 0, lo, hi;
+  shm_slice(len, es, t->n, t->rank, &lo, &hi);
+  uint8_t *stage = shm_stage(t, t->rank, b);
+  const uint8_t *src = in + k * ce * es;
+  if (lo)
+    memcpy(stage, src, lo * es);
+  if (len > hi)
+    memcpy(stage + hi * es, src + hi * es, (len - hi) * es);
   t->ranks[t->rank].fp[b] = *fp;
   shm_publish(t, offsetof(shm_rank, in_seq), g);
   return DT_OK;
 }
 
-/* Reduces elements [lo, hi) of staging buffer b across all ranks into this rank's staging
- * buffer: own contribution first, then the others in rank order. f16/bf16 sums go through an
- * f32 accumulator so they are rounded once. */
-static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, size_t es, dt_dtype dt, dt_op op) {
+/* Reduces elements [lo, hi) of chunk buffer b across all ranks into this rank's staging buffer:
+ * own contribution (`own`, read from the caller's input) first, then the others in rank order.
+ * f16/bf16 sums go through an f32 accumulator so they are rounded once. */
+static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t lo, size_t hi, size_t es, dt_dtype dt,
+                                  dt_op op) {
   uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
   size_t m = hi - lo;
-  int last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
+  int first = t->rank == 0 ? 1 : 0, last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
   if (!dt__coll_wide(dt, op)) {
-    for (int r = 0; r < t->n; r++)
+    dt__reduce2(dst, own, shm_stage(t, first, b) + lo * es, m, dt, op);
+    for (int r = first + 1; r < t->n; r++)
       if (r != t->rank)
         dt__reduce(dst, shm_stage(t, r, b) + lo * es, m, dt, op);
     dt__reduce_finish(dst, m, dt, op, t->n);
@@ -586,7 +594,7 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, 
   }
   int div = op == DT_AVG ? t->n : 1;
   if (t->n == 2) {
-    dt__reduce_mix(dst, dt, dst, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+    dt__reduce_mix(dst, dt, own, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
     return DT_OK;
   }
   if (!t->acc) {
@@ -594,24 +602,17 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, 
     if (!t->acc)
       return DT_ERR_NOMEM;
   }
-  bool first = true;
-  for (int r = 0; r < t->n; r++) {
-    if (r == t->rank || r == last)
-      continue;
-    const uint8_t *src = shm_stage(t, r, b) + lo * es;
-    if (first)
-      dt__reduce_mix(t->acc, DT_F32, dst, dt, src, dt, m, op, 1);
-    else
-      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, src, dt, m, op, 1);
-    first = false;
-  }
+  dt__reduce_mix(t->acc, DT_F32, own, dt, shm_stage(t, first, b) + lo * es, dt, m, op, 1);
+  for (int r = first + 1; r < last; r++)
+    if (r != t->rank)
+      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_stage(t, r, b) + lo * es, dt, m, op, 1);
   dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_stage(t, last, b) + lo * es, dt, m, op, div);
   return DT_OK;
 }
 
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
- * into its staging buffer (CI), rank s reduces slice s across all ranks' staging buffers in
- * place (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
+ * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
+ * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
  * for each chunk k: R(k), CI(k+1), CO(k), so a rank's copy-in of the next chunk overlaps the
  * others' reductions. A staging buffer is reused two chunks later, only after every rank
  * copied that chunk out. Each slice is reduced by one rank in rank order, so every rank gets
@@ -648,7 +649,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
     shm_slice(len, es, t->n, t->rank, &lo, &hi);
     if (hi > lo)
-      DT_CHECK_GOTO(shm_reduce_slice(t, b, lo, hi, es, dt, op), st, fail);
+      DT_CHECK_GOTO(shm_reduce_slice(t, b, in + (k * ce + lo) * es, lo, hi, es, dt, op), st, fail);
     shm_publish(t, f_red, g);
     /* CI(k+1) overlaps the other ranks' R(k). */
     if (k + 1 < nchunks)
