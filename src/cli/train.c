@@ -114,10 +114,17 @@ static int default_threads(void) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1)
     cores = 1;
-  int64_t local = 0;
-  if (dt__env_int("DTRAIN_LOCAL_WORLD_SIZE", 0, &local) != DT_OK || local < 1)
-    if (dt__env_int("DTRAIN_WORLD_SIZE", 1, &local) != DT_OK || local < 1)
-      local = 1;
+  /* workers on this host, by the launchers' conventions (dtrain run, torchrun, Open MPI) */
+  static const char *const vars[] = {"DTRAIN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_LOCAL_SIZE", "DTRAIN_WORLD_SIZE"};
+  int64_t local = 1;
+  for (size_t i = 0; i < DT_ARRAY_LEN(vars); i++) {
+    int64_t v = 0;
+    if (dt__env_int(vars[i], 0, &v) == DT_OK && v >= 1) {
+      local = v;
+      break;
+    }
+  }
   long t = cores / local;
   return t < 1 ? 1 : (int)t;
 }

@@ -71,6 +71,17 @@ static void group_equiv(void) {
   d = model_diff("e4", "e1");
   fprintf(stderr, "short last batch, 4 workers vs 1: rel diff %.3g\n", d);
   CHECK(d <= 1e-5, "4 workers with empty shards differ from 1 worker: %g", d);
+
+  /* a conv net (conv, pool, layernorm layers report their gradients through the hook too) */
+  const char *conv = "--epochs 2 --max-steps 25 --model 'in=1x8x8,conv3x3:4:p1,relu,maxpool2,"
+                     "flatten,layernorm,linear:16,gelu,linear:4' --bucket-size 256";
+  char extra[1024];
+  snprintf(extra, sizeof extra, "%s", conv);
+  train_n(1, extra, "c1");
+  train_n(3, extra, "c3");
+  d = model_diff("c3", "c1");
+  fprintf(stderr, "conv net, 3 workers vs 1: rel diff %.3g\n", d);
+  CHECK(d <= 1e-5, "conv net on 3 workers differs from 1 worker: %g", d);
 }
 
 static void group_mismatch(void) {
