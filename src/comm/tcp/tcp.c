@@ -268,7 +268,17 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
       st = dt_set_error(DT_ERR_PROTOCOL, "rank %d published a malformed tcp address '%s'", r, peer);
       goto fail;
     }
-    st = dt__sock_connect(host, pport, deadline, &fd);
+    /* Connect in short attempts so a failure elsewhere in the job ends the wait early. */
+    for (;;) {
+      int64_t slice = dt__deadline_after_ms(250);
+      st = dt__sock_connect(host, pport, slice < deadline ? slice : deadline, &fd);
+      if (st == DT_OK || dt__expired(deadline))
+        break;
+      if (dt__comm_aborted(c)) {
+        st = dt__comm_abort_status(c);
+        break;
+      }
+    }
     if (st == DT_OK)
       st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank, deadline);
     if (st == DT_OK)
