@@ -399,10 +399,15 @@ static int fault_body(int rank, int size, int sig) {
   uint8_t *out = calloc(n, 1), *in = calloc(n, 1);
   dt_status st = DT_OK;
   for (int it = 0; it < 100000 && st == DT_OK; it++) {
-    if (rank == victim && it == 20)
+    if (rank == victim && it == 21) /* the others are then inside an allreduce */
       raise(sig);
-    dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLREDUCE, .dtype = DT_U8, .op = DT_SUM, .root = -1};
-    st = c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c));
+    if (it % 2) {
+      /* A real collective (on shm its fast path) half of the time. */
+      st = dt_comm_allreduce(c, DT_IN_PLACE, in, n / 4, DT_F32, DT_SUM);
+    } else {
+      dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLGATHER, .dtype = DT_U8, .root = -1};
+      st = c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c));
+    }
   }
   if (rank == victim)
     FAIL("the victim survived: %s", dt_last_error());

@@ -29,6 +29,7 @@
 
 #include "comm/comm.h"
 #include "comm/wire.h"
+#include "core/faults.h"
 
 /* Frame types of this protocol (the store's have their own space: each socket speaks one). */
 enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
@@ -267,7 +268,17 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
       st = dt_set_error(DT_ERR_PROTOCOL, "rank %d published a malformed tcp address '%s'", r, peer);
       goto fail;
     }
-    st = dt__sock_connect(host, pport, deadline, &fd);
+    /* Connect in short attempts so a failure elsewhere in the job ends the wait early. */
+    for (;;) {
+      int64_t slice = dt__deadline_after_ms(250);
+      st = dt__sock_connect(host, pport, slice < deadline ? slice : deadline, &fd);
+      if (st == DT_OK || dt__expired(deadline))
+        break;
+      if (dt__comm_aborted(c)) {
+        st = dt__comm_abort_status(c);
+        break;
+      }
+    }
     if (st == DT_OK)
       st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank, deadline);
     if (st == DT_OK)
@@ -380,8 +391,10 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
-  if (dst >= 0)
+  if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
+    dt__fault_send(); /* a "delay" fault of DTRAIN_FAULTS holds this message back */
+  }
   for (;;) {
     bool moved = false;
     if (s_done < s_total) {
