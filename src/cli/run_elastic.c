@@ -329,6 +329,7 @@ int dt__run_elastic(dt_launch_opts *base) {
     }
     if (nfails > 0 && fails[nfails - 1].gen == e.gen - 1)
       fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
+    dt__run_event("start", e.me, e.gen, job.start_ns, e.nmembers * o.nproc, NULL);
     dt__launch_supervise_poll(&job, el_poll, &e);
     char key[64];
     if (job.outcome == DT_JOB_OK) {
@@ -342,6 +343,7 @@ int dt__run_elastic(dt_launch_opts *base) {
         if (dt__store_add(e.st, key, 0, &fin, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
           break;
       }
+      dt__run_event("end", e.me, e.gen, dt_now_ns(), e.nmembers * o.nproc, "ok");
       rc = dt__run_report(&job);
       dt__launch_finish(&job);
       dt__out_destroy(out);
@@ -352,11 +354,12 @@ int dt__run_elastic(dt_launch_opts *base) {
       dt__run_failure *f = &fails[nfails < 64 ? nfails : 63];
       f->gen = e.gen;
       dt__run_describe_failure(&job, f->what, sizeof f->what);
-      detect_ns = job.first_failed >= 0 ? job.w[job.first_failed].exit_ns : dt_now_ns();
+      detect_ns = job.detect_ns ? job.detect_ns : dt_now_ns();
       f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
       f->restart_s = 0;
       if (nfails < 64)
         nfails++;
+      dt__run_event("failure", e.me, e.gen, detect_ns, e.nmembers * o.nproc, f->what);
       if (e.st && !dt__store_broken(e.st)) {
         el_key(key, sizeof key, e.gen, "stop");
         dt__store_set(e.st, key, "1", 1, dt__deadline_after_ms(EL_RPC_MS));

@@ -24,6 +24,7 @@
 #include <sys/resource.h>
 
 #include "core/core.h"
+#include "dtrain/fault.h"
 #include "parallel/train_internal.h"
 
 typedef struct trainer {
@@ -442,6 +443,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   int64_t steps_run = 0;
 
   while (step < total) {
+    DT_CHECK_GOTO(dt_fault_step(step), rc, fail); /* DTRAIN_FAULTS: rehearsals and tests of recovery */
     int64_t s0 = dt_now_ns();
     dt_batch b;
     DT_CHECK_GOTO(dt_loader_next(t->loader, &b), rc, fail);

@@ -29,6 +29,7 @@
 
 #include "comm/comm.h"
 #include "comm/wire.h"
+#include "core/faults.h"
 
 /* Frame types of this protocol (the store's have their own space: each socket speaks one). */
 enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
@@ -390,8 +391,10 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
-  if (dst >= 0)
+  if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
+    dt__fault_send(); /* a "delay" fault of DTRAIN_FAULTS holds this message back */
+  }
   for (;;) {
     bool moved = false;
     if (s_done < s_total) {
