@@ -1,10 +1,12 @@
 /* shm.c - the shared-memory transport: every rank of a communicator on one host maps one POSIX
  * shared-memory segment holding
  *   - a header (parameters, a futex "bell" rung whenever anything is published),
- *   - one record per rank (pid for liveness, progress counters of the fast paths),
+ *   - one record per rank (pid for liveness, progress counters of the fast paths, and the
+ *     collective call it is in, so mismatched calls are reported instead of waited out),
  *   - one single-producer single-consumer ring per ordered pair of ranks for sendrecv (slots
  *     carry the fingerprint, the message length and the piece's offset),
- *   - two staging buffers per rank for the allreduce made for shared memory.
+ *   - two staging buffers per rank for the collectives made for shared memory (allreduce,
+ *     broadcast, allgather, reduce_scatter, and a counter barrier).
  * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
  * rank is SIGKILLed later.
  *
@@ -12,8 +14,9 @@
  * more ranks than cores still make progress); while waiting it watches the job's abort state,
  * the deadline, and every ~50 ms whether the awaited ranks' processes still exist.
  *
- * Not here: single-copy transfers (process_vm_readv), broadcast/allgather/reduce_scatter fast
- * paths (the ring algorithms over sendrecv serve them). */
+ * Not here: single-copy transfers. On the 2-core KVM guest, process_vm_readv of 64 MiB from a
+ * forked child ran at 0.6 GB/s against 4 GB/s for memcpy of the same buffer in the same run, so
+ * the two-copy rings and staging buffers stay. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
