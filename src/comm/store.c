@@ -124,6 +124,7 @@ struct dt__store_server {
   char verdict[DT_STORE_MSG_MAX];
   int64_t listen_pause_until;
   int64_t tick_due; /* when the last poll should have returned at the latest */
+  int64_t accept_warned;
   int64_t log_window;
   int log_count, log_suppressed;
 };
@@ -703,8 +704,13 @@ static void server_accept(dt__store_server *s) {
       if (errno == EINTR)
         continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        DT_LOG_WARN("store: cannot accept connections: %s (pausing 100 ms)", strerror(errno));
-        s->listen_pause_until = dt_now_ns() + 100 * 1000000LL;
+        int64_t now = dt_now_ns();
+        if (now - s->accept_warned > 10 * 1000000000LL) { /* once per 10 s, not per retry */
+          DT_LOG_WARN("store: cannot accept connections: %s (%zu open; retrying every 100 ms)", strerror(errno),
+                      s->nconns);
+          s->accept_warned = now;
+        }
+        s->listen_pause_until = now + 100 * 1000000LL;
       }
       return;
     }
@@ -834,6 +840,7 @@ static void server_reap(dt__store_server *s) {
 
 static void *server_main(void *arg) {
   dt__store_server *s = arg;
+  pthread_setname_np(pthread_self(), "dt-store");
   struct pollfd *pfds = NULL;
   size_t pcap = 0;
   while (!atomic_load(&s->stop)) {
