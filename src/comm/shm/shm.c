@@ -42,6 +42,7 @@
  * while each piece still fits in L2. DTRAIN_SHM_SLOT / DTRAIN_SHM_SLOTS override. */
 #define SHM_DEFAULT_SLOT (256u << 10)
 #define SHM_DEFAULT_NSLOTS 4
+#define SHM_RINGS_MAX ((uint64_t)256 << 20)
 /* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
  * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
 #define SHM_DEFAULT_CHUNK (512u << 10)
@@ -292,6 +293,10 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_SLOTS=%llu is outside 2..64", (unsigned long long)nslots);
   DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
   size_t n = (size_t)t->n;
+  /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
+   * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
+  if (!dt__env_str("DTRAIN_SHM_SLOT") && n * n * nslots * slot > SHM_RINGS_MAX)
+    slot = DT_MAX((uint64_t)16 << 10, SHM_RINGS_MAX / (n * n * nslots) / 4096 * 4096);
   size_t off_ranks = shm_align(sizeof(shm_hdr), 4096);
   size_t off_rings = shm_align(off_ranks + n * sizeof(shm_rank), 4096);
   size_t ring_bytes = shm_align(sizeof(shm_ring) + nslots * (SHM_SLOT_HDR + slot), 4096);
