@@ -66,8 +66,8 @@ static void help(FILE *f) {
       "                        uninterrupted run's\n"
       "  -h, --help            this text\n"
       "\n"
-      "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, data or settings that\n"
-      "differ across workers.\n"
+      "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, missing or damaged data,\n"
+      "or settings that differ across workers.\n"
       "\n"
       "Model specs:\n%s",
       DT_FASHION_MNIST_DIR, dt_model_spec_help());
@@ -345,6 +345,10 @@ int dt_cli_train(int argc, char **argv) {
                                 "%s", dt_last_error());
     if (rc == DT_ERR_INVALID)
       return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
+    if (rc == DT_ERR_CORRUPT)
+      return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
+                                "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
+                                "%s", dt_last_error());
     return dt_cli_fail(CMD, "training failed");
   }
   if (s.world_size > 1 && rank != 0)

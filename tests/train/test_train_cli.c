@@ -53,6 +53,16 @@ static void group_usage(void) {
                tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "inputs");
   expect_usage("missing data", tt_run(dir, 30, "%s train --data %s/nowhere", b, dir),
                "apt-get install dataset-fashion-mnist");
+  {
+    /* a truncated images file: the error names it */
+    char bad[4096], cmd[16384];
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/* %s/ && truncate -s 1000 %s/train-images-idx3-ubyte",
+             bad, data, bad, bad);
+    CHECK(system(cmd) == 0, "prepare truncated data");
+    expect_usage("truncated data", tt_run(dir, 30, "%s train --data %s --model '%s'", b, bad, TINY_MODEL),
+                 "train-images-idx3-ubyte");
+  }
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
