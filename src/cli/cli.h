@@ -22,5 +22,6 @@ int dt_cli_bench(int argc, char **argv);
 int dt_cli_train(int argc, char **argv);
 int dt_cli_eval(int argc, char **argv);
 int dt_cli_inspect(int argc, char **argv);
+int dt_cli_store(int argc, char **argv);
 
 #endif

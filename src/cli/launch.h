@@ -55,6 +55,11 @@ void dt__out_settle(dt_out *o);
 /* Writes the last lines of a worker (both streams, arrival order) to fd (1 or 2), each after
  * indent. */
 void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent);
+/* When a worker first printed a failure verdict ("rank R failed ..."; the comm layer's words
+ * for a dead or hung peer), 0 if none yet: the survivors know before they exit. */
+int64_t dt__out_verdict_ns(const dt_out *o);
+/* The rank that verdict named, -1 if none. */
+int dt__out_verdict_rank(const dt_out *o);
 /* Line k (0 = oldest) of a worker's tail, NULL past the end; valid until the next feed. */
 const char *dt__out_tail_line(const dt_out *o, int local, int k);
 /* Number of lines dt__out_write_tail would write. */
@@ -96,7 +101,8 @@ typedef struct dt_job {
   dt_out *out;
   int64_t start_ns;
   dt_job_outcome outcome;
-  int first_failed;   /* local index, -1 if none */
+  int first_failed;   /* local index, -1 if none (or the failure was seen in a verdict line) */
+  int64_t detect_ns;  /* when the failure was first seen (an exit, a verdict line, a poll) */
   int stop_signal;    /* signal that made us stop, for DT_JOB_SIGNALED */
   int stopped;        /* workers still running when we began stopping them */
   bool killed;        /* SIGKILL was needed */
@@ -109,13 +115,13 @@ typedef struct dt_job {
  * supervise). Fails (status + detail) only on resource errors (pipes, fork); workers already
  * started are then stopped before returning. */
 dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out);
-/* Runs until every worker has exited, a worker fails, a stop signal arrives or the timeout
- * passes; copies all output meanwhile. On failure, signal or timeout it stops the others
+/* Runs until every worker has exited, a worker fails (exits badly, or a worker prints a
+ * failure verdict naming a rank), a stop signal arrives or the timeout passes; copies all output meanwhile. On failure, signal or timeout it stops the others
  * (SIGTERM, then SIGKILL after opts->kill_after_ms). Every wait is bounded or ends with a
  * child's exit. Sets job->outcome. */
 void dt__launch_supervise(dt_job *job);
-/* Like dt__launch_supervise, but calls poll_fn(ctx) at least every tick (<= 200 ms); when it
- * returns true the job is stopped as on a failure elsewhere (outcome DT_JOB_FAILED with
+/* Like dt__launch_supervise, but calls poll_fn(ctx) every tick (about 100 ms, also while
+ * stopping); when it returns true the job is stopped as on a failure elsewhere (outcome DT_JOB_FAILED with
  * first_failed -1 unless a local worker failed first). For agents that learn of failures on
  * other hosts. poll_fn may be NULL. */
 void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ctx);
@@ -129,6 +135,9 @@ typedef struct dt__run_failure {
   double detect_s;  /* from the generation's start until the failure was seen */
   double restart_s; /* from then until the next generation's workers were started */
 } dt__run_failure;
+/* With DTRAIN_RUN_EVENTS=FILE: appends {"event","node","gen","t_ns" (CLOCK_MONOTONIC),"world",
+ * "what"} as one line (one write, so agents sharing the file do not interleave). */
+void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world, const char *what);
 /* R if p starts "rank R failed" or "rank R (...) failed", else -1. */
 int dt__run_failed_rank(const char *p);
 /* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */

@@ -342,6 +342,23 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
     if (failed >= 0 && job->outcome == DT_JOB_OK) {
       job->outcome = DT_JOB_FAILED;
       job->first_failed = failed;
+      job->detect_ns = job->w[failed].exit_ns;
+      job_begin_stop(job, &s);
+    }
+    /* The verdict came first, but the rank it names is one of ours and ended by itself (not by
+     * our stop): that is the failure to report, with its own exit code. */
+    if (job->outcome == DT_JOB_FAILED && job->first_failed < 0) {
+      int v = dt__out_verdict_rank(job->out) - o->node_rank * o->nproc;
+      if (v >= 0 && v < n && job->w[v].exited) {
+        const dt_worker *w = &job->w[v];
+        if (w->code != 0 || (w->sig && w->sig != SIGTERM && !(w->sig == SIGKILL && s.killed)))
+          job->first_failed = v;
+      }
+    }
+    /* A survivor named a dead or hung rank: no need to wait for the survivors to exit. */
+    if (job->outcome == DT_JOB_OK && !s.stopping && dt__out_verdict_ns(job->out)) {
+      job->outcome = DT_JOB_FAILED;
+      job->detect_ns = dt__out_verdict_ns(job->out);
       job_begin_stop(job, &s);
     }
     if (job_sig_count != seen_sigs) {
@@ -367,8 +384,11 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         job_begin_stop(job, &s);
       }
     }
-    if (!s.stopping && poll_fn && poll_fn(ctx)) {
+    /* Asked every tick, also while stopping (an agent renews its lease there). */
+    bool stop_asked = poll_fn && poll_fn(ctx);
+    if (!s.stopping && stop_asked) {
       job->outcome = DT_JOB_FAILED; /* first_failed stays -1: the failure was elsewhere */
+      job->detect_ns = dt_now_ns();
       job_begin_stop(job, &s);
     }
     if (s.stopping && dt__expired(s.kill_at))

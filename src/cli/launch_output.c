@@ -50,6 +50,8 @@ struct dt_out {
   int pend_src;    /* local*3+stream that wrote it */
   char *scratch;
   size_t scratch_cap;
+  int64_t verdict_ns; /* when a worker first printed "rank R failed", 0 before */
+  int verdict_rank;   /* that R */
 };
 
 dt_out *dt__out_create(int nlocal, int rank_base, dt_out_mode mode, bool raw_stdout,
@@ -196,6 +198,15 @@ static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, 
   if (cr && n == 0)
     return; /* "\r" that starts a progress display: nothing to show */
   tail_record(o, local, stream, s, n, cr);
+  if (!o->verdict_ns) {
+    const char *t = o->r[local].tail[(o->r[local].head + o->r[local].count - 1) % o->tail_cap].text;
+    for (const char *p = t ? strstr(t, "rank ") : NULL; p; p = strstr(p + 5, "rank "))
+      if (dt__run_failed_rank(p) >= 0) {
+        o->verdict_ns = dt_now_ns();
+        o->verdict_rank = dt__run_failed_rank(p);
+        break;
+      }
+  }
   int rank = o->rank_base + local;
   bool raw0 = o->raw_stdout && rank == 0 && stream == 1;
   if (raw0)
@@ -299,6 +310,9 @@ void dt__out_eof(dt_out *o, int local, int stream) {
 int dt__out_tail_count(dt_out *o, int local) { return o->r[local].count; }
 
 bool dt__out_stdout_broken(const dt_out *o) { return o->broken_stdout; }
+
+int64_t dt__out_verdict_ns(const dt_out *o) { return o->verdict_ns; }
+int dt__out_verdict_rank(const dt_out *o) { return o->verdict_ns ? o->verdict_rank : -1; }
 
 const char *dt__out_tail_line(const dt_out *o, int local, int k) {
   const out_rank *r = &o->r[local];

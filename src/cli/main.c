@@ -21,6 +21,7 @@ static const dt_cli_cmd commands[] = {
     {"train", dt_cli_train, "train a model on Fashion-MNIST or any IDX dataset, on 1..N workers"},
     {"eval", dt_cli_eval, "evaluate a saved model on a test set"},
     {"inspect", dt_cli_inspect, "show and verify a checkpoint, safetensors model or IDX file"},
+    {"store", dt_cli_store, "host a job's rendezvous store and failure detector as its own process"},
 };
 
 int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...) {

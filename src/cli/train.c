@@ -37,7 +37,8 @@ static void help(FILE *f) {
       "  --seed S              parameters, shuffling and dropout (default 42)\n"
       "training:\n"
       "  --epochs N            passes over the training set (default 1)\n"
-      "  --max-steps K         stop after K optimizer steps in total (default: no limit)\n"
+      "  --max-steps K         stop after K optimizer steps in total; the LR schedule still\n"
+      "                        spans --epochs (default: no limit)\n"
       "  --batch N             global batch: samples per optimizer step over all workers (128)\n"
       "  --accumulate N        split each worker's shard into N micro-batches, one allreduce\n"
       "                        per step (default 1)\n"
@@ -66,8 +67,8 @@ static void help(FILE *f) {
       "                        uninterrupted run's\n"
       "  -h, --help            this text\n"
       "\n"
-      "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, data or settings that\n"
-      "differ across workers.\n"
+      "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, missing or damaged data,\n"
+      "or settings that differ across workers.\n"
       "\n"
       "Model specs:\n%s",
       DT_FASHION_MNIST_DIR, dt_model_spec_help());
@@ -114,10 +115,17 @@ static int default_threads(void) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   if (cores < 1)
     cores = 1;
-  int64_t local = 0;
-  if (dt__env_int("DTRAIN_LOCAL_WORLD_SIZE", 0, &local) != DT_OK || local < 1)
-    if (dt__env_int("DTRAIN_WORLD_SIZE", 1, &local) != DT_OK || local < 1)
-      local = 1;
+  /* workers on this host, by the launchers' conventions (dtrain run, torchrun, Open MPI) */
+  static const char *const vars[] = {"DTRAIN_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_LOCAL_SIZE", "DTRAIN_WORLD_SIZE"};
+  int64_t local = 1;
+  for (size_t i = 0; i < DT_ARRAY_LEN(vars); i++) {
+    int64_t v = 0;
+    if (dt__env_int(vars[i], 0, &v) == DT_OK && v >= 1) {
+      local = v;
+      break;
+    }
+  }
   long t = cores / local;
   return t < 1 ? 1 : (int)t;
 }
@@ -338,6 +346,10 @@ int dt_cli_train(int argc, char **argv) {
                                 "%s", dt_last_error());
     if (rc == DT_ERR_INVALID)
       return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
+    if (rc == DT_ERR_CORRUPT)
+      return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
+                                "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
+                                "%s", dt_last_error());
     return dt_cli_fail(CMD, "training failed");
   }
   if (s.world_size > 1 && rank != 0)

@@ -151,7 +151,7 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
   /* An abort we merely observed is not a new failure to publish. */
   if (st == DT_OK || st == DT_ERR_ABORTED || !c || !c->health)
     return st;
-  if (st == DT_ERR_PEER) {
+  if (st == DT_ERR_PEER && !strstr(dt_last_error(), ": job failed: ")) {
     /* A peer that vanished may itself have been stopping because of an earlier failure
      * elsewhere: give the failure detector a moment to tell the root cause, and lead with it. */
     int64_t dl = dt__deadline_after_ms(COMM_VERDICT_MS);

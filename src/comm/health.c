@@ -93,6 +93,7 @@ static void health_send_abort(dt__health *h, const char *msg) {
 
 static void *health_main(void *arg) {
   dt__health *h = arg;
+  pthread_setname_np(pthread_self(), "dt-health");
   int64_t last_ok = dt_now_ns();
   int64_t fault_ns = (int64_t)h->fault_ms * 1000000LL;
   int64_t next_beat = dt_now_ns() + (int64_t)h->interval_ms * 1000000LL;

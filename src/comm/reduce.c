@@ -222,17 +222,30 @@ TGT static inline __m256 ld_bf16(const uint16_t *p) {
   __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-/* Same rounding as dt__f32_to_bf16: add 0x7fff + lsb, keep the top half; NaN -> quiet NaN. */
-TGT static inline void st_bf16(uint16_t *p, __m256 v) {
+/* Same rounding as dt__f32_to_bf16: add 0x7fff + lsb, keep the top half; NaN -> quiet NaN.
+ * Result: one bf16 per 32-bit lane. */
+TGT static inline __m256i bf16_round(__m256 v) {
   __m256i b = _mm256_castps_si256(v);
   __m256i hi = _mm256_srli_epi32(b, 16);
   __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
   __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+TGT static inline void st_bf16(uint16_t *p, __m256 v) {
+  __m256i r = bf16_round(v);
   __m256i packed = _mm256_packus_epi32(r, r); /* per lane: [r0..3 r0..3 | r4..7 r4..7] */
   packed = _mm256_permute4x64_epi64(packed, 0x08);
   _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+/* 16 at once: one pack and one permute for two vectors. */
+TGT static inline void st2_bf16(uint16_t *p, __m256 v0, __m256 v1) {
+  __m256i packed = _mm256_packus_epi32(bf16_round(v0), bf16_round(v1)); /* [a0..3 b0..3 | a4..7 b4..7] */
+  _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(packed, 0xD8));
+}
+TGT static inline void st2_f16(uint16_t *p, __m256 v0, __m256 v1) {
+  __m256i lo = _mm256_castsi128_si256(_mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT));
+  _mm256_storeu_si256((__m256i *)p, _mm256_inserti128_si256(lo, _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT), 1));
 }
 
 /* name: kernel; T: element; W: elements per vector; VT: vector type; LD/ST: load/store; VOP:
@@ -271,14 +284,29 @@ VKERN(v_i64_max_k, int64_t, 4, __m256i, ld_si, st_si, v_i64_max, s_i64_max)
 VKERN(v_u8_sum_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_sum, s_u8_sum)
 VKERN(v_u8_min_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_min, s_u8_min)
 VKERN(v_u8_max_k, uint8_t, 32, __m256i, ld_si, st_si, v_u8_max, s_u8_max)
-VKERN(v_f16_sum_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_sum, s_f16_sum)
-VKERN(v_f16_prod_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_prod, s_f16_prod)
-VKERN(v_f16_min_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_min, s_f16_min)
-VKERN(v_f16_max_k, uint16_t, 8, __m256, ld_f16, st_f16, v_f32_max, s_f16_max)
-VKERN(v_bf16_sum_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_sum, s_bf16_sum)
-VKERN(v_bf16_prod_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_prod, s_bf16_prod)
-VKERN(v_bf16_min_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_min, s_bf16_min)
-VKERN(v_bf16_max_k, uint16_t, 8, __m256, ld_bf16, st_bf16, v_f32_max, s_bf16_max)
+/* Half types: 16 per iteration, computed in f32, stored with one 256-bit store. */
+#define VKERN_H(name, LD, ST, ST2, VOP, TAIL)                                     \
+  TGT static void name(void *o_, const void *a_, const void *b_, size_t n) {    \
+    uint16_t *o = o_;                                                            \
+    const uint16_t *a = a_, *b = b_;                                             \
+    size_t i = 0;                                                                \
+    for (; i + 16 <= n; i += 16) {                                               \
+      __m256 r0 = VOP(LD(a + i), LD(b + i)), r1 = VOP(LD(a + i + 8), LD(b + i + 8)); \
+      ST2(o + i, r0, r1);                                                        \
+    }                                                                            \
+    for (; i + 8 <= n; i += 8)                                                   \
+      ST(o + i, VOP(LD(a + i), LD(b + i)));                                      \
+    TAIL(o + i, a + i, b + i, n - i);                                            \
+  }
+
+VKERN_H(v_f16_sum_k, ld_f16, st_f16, st2_f16, v_f32_sum, s_f16_sum)
+VKERN_H(v_f16_prod_k, ld_f16, st_f16, st2_f16, v_f32_prod, s_f16_prod)
+VKERN_H(v_f16_min_k, ld_f16, st_f16, st2_f16, v_f32_min, s_f16_min)
+VKERN_H(v_f16_max_k, ld_f16, st_f16, st2_f16, v_f32_max, s_f16_max)
+VKERN_H(v_bf16_sum_k, ld_bf16, st_bf16, st2_bf16, v_f32_sum, s_bf16_sum)
+VKERN_H(v_bf16_prod_k, ld_bf16, st_bf16, st2_bf16, v_f32_prod, s_bf16_prod)
+VKERN_H(v_bf16_min_k, ld_bf16, st_bf16, st2_bf16, v_f32_min, s_bf16_min)
+VKERN_H(v_bf16_max_k, ld_bf16, st_bf16, st2_bf16, v_f32_max, s_bf16_max)
 
 /* AVX2 has no 64-bit or 8-bit multiply: those products stay scalar. */
 static const red_fn avx2_tab[DT_DTYPE_COUNT][4] = {
@@ -308,7 +336,12 @@ TGT static void v_from_f32(uint16_t *dst, const float *src, size_t n, dt_dtype t
     for (; i + 8 <= n; i += 8)
       st_f16(dst + i, ld_ps(src + i));
   else
-    for (; i + 8 <= n; i += 8)
+    for (; i + 16 <= n; i += 16)
+      st2_bf16(dst + i, ld_ps(src + i), ld_ps(src + i + 8));
+  for (; i + 8 <= n; i += 8)
+    if (t == DT_F16)
+      st_f16(dst + i, ld_ps(src + i));
+    else
       st_bf16(dst + i, ld_ps(src + i));
   s_from_f32(dst + i, src + i, n - i, t);
 }

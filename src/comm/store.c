@@ -119,10 +119,12 @@ struct dt__store_server {
   pthread_mutex_t lock; /* guards the fields read by dt__store_server_drain */
   pthread_cond_t cond;
   int live;             /* ranks watched and neither gone nor failed */
+  int seen;             /* ranks that ever sent a heartbeat */
   dt_status verdict_st; /* DT_OK until a rank failed or aborted; then sticky */
   char verdict[DT_STORE_MSG_MAX];
   int64_t listen_pause_until;
   int64_t tick_due; /* when the last poll should have returned at the latest */
+  int64_t accept_warned;
   int64_t log_window;
   int log_count, log_suppressed;
 };
@@ -546,6 +548,8 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     r->hb_cid = c->cid;
     if (!r->watched || r->left) {
       pthread_mutex_lock(&s->lock);
+      if (!r->watched)
+        s->seen++;
       r->watched = true;
       r->left = false;
       s->live++;
@@ -700,8 +704,13 @@ static void server_accept(dt__store_server *s) {
       if (errno == EINTR)
         continue;
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        DT_LOG_WARN("store: cannot accept connections: %s (pausing 100 ms)", strerror(errno));
-        s->listen_pause_until = dt_now_ns() + 100 * 1000000LL;
+        int64_t now = dt_now_ns();
+        if (now - s->accept_warned > 10 * 1000000000LL) { /* once per 10 s, not per retry */
+          DT_LOG_WARN("store: cannot accept connections: %s (%zu open; retrying every 100 ms)", strerror(errno),
+                      s->nconns);
+          s->accept_warned = now;
+        }
+        s->listen_pause_until = now + 100 * 1000000LL;
       }
       return;
     }
@@ -831,6 +840,7 @@ static void server_reap(dt__store_server *s) {
 
 static void *server_main(void *arg) {
   dt__store_server *s = arg;
+  pthread_setname_np(pthread_self(), "dt-store");
   struct pollfd *pfds = NULL;
   size_t pcap = 0;
   while (!atomic_load(&s->stop)) {
@@ -997,6 +1007,19 @@ int dt__store_server_drain(dt__store_server *s, int64_t deadline) {
   int live = s->live;
   pthread_mutex_unlock(&s->lock);
   return live;
+}
+
+dt_status dt__store_server_status(dt__store_server *s, int *seen, int *live, char *verdict, size_t n) {
+  pthread_mutex_lock(&s->lock);
+  if (seen)
+    *seen = s->seen;
+  if (live)
+    *live = s->live;
+  if (verdict && n)
+    snprintf(verdict, n, "%s", s->verdict_st ? s->verdict : "");
+  dt_status st = s->verdict_st;
+  pthread_mutex_unlock(&s->lock);
+  return st;
 }
 
 /* ======================================================================================== */

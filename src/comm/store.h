@@ -40,6 +40,9 @@ void dt__store_server_stop(dt__store_server *s);
  * health threads seeing the store vanish under them. Returns the number of ranks still live
  * (0 = all gone). Safe from any thread while the server runs. */
 int dt__store_server_drain(dt__store_server *s, int64_t deadline);
+/* Snapshot for a supervisor: how many ranks ever sent a heartbeat, how many are live (neither
+ * said goodbye nor failed), and the verdict (returned status DT_OK and "" if there is none). */
+dt_status dt__store_server_status(dt__store_server *s, int *seen, int *live, char *verdict, size_t n);
 
 /* Connects and authenticates (retrying until the deadline while the server starts). `rank`
  * identifies the client in logs. Each dt__store handle is used by one thread at a time. */

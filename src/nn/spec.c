@@ -22,7 +22,7 @@ static const struct {
 };
 
 const char *dt_model_spec_help(void) {
-  return "Model spec: a preset name or comma-separated layers, applied in order.\n"
+  return "A preset name, or layers separated by commas, applied in order:\n"
          "  presets:  mlp = 784-1024-1024-10 with relu\n"
          "            cnn = conv5x5 1->32 pad 2, relu, maxpool2, conv5x5 32->64 pad 2, relu,\n"
          "                  maxpool2, linear 3136->512, relu, linear 512->10\n"

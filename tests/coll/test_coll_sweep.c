@@ -4,8 +4,9 @@
  *
  * Usage: test_coll_sweep <shm|tcp> <ranks,...> <counts,...> [colls,...]
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
- *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd (+ shm
- *   on the shm transport when it has the fast path), broadcast tree/chain, and auto. Small ring
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd,
+ *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
+ *   transport's fast path ("shm") of each collective that has one, and auto. Small ring
  *   and chain pieces (4 KiB) make the pipelines run several pieces per step at count 4099.
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
@@ -198,23 +199,35 @@ static int body(int rank, int size, void *arg) {
     return 2;
   }
   int n = dt_comm_size(c);
-  int fast_shm = !strcmp(dt_comm_transport(c), "shm") && c->ops->allreduce;
   uint64_t salt = 1;
   for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER; k++) {
     if (!(g->colls & (1u << k)))
       continue;
-    const char *algos[4] = {"auto"};
+    /* every algorithm of this collective, and the transport's fast path when it has one */
+    const char *algos[6] = {"auto"};
     int nalgo = 1;
     if (k == DT_COLL_ALLREDUCE) {
-      algos[1] = "ring";
-      algos[2] = "rd";
-      nalgo = 3;
-      if (fast_shm)
+      algos[nalgo++] = "ring";
+      algos[nalgo++] = "rd";
+      if (c->ops->allreduce)
         algos[nalgo++] = "shm";
     } else if (k == DT_COLL_BROADCAST) {
-      algos[1] = "broadcast=tree";
-      algos[2] = "broadcast=chain";
-      nalgo = 3;
+      algos[nalgo++] = "broadcast=tree";
+      algos[nalgo++] = "broadcast=chain";
+      if (c->ops->broadcast)
+        algos[nalgo++] = "broadcast=shm";
+    } else if (k == DT_COLL_ALLGATHER) {
+      algos[nalgo++] = "allgather=ring";
+      if (c->ops->allgather)
+        algos[nalgo++] = "allgather=shm";
+    } else if (k == DT_COLL_REDUCE_SCATTER) {
+      algos[nalgo++] = "reduce_scatter=ring";
+      if (c->ops->reduce_scatter)
+        algos[nalgo++] = "reduce_scatter=shm";
+    } else if (k == DT_COLL_BARRIER) {
+      algos[nalgo++] = "barrier=dissem";
+      if (c->ops->barrier)
+        algos[nalgo++] = "barrier=shm";
     }
     for (int a = 0; a < nalgo; a++) {
       if (g->large && a == 0 && nalgo > 1)

@@ -159,7 +159,10 @@ static int64_t run_scenario(scenario *sc, int hurt_signal) {
     assert_int_equal(vcode, 0);
   dt__store_close(c);
   dt__store_server_stop(s);
-  fprintf(stderr, "scenario victim %d: worst detection delay %lld ms\n", sc->victim, (long long)worst);
+  if (sc->expect)
+    fprintf(stderr, "victim rank %d: every survivor saw '%s' within %lld ms\n", sc->victim, sc->expect, (long long)worst);
+  else
+    fprintf(stderr, "victim rank %d: no verdict after %lld ms of watching\n", sc->victim, (long long)worst);
   return worst;
 }
 

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <cmocka.h>
@@ -224,9 +225,62 @@ static void test_strangers_refused(void **unused) {
   unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
 }
 
+/* ---- file descriptors run out ---- */
+
+static int fd_server(int port, int idx, void *arg) {
+  int *pipefd = arg;
+  struct rlimit rl = {.rlim_cur = 32, .rlim_max = 32};
+  if (setrlimit(RLIMIT_NOFILE, &rl))
+    return 10;
+  dt__store_server *s;
+  if (dt__store_server_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, 10000, &s, NULL))
+    return 11;
+  if (write(pipefd[1], "r", 1) != 1)
+    return 12;
+  char b;
+  ssize_t r = read(pipefd[0], &b, 1); /* until the parent is done */
+  (void)r;
+  dt__store_server_stop(s);
+  return 0;
+}
+
+static void test_fd_exhaustion(void **unused) {
+  int port = mp_free_port();
+  int up[2], down[2];
+  assert_int_equal(pipe(up), 0);
+  assert_int_equal(pipe(down), 0);
+  int fds_for_child[2] = {down[0], up[1]};
+  pid_t srv = spawn_child(fd_server, port, 0, fds_for_child, 60);
+  char b;
+  assert_int_equal(read(up[0], &b, 1), 1);
+  /* More strangers than the server has descriptors. */
+  enum { N = 60 };
+  int raw[N];
+  for (int i = 0; i < N; i++)
+    raw[i] = raw_connect(port);
+  usleep(300 * 1000);
+  for (int i = 0; i < N; i++)
+    close(raw[i]);
+  /* The server recovers: an honest client gets in and is served. */
+  dt__store *c;
+  assert_int_equal(connect_store(port, 0, &c), DT_OK);
+  assert_int_equal(dt__store_set(c, "k", "v", 1, dt__deadline_after_ms(5000)), DT_OK);
+  char v[4];
+  size_t n;
+  assert_int_equal(dt__store_get(c, "k", v, sizeof v, &n, dt__deadline_after_ms(5000)), DT_OK);
+  dt__store_close(c);
+  assert_int_equal(write(down[1], "x", 1), 1);
+  assert_int_equal(reap_child(srv, 20), 0);
+  close(up[0]);
+  close(up[1]);
+  close(down[0]);
+  close(down[1]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_strangers_refused),
+      cmocka_unit_test_teardown(test_fd_exhaustion, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@
  *           accuracy and loss
  *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
  *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
- *           final parameters bit for bit */
+ *           final parameters bit for bit (resume: SGD with Nesterov momentum and dropout;
+ *           resume_adamw: AdamW with a cosine schedule and clipping) */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -53,6 +54,16 @@ static void group_usage(void) {
                tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "inputs");
   expect_usage("missing data", tt_run(dir, 30, "%s train --data %s/nowhere", b, dir),
                "apt-get install dataset-fashion-mnist");
+  {
+    /* a truncated images file: the error names it */
+    char bad[4096], cmd[16384];
+    snprintf(bad, sizeof bad, "%s/bad", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/* %s/ && truncate -s 1000 %s/train-images-idx3-ubyte",
+             bad, data, bad, bad);
+    CHECK(system(cmd) == 0, "prepare truncated data");
+    expect_usage("truncated data", tt_run(dir, 30, "%s train --data %s --model '%s'", b, bad, TINY_MODEL),
+                 "train-images-idx3-ubyte");
+  }
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
@@ -169,11 +180,14 @@ static void group_accum(void) {
   CHECK(tt_model_rel_diff(p0, p1) > 1e-3, "training did not change the parameters");
 }
 
-static void group_resume(void) {
+static void group_resume(int adamw) {
   const char *b = tt_bin();
-  const char *common = "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
-                       "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 0.0005 "
-                       "--threads 1 --log-interval 1";
+  const char *common = adamw ? "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
+                               "--optimizer adamw --lr 0.003 --weight-decay 0.01 --schedule cosine:5 "
+                               "--clip 1 --threads 1 --log-interval 1"
+                             : "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
+                               "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 0.0005 "
+                               "--threads 1 --log-interval 1";
   /* 600 / 40 = 15 steps per epoch; 30 in all. Uninterrupted: */
   tt_result r = tt_run(dir, 120, "%s train --data %s %s --out %s/full --json", b, data, common, dir);
   CHECK(r.code == 0, "full run exit %d: %s", r.code, r.err);
@@ -248,7 +262,9 @@ int main(int argc, char **argv) {
   else if (!strcmp(g, "accum"))
     group_accum();
   else if (!strcmp(g, "resume"))
-    group_resume();
+    group_resume(0);
+  else if (!strcmp(g, "resume_adamw"))
+    group_resume(1);
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);

@@ -269,6 +269,33 @@ static int case_allreduce(int rank, int size, void *arg) {
           free(si);
           free(ri);
         }
+  /* f16/bf16 sums must round once: rank 0 holds 1024, the others a value below half of the
+   * type's spacing there, so rounding after every addition would never move off 1024. */
+  for (int ti = 0; ti < 2 && c->ops->allreduce; ti++)
+    for (int avg = 0; avg < 2; avg++) {
+      dt_dtype t = ti ? DT_BF16 : DT_F16;
+      dt_op op = avg ? DT_AVG : DT_SUM;
+      if (avg && (size & (size - 1)))
+        continue; /* avg checked where dividing by size is exact */
+      float small = t == DT_F16 ? 0.5f : 3.0f;
+      size_t n = 4099;
+      uint16_t *h = malloc(n * 2);
+      for (size_t i = 0; i < n; i++) {
+        float v = rank == 0 ? 1024.0f : small * (float)(1 + i % 2);
+        h[i] = t == DT_F16 ? dt__f32_to_f16(v) : dt__f32_to_bf16(v);
+      }
+      dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLREDUCE, .dtype = (uint8_t)t, .op = (uint8_t)op, .root = -1};
+      CHECK_OK(c->ops->allreduce(c->tp, DT_IN_PLACE, h, n, t, op, &fp, dt__comm_deadline(c)));
+      for (size_t i = 0; i < n; i++) {
+        float exact = 1024.0f + small * (float)(1 + i % 2) * (float)(size - 1);
+        if (avg)
+          exact /= (float)size;
+        uint16_t want = t == DT_F16 ? dt__f32_to_f16(exact) : dt__f32_to_bf16(exact);
+        CHECK(h[i] == want, "%s %s n=%d element %zu: 0x%04x, want 0x%04x (%g)", t == DT_F16 ? "f16" : "bf16",
+              avg ? "avg" : "sum", size, i, h[i], want, (double)exact);
+      }
+      free(h);
+    }
   if (fast_others(c, rank, size))
     return 1;
   if (c->ops->barrier) {
@@ -372,10 +399,15 @@ static int fault_body(int rank, int size, int sig) {
   uint8_t *out = calloc(n, 1), *in = calloc(n, 1);
   dt_status st = DT_OK;
   for (int it = 0; it < 100000 && st == DT_OK; it++) {
-    if (rank == victim && it == 20)
+    if (rank == victim && it == 21) /* the others are then inside an allreduce */
       raise(sig);
-    dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLREDUCE, .dtype = DT_U8, .op = DT_SUM, .root = -1};
-    st = c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c));
+    if (it % 2) {
+      /* A real collective (on shm its fast path) half of the time. */
+      st = dt_comm_allreduce(c, DT_IN_PLACE, in, n / 4, DT_F32, DT_SUM);
+    } else {
+      dt__fp fp = {.seq = ++c->seq, .count = n, .coll = DT_COLL_ALLGATHER, .dtype = DT_U8, .root = -1};
+      st = c->ops->sendrecv(c->tp, right, out, n, left, in, n, &fp, dt__comm_deadline(c));
+    }
   }
   if (rank == victim)
     FAIL("the victim survived: %s", dt_last_error());

@@ -1,10 +1,12 @@
 /* shm.c - the shared-memory transport: every rank of a communicator on one host maps one POSIX
  * shared-memory segment holding
  *   - a header (parameters, a futex "bell" rung whenever anything is published),
- *   - one record per rank (pid for liveness, progress counters of the fast paths),
+ *   - one record per rank (pid for liveness, progress counters of the fast paths, and the
+ *     collective call it is in, so mismatched calls are reported instead of waited out),
  *   - one single-producer single-consumer ring per ordered pair of ranks for sendrecv (slots
  *     carry the fingerprint, the message length and the piece's offset),
- *   - two staging buffers per rank for the allreduce made for shared memory.
+ *   - two staging buffers per rank for the collectives made for shared memory (allreduce,
+ *     broadcast, allgather, reduce_scatter, and a counter barrier).
  * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
  * rank is SIGKILLed later.
  *
@@ -12,8 +14,9 @@
  * more ranks than cores still make progress); while waiting it watches the job's abort state,
  * the deadline, and every ~50 ms whether the awaited ranks' processes still exist.
  *
- * Not here: single-copy transfers (process_vm_readv), broadcast/allgather/reduce_scatter fast
- * paths (the ring algorithms over sendrecv serve them). */
+ * Not here: single-copy transfers. On the 2-core KVM guest, process_vm_readv of 64 MiB from a
+ * forked child ran at 0.6 GB/s against 4 GB/s for memcpy of the same buffer in the same run, so
+ * the two-copy rings and staging buffers stay. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -21,6 +24,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdalign.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -38,11 +42,14 @@
  * while each piece still fits in L2. DTRAIN_SHM_SLOT / DTRAIN_SHM_SLOTS override. */
 #define SHM_DEFAULT_SLOT (256u << 10)
 #define SHM_DEFAULT_NSLOTS 4
+#define SHM_RINGS_MAX ((uint64_t)256 << 20)
 /* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
  * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
 #define SHM_DEFAULT_CHUNK (512u << 10)
 /* Waiting: ~256 pauses (a few microseconds: the other side is usually that close when each
- * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps. */
+ * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps.
+ * DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS override. On the loaded 2-core guest, dropping the yield
+ * phase made 4 B - 64 KiB allreduce 2-3x slower (60-85 us against 25-35 us). */
 #define SHM_SPINS 256
 #define SHM_YIELDS 64
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
@@ -72,8 +79,10 @@ typedef struct shm_rank {
   /* The call this rank is in (seqlock: odd version = being written), so a rank waiting for it
    * can tell "slow" from "in a different call" and report a mismatch instead of a timeout. */
   alignas(SHM_LINE) _Atomic uint32_t cur_ver;
-  dt__fp cur_fp;
+  _Atomic uint64_t cur_fp[3]; /* the dt__fp's 24 bytes, as words (all accesses seq_cst) */
 } shm_rank;
+
+_Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
 
 typedef struct shm_slot {
   dt__fp fp;
@@ -99,6 +108,7 @@ struct dt_transport {
   uint64_t bars;   /* barriers done */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
+  unsigned spins, yields; /* waiting policy: DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
 
@@ -168,11 +178,13 @@ static void shm_board_set(dt_transport *t, const dt__fp *fp) {
   if (fp->coll == DT_COLL_SEND || dt__fp_equal(&t->cur, fp))
     return;
   shm_rank *me = &t->ranks[t->rank];
-  uint32_t v = atomic_load_explicit(&me->cur_ver, memory_order_relaxed);
-  atomic_store_explicit(&me->cur_ver, v + 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
-  me->cur_fp = *fp;
-  atomic_store_explicit(&me->cur_ver, v + 2, memory_order_release);
+  uint64_t w[3];
+  memcpy(w, fp, sizeof w);
+  uint32_t v = atomic_load(&me->cur_ver);
+  atomic_store(&me->cur_ver, v + 1);
+  for (int i = 0; i < 3; i++)
+    atomic_store(&me->cur_fp[i], w[i]);
+  atomic_store(&me->cur_ver, v + 2);
   t->cur = *fp;
 }
 
@@ -182,13 +194,16 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
     return DT_OK;
   shm_rank *pr = &t->ranks[peer];
   for (int tries = 0; tries < 4; tries++) {
-    uint32_t v1 = atomic_load_explicit(&pr->cur_ver, memory_order_acquire);
+    uint32_t v1 = atomic_load(&pr->cur_ver);
     if (v1 & 1)
       continue;
-    dt__fp theirs = pr->cur_fp;
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&pr->cur_ver, memory_order_relaxed) != v1)
+    uint64_t w[3];
+    for (int i = 0; i < 3; i++)
+      w[i] = atomic_load(&pr->cur_fp[i]);
+    if (atomic_load(&pr->cur_ver) != v1)
       continue;
+    dt__fp theirs;
+    memcpy(&theirs, w, sizeof theirs);
     if (v1 && theirs.seq == fp->seq && !dt__fp_equal(&theirs, fp)) {
       t->broken = true;
       return dt__comm_mismatch(t->c, peer, &theirs, fp);
@@ -203,11 +218,11 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
 static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
-  if (w->iter < SHM_SPINS) {
+  if (w->iter < t->spins) {
     shm_relax();
     if (w->iter & 63)
       return DT_OK;
-  } else if (w->iter < SHM_SPINS + SHM_YIELDS) {
+  } else if (w->iter < t->spins + t->yields) {
     sched_yield();
   } else {
     atomic_fetch_add(&t->h->sleepers, 1);
@@ -217,7 +232,7 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
-  if (w->iter >= SHM_SPINS)
+  if (w->iter >= t->spins)
     DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
   if (now >= deadline) {
@@ -281,6 +296,10 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_SLOTS=%llu is outside 2..64", (unsigned long long)nslots);
   DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
   size_t n = (size_t)t->n;
+  /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
+   * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
+  if (!dt__env_str("DTRAIN_SHM_SLOT") && n * n * nslots * slot > SHM_RINGS_MAX)
+    slot = DT_MAX((uint64_t)16 << 10, SHM_RINGS_MAX / (n * n * nslots) / 4096 * 4096);
   size_t off_ranks = shm_align(sizeof(shm_hdr), 4096);
   size_t off_rings = shm_align(off_ranks + n * sizeof(shm_rank), 4096);
   size_t ring_bytes = shm_align(sizeof(shm_ring) + nslots * (SHM_SLOT_HDR + slot), 4096);
@@ -342,6 +361,14 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->c = c;
   t->n = c->size;
   t->rank = c->rank;
+  int64_t spins, yields;
+  if (dt__env_int("DTRAIN_SHM_SPINS", SHM_SPINS, &spins) != DT_OK ||
+      dt__env_int("DTRAIN_SHM_YIELDS", SHM_YIELDS, &yields) != DT_OK) {
+    shm_destroy(t);
+    return DT_ERR_INVALID;
+  }
+  t->spins = (unsigned)DT_MIN(DT_MAX(spins, 0), 1 << 24);
+  t->yields = (unsigned)DT_MIN(DT_MAX(yields, 0), 1 << 24);
   if (t->n == 1) {
     *out = t;
     return DT_OK;
@@ -555,30 +582,38 @@ static void shm_slice(size_t len, size_t es, int n, int s, size_t *lo, size_t *h
   *hi = DT_MIN(len, units * (size_t)(s + 1) / (size_t)n * unit);
 }
 
-/* CI(k): waits until every rank copied chunk k-2 out of this staging buffer, then fills it. */
+/* CI(k): waits until every rank copied chunk k-2 out of this staging buffer, then fills it with
+ * every slice but this rank's own (which it reduces straight from its input). */
 static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, size_t es, size_t ce, uint64_t base,
                              size_t k, const dt__fp *fp, int64_t deadline) {
   uint64_t g = base + k + 1;
   int b = (int)(g & 1);
   if (g > 2)
     DT_CHECK(shm_wait_all(t, offsetof(shm_rank, out_seq), g - 2, 0, 0, fp, deadline));
-  size_t len = count ? DT_MIN(count - k * ce, ce) : 0;
-  if (len)
-    memcpy(shm_stage(t, t->rank, b), in + k * ce * es, len * es);
+  size_t len = count ? DT_MIN(count - k * ce, ce) : 0, lo, hi;
+  shm_slice(len, es, t->n, t->rank, &lo, &hi);
+  uint8_t *stage = shm_stage(t, t->rank, b);
+  const uint8_t *src = in + k * ce * es;
+  if (lo)
+    memcpy(stage, src, lo * es);
+  if (len > hi)
+    memcpy(stage + hi * es, src + hi * es, (len - hi) * es);
   t->ranks[t->rank].fp[b] = *fp;
   shm_publish(t, offsetof(shm_rank, in_seq), g);
   return DT_OK;
 }
 
-/* Reduces elements [lo, hi) of staging buffer b across all ranks into this rank's staging
- * buffer: own contribution first, then the others in rank order. f16/bf16 sums go through an
- * f32 accumulator so they are rounded once. */
-static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, size_t es, dt_dtype dt, dt_op op) {
+/* Reduces elements [lo, hi) of chunk buffer b across all ranks into this rank's staging buffer:
+ * own contribution (`own`, read from the caller's input) first, then the others in rank order.
+ * f16/bf16 sums go through an f32 accumulator so they are rounded once. */
+static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t lo, size_t hi, size_t es, dt_dtype dt,
+                                  dt_op op) {
   uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
   size_t m = hi - lo;
-  int last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
+  int first = t->rank == 0 ? 1 : 0, last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
   if (!dt__coll_wide(dt, op)) {
-    for (int r = 0; r < t->n; r++)
+    dt__reduce2(dst, own, shm_stage(t, first, b) + lo * es, m, dt, op);
+    for (int r = first + 1; r < t->n; r++)
       if (r != t->rank)
         dt__reduce(dst, shm_stage(t, r, b) + lo * es, m, dt, op);
     dt__reduce_finish(dst, m, dt, op, t->n);
@@ -586,7 +621,7 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, 
   }
   int div = op == DT_AVG ? t->n : 1;
   if (t->n == 2) {
-    dt__reduce_mix(dst, dt, dst, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
+    dt__reduce_mix(dst, dt, own, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
     return DT_OK;
   }
   if (!t->acc) {
@@ -594,24 +629,17 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, size_t lo, size_t hi, 
     if (!t->acc)
       return DT_ERR_NOMEM;
   }
-  bool first = true;
-  for (int r = 0; r < t->n; r++) {
-    if (r == t->rank || r == last)
-      continue;
-    const uint8_t *src = shm_stage(t, r, b) + lo * es;
-    if (first)
-      dt__reduce_mix(t->acc, DT_F32, dst, dt, src, dt, m, op, 1);
-    else
-      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, src, dt, m, op, 1);
-    first = false;
-  }
+  dt__reduce_mix(t->acc, DT_F32, own, dt, shm_stage(t, first, b) + lo * es, dt, m, op, 1);
+  for (int r = first + 1; r < last; r++)
+    if (r != t->rank)
+      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_stage(t, r, b) + lo * es, dt, m, op, 1);
   dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_stage(t, last, b) + lo * es, dt, m, op, div);
   return DT_OK;
 }
 
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
- * into its staging buffer (CI), rank s reduces slice s across all ranks' staging buffers in
- * place (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
+ * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
+ * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
  * for each chunk k: R(k), CI(k+1), CO(k), so a rank's copy-in of the next chunk overlaps the
  * others' reductions. A staging buffer is reused two chunks later, only after every rank
  * copied that chunk out. Each slice is reduced by one rank in rank order, so every rank gets
@@ -648,7 +676,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
     shm_slice(len, es, t->n, t->rank, &lo, &hi);
     if (hi > lo)
-      DT_CHECK_GOTO(shm_reduce_slice(t, b, lo, hi, es, dt, op), st, fail);
+      DT_CHECK_GOTO(shm_reduce_slice(t, b, in + (k * ce + lo) * es, lo, hi, es, dt, op), st, fail);
     shm_publish(t, f_red, g);
     /* CI(k+1) overlaps the other ranks' R(k). */
     if (k + 1 < nchunks)

@@ -1,7 +1,7 @@
 /* tcp.c - the tcp transport: one authenticated TCP connection per pair of ranks, any hosts.
  *
  * Setup: each rank listens on its bind address (DTRAIN_BIND_ADDR / DTRAIN_IFNAME, else the
- * local address it uses to reach the store), publishes "<prefix>tcp/<rank>" = "host:port" in
+ * local address it uses to reach the store), publishes "<prefix>tcp/<rank>" = "host port" in
  * the store, connects to every lower rank and accepts every higher one. Each connection proves
  * the job secret (wire.h) before anything else; a stranger that cannot is logged and closed
  * while accepting goes on. The listening socket closes once every peer arrived.
@@ -9,7 +9,8 @@
  * Messages: a 16-byte dt__frame (type DATA, len = 24 + payload) + the 24-byte fingerprint +
  * the payload, written with one sendmsg. The receiver checks magic, version, fingerprint and
  * length before a single payload byte lands in the caller's buffer, and answers a mismatch with
- * a NACK frame carrying its own fingerprint so the sender reports both sides too.
+ * a NACK frame carrying its own fingerprint and the rejected one, so the sender reports both
+ * sides too.
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
@@ -29,11 +30,14 @@
 
 #include "comm/comm.h"
 #include "comm/wire.h"
+#include "core/faults.h"
 
 /* Frame types of this protocol (the store's have their own space: each socket speaks one). */
 enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 #define TCP_FP_BYTES 24
 #define TCP_HDR_BYTES (16 + TCP_FP_BYTES)
+/* Messages up to this size arrive with their header in one recv (saves a system call each). */
+#define TCP_SMALL 4096
 /* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
@@ -267,7 +271,17 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
       st = dt_set_error(DT_ERR_PROTOCOL, "rank %d published a malformed tcp address '%s'", r, peer);
       goto fail;
     }
-    st = dt__sock_connect(host, pport, deadline, &fd);
+    /* Connect in short attempts so a failure elsewhere in the job ends the wait early. */
+    for (;;) {
+      int64_t slice = dt__deadline_after_ms(250);
+      st = dt__sock_connect(host, pport, slice < deadline ? slice : deadline, &fd);
+      if (st == DT_OK || dt__expired(deadline))
+        break;
+      if (dt__comm_aborted(c)) {
+        st = dt__comm_abort_status(c);
+        break;
+      }
+    }
     if (st == DT_OK)
       st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank, deadline);
     if (st == DT_OK)
@@ -308,9 +322,9 @@ static dt_status tcp_closed(dt_transport *t, int peer, const dt__fp *fp, int err
                       what);
 }
 
-/* A NACK header h (already read) from peer: its fingerprint, then the echo of the message of
- * ours it rejected. */
-static dt_status tcp_nacked(dt_transport *t, int peer, const uint8_t *h, int64_t deadline) {
+/* A NACK header h (already read, with `have` bytes after it) from peer: its fingerprint, then
+ * the echo of the message of ours it rejected. */
+static dt_status tcp_nacked(dt_transport *t, int peer, const uint8_t *h, size_t have, int64_t deadline) {
   t->nacked[peer] = true;
   dt__fp theirs, mine;
   uint8_t echo[TCP_FP_BYTES];
@@ -319,15 +333,20 @@ static dt_status tcp_nacked(dt_transport *t, int peer, const uint8_t *h, int64_t
   tcp_decode_fp(h + 16, &theirs);
   if (tcp_get(h + 8, 8) != 2 * TCP_FP_BYTES)
     return dt_set_error(DT_ERR_PROTOCOL, "rank %d: malformed NACK from %s", t->rank, pn);
+  /* `have` bytes of the echo may already sit after the header in h. */
+  have = DT_MIN(have, sizeof echo);
+  memcpy(echo, h + TCP_HDR_BYTES, have);
   int64_t dl = dt__deadline_after_ms(1000);
-  DT_CHECK(dt__sock_read_all(t->fd[peer], echo, sizeof echo, dl < deadline ? dl : deadline, pn));
+  if (have < sizeof echo)
+    DT_CHECK(dt__sock_read_all(t->fd[peer], echo + have, sizeof echo - have, dl < deadline ? dl : deadline, pn));
   tcp_decode_fp(echo, &mine);
   return dt__comm_mismatch(t->c, peer, &theirs, &mine);
 }
 
 /* A received header: DATA with our fingerprint and length, else a mismatch naming both. A NACK
  * means the peer rejected a message of ours: its fingerprint follows. */
-static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_t rn, const dt__fp *fp, int64_t deadline) {
+static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_t have, size_t rn, const dt__fp *fp,
+                               int64_t deadline) {
   uint32_t magic = (uint32_t)tcp_get(h, 4);
   uint16_t ver = (uint16_t)tcp_get(h + 4, 2), type = (uint16_t)tcp_get(h + 6, 2);
   uint64_t len = tcp_get(h + 8, 8);
@@ -339,7 +358,7 @@ static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_
   dt__fp theirs;
   tcp_decode_fp(h + 16, &theirs);
   if (type == TCP_NACK)
-    return tcp_nacked(t, src, h, deadline);
+    return tcp_nacked(t, src, h, have, deadline);
   if (!dt__fp_equal(&theirs, fp)) {
     t->nacked[src] = true;
     /* NACK = our fingerprint + theirs echoed, so the sender can name both calls. */
@@ -376,12 +395,17 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
     }
   }
   const int sfd = dst >= 0 ? t->fd[dst] : -1, rfd = src >= 0 ? t->fd[src] : -1, afd = dt__comm_abort_fd(c);
-  uint8_t shdr[TCP_HDR_BYTES], rhdr[TCP_HDR_BYTES];
+  /* Small messages are read with their header in one recv into rhdr, and copied to the
+   * caller's buffer only after the header was checked. */
+  uint8_t shdr[TCP_HDR_BYTES], rhdr[TCP_HDR_BYTES + TCP_SMALL];
+  const bool small = rn <= TCP_SMALL;
   size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
-  if (dst >= 0)
+  if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
+    dt__fault_send(); /* a "delay" fault of DTRAIN_FAULTS holds this message back */
+  }
   for (;;) {
     bool moved = false;
     if (s_done < s_total) {
@@ -408,12 +432,18 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
     if (r_need) {
       ssize_t g;
       if (r_hdr < TCP_HDR_BYTES) {
-        g = recv(rfd, rhdr + r_hdr, TCP_HDR_BYTES - r_hdr, MSG_DONTWAIT);
+        g = recv(rfd, rhdr + r_hdr, TCP_HDR_BYTES + (small ? rn : 0) - r_hdr, MSG_DONTWAIT);
         if (g > 0) {
           r_hdr += (size_t)g;
           moved = true;
-          if (r_hdr == TCP_HDR_BYTES)
-            DT_CHECK(tcp_check_hdr(t, src, rhdr, rn, fp, deadline));
+          if (r_hdr >= TCP_HDR_BYTES) {
+            size_t extra = r_hdr - TCP_HDR_BYTES;
+            DT_CHECK(tcp_check_hdr(t, src, rhdr, extra, rn, fp, deadline));
+            if (extra)
+              memcpy(rbuf, rhdr + TCP_HDR_BYTES, extra);
+            r_done = extra;
+            r_hdr = TCP_HDR_BYTES;
+          }
         }
       } else if (r_done < rn) {
         g = recv(rfd, (uint8_t *)rbuf + r_done, rn - r_done, MSG_DONTWAIT);
@@ -483,7 +513,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       ssize_t g = recv(sfd, h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
       if (g == (ssize_t)sizeof h && tcp_get(h + 6, 2) == TCP_NACK) {
         (void)!recv(sfd, h, sizeof h, MSG_DONTWAIT);
-        return tcp_nacked(t, dst, h, deadline);
+        return tcp_nacked(t, dst, h, 0, deadline);
       }
       if (g == 0)
         return tcp_closed(t, dst, fp, 0);

@@ -1,0 +1,170 @@
+/* test_store_cli.c - `dtrain store` as a separate process: bad usage exits 2; a 3-rank job with
+ * DTRAIN_HOST_STORE=0 rendezvous through it, runs an allreduce, leaves, and the store exits 0
+ * on its own (--until-done); when a rank is SIGKILLed the store exits 1 naming it. */
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "comm/comm.h"
+#include "dtrain/comm.h"
+#include "store_util.h"
+
+/* Starts `dtrain store ARGS...`; returns its pid, its stdout and stderr as fds. */
+static pid_t start_store(const char *const *args, int *out_fd, int *err_fd) {
+  const char *bin = getenv("DTRAIN_BIN");
+  assert_non_null(bin);
+  int o[2], e[2];
+  assert_int_equal(pipe(o), 0);
+  assert_int_equal(pipe(e), 0);
+  fflush(NULL);
+  pid_t p = fork();
+  if (p == 0) {
+    dup2(o[1], 1);
+    dup2(e[1], 2);
+    close(o[0]);
+    close(e[0]);
+    char *argv[16] = {(char *)bin, "store"};
+    int n = 2;
+    for (; args[n - 2] && n < 15; n++)
+      argv[n] = (char *)args[n - 2];
+    argv[n] = NULL;
+    alarm(60);
+    execv(bin, argv);
+    _exit(127);
+  }
+  track_child(p, 1);
+  close(o[1]);
+  close(e[1]);
+  *out_fd = o[0];
+  *err_fd = e[0];
+  return p;
+}
+
+/* Reads from fd until EOF or timeout into buf (NUL-terminated). */
+static void read_all_text(int fd, char *buf, size_t cap, int timeout_ms) {
+  size_t n = 0;
+  int64_t dl = dt__deadline_after_ms(timeout_ms);
+  while (n + 1 < cap) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, dt__ms_left(dl)) <= 0)
+      break;
+    ssize_t r = read(fd, buf + n, cap - 1 - n);
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+  }
+  buf[n] = '\0';
+}
+
+/* The port from the first stdout line "listening on ADDR:PORT". */
+static int read_port(int fd) {
+  char line[128];
+  size_t n = 0;
+  int64_t dl = dt__deadline_after_ms(10000);
+  while (n + 1 < sizeof line) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, dt__ms_left(dl)), 1);
+    assert_int_equal(read(fd, line + n, 1), 1);
+    if (line[n++] == '\n')
+      break;
+  }
+  line[n] = '\0';
+  const char *colon = strrchr(line, ':');
+  assert_non_null(strstr(line, "listening on "));
+  assert_non_null(colon);
+  return atoi(colon + 1);
+}
+
+static void test_usage(void **unused) {
+  const char *cases[][3] = {{NULL}, {"--world", "0", NULL}, {"--world", "2", "--port"}, {"--bogus", NULL}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int o, e;
+    pid_t p = start_store(cases[i], &o, &e);
+    char err[2048];
+    read_all_text(e, err, sizeof err, 10000);
+    assert_int_equal(reap_child(p, 10), 2);
+    assert_non_null(strstr(err, "HINT"));
+    close(o);
+    close(e);
+  }
+}
+
+static int job_rank(int port, int rank, void *arg) {
+  mp_set_env(rank, 3, port, "cli-store-job");
+  setenv("DTRAIN_HOST_STORE", "0", 1);
+  dt_comm *c;
+  if (dt_comm_create(NULL, &c) != DT_OK) {
+    fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+    return 10;
+  }
+  int64_t v = rank + 1;
+  int rc = dt_comm_allreduce(c, DT_IN_PLACE, &v, 1, DT_I64, DT_SUM) != DT_OK || v != 6 ? 11 : 0;
+  dt_comm_destroy(c);
+  return rc;
+}
+
+static void test_job_through_store_process(void **unused) {
+  setenv("DTRAIN_JOB_SECRET", SECRET, 1);
+  const char *args[] = {"--world", "3", "--port", "0", "--bind", "127.0.0.1", "--until-done", NULL};
+  int o, e;
+  pid_t sp = start_store(args, &o, &e);
+  int port = read_port(o);
+  assert_true(port > 0);
+  pid_t r[3];
+  for (int i = 0; i < 3; i++)
+    r[i] = spawn_child(job_rank, port, i, NULL, 60);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(reap_child(r[i], 60), 0);
+  char err[4096];
+  read_all_text(e, err, sizeof err, 20000);
+  assert_int_equal(reap_child(sp, 20), 0);
+  assert_null(strstr(err, "failed"));
+  close(o);
+  close(e);
+}
+
+static int hb_rank(int port, int rank, void *arg) {
+  dt__health *h;
+  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 1000, &h))
+    return 10;
+  if (rank == 1)
+    pause(); /* killed */
+  struct pollfd p = {.fd = dt__health_abort_fd(h), .events = POLLIN};
+  int rc = poll(&p, 1, 20000) == 1 ? 0 : 12;
+  dt__health_release(h);
+  return rc;
+}
+
+static void test_store_process_reports_failure(void **unused) {
+  setenv("DTRAIN_JOB_SECRET", SECRET, 1);
+  const char *args[] = {"--world", "2", "--bind", "127.0.0.1", "--until-done", "--fault-timeout", "1000", NULL};
+  int o, e;
+  pid_t sp = start_store(args, &o, &e);
+  int port = read_port(o);
+  pid_t r0 = spawn_child(hb_rank, port, 0, NULL, 60), r1 = spawn_child(hb_rank, port, 1, NULL, 60);
+  usleep(500 * 1000); /* both heartbeating */
+  kill(r1, SIGKILL);
+  assert_int_equal(reap_child(r1, 10), 128 + SIGKILL);
+  assert_int_equal(reap_child(r0, 30), 0);
+  char err[4096];
+  read_all_text(e, err, sizeof err, 20000);
+  assert_int_equal(reap_child(sp, 20), 1);
+  assert_non_null(strstr(err, "job failed: rank 1 failed: connection lost"));
+  close(o);
+  close(e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_teardown(test_usage, kill_leftovers),
+      cmocka_unit_test_teardown(test_job_through_store_process, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_process_reports_failure, kill_leftovers),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
