@@ -1,14 +1,17 @@
 /* dtrain/nn.h - the training engine: models built from a spec string, explicit forward and
  * backward passes, optimizers, learning-rate schedules and gradient clipping.
  *
- * Memory. A model owns four arenas, each allocated once in dt_model_create for a maximum batch:
+ * Memory. Everything is allocated once, in dt_model_create, for a maximum batch:
  *   params   one float buffer holding every parameter tensor;
  *   grads    one float buffer with exactly the same layout as params;
- *   acts     every activation, gradient-of-activation and workspace buffer (im2col, masks);
- *   and each optimizer state (SGD momentum, Adam m, Adam v) is one more buffer of the same
- *   layout, owned by the dt_optim.
+ *   acts     one buffer for every activation, gradient-of-activation, pooling index and
+ *            dropout mask; plus, per compute thread, an im2col workspace and (threads after the
+ *            first) a private gradient buffer for the per-sample-accumulated layers;
+ *   and each optimizer state (SGD momentum, Adam m, Adam v) is one more buffer of the params
+ *   layout, allocated by dt_optim_create.
  * Tensors are views (name, shape, offset) into params/grads. Nothing is allocated by
- * dt_model_forward, dt_model_backward, dt_model_zero_grad, dt_optim_step or the clipping call.
+ * dt_model_forward, dt_model_backward, dt_model_zero_grad, dt_model_eval_batch, dt_optim_step or
+ * the clipping calls (tests/nn/test_nn_alloc.c counts).
  *
  * Layout for data parallelism. Parameter tensors are stored in REVERSE layer order: the last
  * layer's weight and bias come first (offset 0), the first layer's last. Backward runs from the

@@ -120,8 +120,8 @@ dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out)
  * (SIGTERM, then SIGKILL after opts->kill_after_ms). Every wait is bounded or ends with a
  * child's exit. Sets job->outcome. */
 void dt__launch_supervise(dt_job *job);
-/* Like dt__launch_supervise, but calls poll_fn(ctx) at least every tick (<= 200 ms); when it
- * returns true the job is stopped as on a failure elsewhere (outcome DT_JOB_FAILED with
+/* Like dt__launch_supervise, but calls poll_fn(ctx) every tick (about 100 ms, also while
+ * stopping); when it returns true the job is stopped as on a failure elsewhere (outcome DT_JOB_FAILED with
  * first_failed -1 unless a local worker failed first). For agents that learn of failures on
  * other hosts. poll_fn may be NULL. */
 void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ctx);

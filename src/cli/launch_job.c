@@ -384,7 +384,9 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         job_begin_stop(job, &s);
       }
     }
-    if (!s.stopping && poll_fn && poll_fn(ctx)) {
+    /* Asked every tick, also while stopping (an agent renews its lease there). */
+    bool stop_asked = poll_fn && poll_fn(ctx);
+    if (!s.stopping && stop_asked) {
       job->outcome = DT_JOB_FAILED; /* first_failed stays -1: the failure was elsewhere */
       job->detect_ns = dt_now_ns();
       job_begin_stop(job, &s);

@@ -11,9 +11,10 @@
  *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers
  *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
  *   g<g>/finished      count of agents whose generation ended well
+ *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease)
  * The agent of the first member decides the members: everyone who joined within the join window
- * (all previous members, or the window's end), minus hosts blamed for FAILS_TO_EXCLUDE
- * failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
+ * (all previous members, or the window's end; a member whose lease lapsed is not waited for),
+ * minus hosts blamed for FAILS_TO_EXCLUDE failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
  * so nothing of a failed generation can answer the next one. The world size is members x -n;
  * `dtrain train --batch` is global, so the per-worker batch follows.
  *
@@ -42,6 +43,9 @@
 #define FAILS_TO_EXCLUDE 2
 #define EL_MAX_NODES 256
 #define EL_RPC_MS 2000 /* one store call */
+/* An agent renews alive/<node> every poll tick (100 ms); this long without a renewal while the
+ * others re-form means its host is gone. */
+#define EL_LEASE_MS 1500
 
 typedef struct el_member {
   int node;
@@ -173,27 +177,73 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     if (who >= 0 && who < EL_MAX_NODES && ++e->fails[who] >= FAILS_TO_EXCLUDE)
       fprintf(stderr, "dtrain run: node %d failed %d times; leaving it out from now on\n", who, e->fails[who]);
   }
+  /* Wait for each candidate to join. From generation 1 on, a candidate whose agent stopped
+   * renewing its lease (alive/<node>, every 100 ms) for EL_LEASE_MS is gone: no need to wait
+   * out the window for a host that died or was cut off. */
+  bool joined[EL_MAX_NODES] = {false}, gone[EL_MAX_NODES] = {false};
+  char addrs[EL_MAX_NODES][64];
+  int64_t lease[EL_MAX_NODES], lease_seen[EL_MAX_NODES];
+  for (int k = 0; k < nc; k++) {
+    lease[k] = -1;
+    lease_seen[k] = dt_now_ns();
+    gone[k] = e->fails[candidates[k]] >= FAILS_TO_EXCLUDE;
+  }
+  for (;;) {
+    int pending = 0;
+    for (int k = 0; k < nc; k++) {
+      if (joined[k] || gone[k])
+        continue;
+      int n = candidates[k];
+      size_t an;
+      snprintf(key, sizeof key, "g%d/join/%d", e->gen, n);
+      dt_status st = dt__store_get(e->st, key, addrs[k], sizeof addrs[k] - 1, &an, dt__deadline_after_ms(EL_RPC_MS));
+      if (st == DT_OK) {
+        addrs[k][an] = '\0';
+        joined[k] = true;
+        continue;
+      }
+      if (st != DT_ERR_NOT_FOUND)
+        return st;
+      if (e->gen > 0) {
+        char v[32];
+        size_t vn;
+        snprintf(key, sizeof key, "alive/%d", n);
+        int64_t now = dt_now_ns(), cur = -1;
+        if (dt__store_get(e->st, key, v, sizeof v - 1, &vn, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK) {
+          v[vn] = '\0';
+          cur = atoll(v);
+        }
+        if (cur != lease[k]) {
+          lease[k] = cur;
+          lease_seen[k] = now;
+        } else if (lease[k] >= 0 && now - lease_seen[k] > (int64_t)EL_LEASE_MS * 1000000LL) {
+          /* (Never seen on this store, e.g. just after it moved: wait for the window instead.) */
+          fprintf(stderr, "dtrain run: node %d shows no sign of life for %d ms; going on without it\n", n,
+                  EL_LEASE_MS);
+          gone[k] = true;
+          continue;
+        }
+      }
+      pending++;
+    }
+    if (pending == 0)
+      break;
+    if (dt__expired(end)) {
+      for (int k = 0; k < nc; k++)
+        if (!joined[k] && !gone[k])
+          fprintf(stderr, "dtrain run: node %d did not join generation %d; going on without it\n", candidates[k],
+                  e->gen);
+      break;
+    }
+    dt__sleep_ns(50 * 1000000LL);
+  }
   size_t o = 0;
   int count = 0;
   val[0] = '\0';
   for (int k = 0; k < nc; k++) {
-    int n = candidates[k];
-    if (e->fails[n] >= FAILS_TO_EXCLUDE)
+    if (!joined[k])
       continue;
-    char addr[64];
-    size_t an;
-    snprintf(key, sizeof key, "g%d/join/%d", e->gen, n);
-    /* After the window only those already there count: ask without waiting. */
-    dt_status st = dt__expired(end)
-                       ? dt__store_get(e->st, key, addr, sizeof addr - 1, &an, dt__deadline_after_ms(EL_RPC_MS))
-                       : dt__store_wait_flags(e->st, key, addr, sizeof addr - 1, &an, DT_STORE_WAIT_IGNORE_VERDICT, end);
-    if (st == DT_ERR_TIMEOUT || st == DT_ERR_NOT_FOUND) {
-      fprintf(stderr, "dtrain run: node %d did not join generation %d; going on without it\n", n, e->gen);
-      continue;
-    }
-    DT_CHECK(st);
-    addr[an] = '\0';
-    o += (size_t)snprintf(val + o, cap - o, "%s%d:%s", count ? "," : "", n, addr);
+    o += (size_t)snprintf(val + o, cap - o, "%s%d:%s", count ? "," : "", candidates[k], addrs[k]);
     count++;
   }
   if (count < e->base->min_nodes)
@@ -253,6 +303,9 @@ static bool el_poll(void *ctx) {
     return false; /* the workers see the failure themselves; nothing to ask */
   char key[64], v[8];
   size_t n;
+  int64_t beat;
+  snprintf(key, sizeof key, "alive/%d", e->me);
+  dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300));
   el_key(key, sizeof key, e->gen, "stop");
   dt_status st = dt__store_get(e->st, key, v, sizeof v, &n, dt__deadline_after_ms(500));
   return st == DT_OK;

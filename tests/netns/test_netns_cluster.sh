@@ -3,7 +3,8 @@
 # checks that every host reaches host 0, that a bulk transfer between two hosts runs at the
 # link's rate (roughly: the shaping is there, not a measurement), and runs a multi-host job:
 # one `dtrain run -n 2 --nnodes 3 --node-rank R --master 10.213.0.1:PORT` agent per host whose
-# six workers meet through the rendezvous store across the links and agree on a sum.
+# six workers meet through the rendezvous store across the links, agree on a sum, and see three
+# distinct host names (each host has its own UTS namespace).
 # Skips (77) when not root or when namespaces cannot be made here. Everything it starts is
 # bounded by `timeout` and torn down by the EXIT trap, also on failure.
 set -uo pipefail
@@ -99,7 +100,7 @@ for ((r = 0; r < H; r++)); do
   wait "${AG[$r]}" || { cat /tmp/$NAME-agent*.log; fail "agent $r exited with $?"; }
 done
 cat /tmp/$NAME-agent*.log
-n=$(cat /tmp/$NAME-agent*.log | grep -c "of 6: sum 21 hosts")
-(( n == 6 )) || fail "expected 6 workers to report sum 21, got $n"
+n=$(cat /tmp/$NAME-agent*.log | grep -c "of 6: sum 21 hosts 3")
+(( n == 6 )) || fail "expected 6 workers to report sum 21 from 3 distinct hosts, got $n"
 rm -f /tmp/$NAME-*.log /tmp/$NAME-echo.py
 echo "PASS"

@@ -8,7 +8,9 @@
  *             stops, the error names rank 1 and --seed, exit code 2
  *   resume    2 workers interrupted at step 12 and resumed on 2 workers repeat the
  *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
- *             workers they match within 1e-5 */
+ *             workers they match within 1e-5
+ *   kill      a 2-worker job whose rank 1 is SIGKILLed at step 130 resumes from the step-100
+ *             checkpoint and repeats the uninterrupted losses and parameters exactly */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -155,6 +157,33 @@ static void group_resume(void) {
   }
 }
 
+/* A job whose rank 1 crashes (SIGKILL, from dtrain run --inject-fault) at step 130 resumes from
+ * its step-100 checkpoint and repeats the uninterrupted run's losses and parameters exactly. */
+static void group_kill(void) {
+  const char *flags = "--epochs 10 --checkpoint-every 50 --keep 2";
+  train_n(2, "--epochs 10", "full");
+  char ck[4096];
+  snprintf(ck, sizeof ck, "--checkpoint-dir %s/ck", dir);
+  tt_result r = tt_run(dir, 300,
+                       "%s run -n 2 --inject-fault 'kill:rank=1,step=130' -- %s train --data %s " COMMON
+                       " %s %s --out %s/killed",
+                       tt_bin(), tt_bin(), data, flags, ck, dir);
+  CHECK(r.code != 0 && strstr(r.err, "rank 1"), "the crash was not reported: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 300, "%s run -n 2 --raw-stdout -- %s train --data %s " COMMON " %s %s --resume --out %s/res --json",
+             tt_bin(), tt_bin(), data, flags, ck, dir);
+  CHECK(r.code == 0, "resume exit %d: %s", r.code, r.err);
+  double from = tt_json_num(r.out, "resumed_from_step");
+  CHECK(from == 100, "resumed from step %g, want 100 (the last checkpoint before the crash)", from);
+  tt_result_free(&r);
+  double full[256], res[256];
+  losses("full", full, 256);
+  losses("res", res, 256);
+  for (int s = 101; s <= 200; s++)
+    CHECK(res[s] == full[s], "step %d: resumed %.9g != uninterrupted %.9g", s, res[s], full[s]);
+  CHECK(model_diff("res", "full") == 0, "parameters differ");
+}
+
 int main(int argc, char **argv) {
   const char *g = argc > 1 ? argv[1] : "equiv";
   tt_scratch(dir, sizeof dir, g);
@@ -167,6 +196,8 @@ int main(int argc, char **argv) {
     group_mismatch();
   else if (!strcmp(g, "resume"))
     group_resume();
+  else if (!strcmp(g, "kill"))
+    group_kill();
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);

@@ -42,11 +42,14 @@
  * while each piece still fits in L2. DTRAIN_SHM_SLOT / DTRAIN_SHM_SLOTS override. */
 #define SHM_DEFAULT_SLOT (256u << 10)
 #define SHM_DEFAULT_NSLOTS 4
+#define SHM_RINGS_MAX ((uint64_t)256 << 20)
 /* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
  * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
 #define SHM_DEFAULT_CHUNK (512u << 10)
 /* Waiting: ~256 pauses (a few microseconds: the other side is usually that close when each
- * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps. */
+ * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps.
+ * DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS override. On the loaded 2-core guest, dropping the yield
+ * phase made 4 B - 64 KiB allreduce 2-3x slower (60-85 us against 25-35 us). */
 #define SHM_SPINS 256
 #define SHM_YIELDS 64
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
@@ -105,6 +108,7 @@ struct dt_transport {
   uint64_t bars;   /* barriers done */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
+  unsigned spins, yields; /* waiting policy: DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
 
@@ -214,11 +218,11 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
 static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
-  if (w->iter < SHM_SPINS) {
+  if (w->iter < t->spins) {
     shm_relax();
     if (w->iter & 63)
       return DT_OK;
-  } else if (w->iter < SHM_SPINS + SHM_YIELDS) {
+  } else if (w->iter < t->spins + t->yields) {
     sched_yield();
   } else {
     atomic_fetch_add(&t->h->sleepers, 1);
@@ -228,7 +232,7 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
-  if (w->iter >= SHM_SPINS)
+  if (w->iter >= t->spins)
     DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
   if (now >= deadline) {
@@ -292,6 +296,10 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_SLOTS=%llu is outside 2..64", (unsigned long long)nslots);
   DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
   size_t n = (size_t)t->n;
+  /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
+   * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
+  if (!dt__env_str("DTRAIN_SHM_SLOT") && n * n * nslots * slot > SHM_RINGS_MAX)
+    slot = DT_MAX((uint64_t)16 << 10, SHM_RINGS_MAX / (n * n * nslots) / 4096 * 4096);
   size_t off_ranks = shm_align(sizeof(shm_hdr), 4096);
   size_t off_rings = shm_align(off_ranks + n * sizeof(shm_rank), 4096);
   size_t ring_bytes = shm_align(sizeof(shm_ring) + nslots * (SHM_SLOT_HDR + slot), 4096);
@@ -353,6 +361,14 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->c = c;
   t->n = c->size;
   t->rank = c->rank;
+  int64_t spins, yields;
+  if (dt__env_int("DTRAIN_SHM_SPINS", SHM_SPINS, &spins) != DT_OK ||
+      dt__env_int("DTRAIN_SHM_YIELDS", SHM_YIELDS, &yields) != DT_OK) {
+    shm_destroy(t);
+    return DT_ERR_INVALID;
+  }
+  t->spins = (unsigned)DT_MIN(DT_MAX(spins, 0), 1 << 24);
+  t->yields = (unsigned)DT_MIN(DT_MAX(yields, 0), 1 << 24);
   if (t->n == 1) {
     *out = t;
     return DT_OK;
