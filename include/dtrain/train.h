@@ -51,7 +51,8 @@ typedef struct dt_train_config {
   const char *model;          /* preset ("mlp", "cnn") or spec string; default "mlp" */
   const char *data_dir;       /* IDX directory; NULL: DT_FASHION_MNIST_DIR */
   int epochs;                 /* >= 1; default 1 */
-  int64_t max_steps;          /* > 0: stop after this many optimizer steps in total; 0: none */
+  int64_t max_steps;          /* > 0: stop after this many optimizer steps in total (the LR
+                                 schedule still spans all epochs); 0: none */
   int global_batch;           /* samples per optimizer step over all ranks; default 128 */
   int eval_batch;             /* global evaluation batch; 0: 1000 */
   int accumulate;             /* micro-batches per step (>= 1); default 1 */

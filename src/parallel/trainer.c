@@ -394,9 +394,11 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   }
   int64_t spe = (int64_t)((t->train.n + (uint64_t)c->global_batch - 1) / (uint64_t)c->global_batch);
   int64_t total = spe * c->epochs;
+  /* the schedule spans the epochs; max_steps only stops early, so a run cut short follows the
+   * same trajectory as the full one (and resumes into it) */
+  DT_CHECK(dt_lr_schedule_parse(c->schedule ? c->schedule : "constant", c->lr, total, &t->sched));
   if (c->max_steps > 0 && c->max_steps < total)
     total = c->max_steps;
-  DT_CHECK(dt_lr_schedule_parse(c->schedule ? c->schedule : "constant", c->lr, total, &t->sched));
 
   /* resume */
   dt__train_pos pos = {.step = 0, .sampler = {.seed = c->seed, .epoch = 0, .pos = 0}};

@@ -7,7 +7,8 @@
  *           accuracy and loss
  *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
  *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
- *           final parameters bit for bit */
+ *           final parameters bit for bit (resume: SGD with Nesterov momentum and dropout;
+ *           resume_adamw: AdamW with a cosine schedule and clipping) */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -179,11 +180,14 @@ static void group_accum(void) {
   CHECK(tt_model_rel_diff(p0, p1) > 1e-3, "training did not change the parameters");
 }
 
-static void group_resume(void) {
+static void group_resume(int adamw) {
   const char *b = tt_bin();
-  const char *common = "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
-                       "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 0.0005 "
-                       "--threads 1 --log-interval 1";
+  const char *common = adamw ? "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
+                               "--optimizer adamw --lr 0.003 --weight-decay 0.01 --schedule cosine:5 "
+                               "--clip 1 --threads 1 --log-interval 1"
+                             : "--model 'in=1x8x8,linear:32,relu,dropout:0.1,linear:4' --batch 40 --epochs 2 "
+                               "--optimizer sgd --lr 0.05 --momentum 0.9 --nesterov --weight-decay 0.0005 "
+                               "--threads 1 --log-interval 1";
   /* 600 / 40 = 15 steps per epoch; 30 in all. Uninterrupted: */
   tt_result r = tt_run(dir, 120, "%s train --data %s %s --out %s/full --json", b, data, common, dir);
   CHECK(r.code == 0, "full run exit %d: %s", r.code, r.err);
@@ -258,7 +262,9 @@ int main(int argc, char **argv) {
   else if (!strcmp(g, "accum"))
     group_accum();
   else if (!strcmp(g, "resume"))
-    group_resume();
+    group_resume(0);
+  else if (!strcmp(g, "resume_adamw"))
+    group_resume(1);
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);
