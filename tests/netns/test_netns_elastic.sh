@@ -4,7 +4,8 @@
 # a directory all hosts see. Each scenario must end with the state of an undisturbed run
 # (40 steps: x = 820), resumed from a checkpoint, with the expected world size:
 #   worker   a worker is killed (injected): the 3 hosts re-form, world 3
-#   host     every process of host 2 is killed: the other 2 re-form without it, world 2
+#   host     every process of host 2 is killed: the other 2 re-form without it (its agent's
+#            lease lapsed, so they do not wait out the join window), world 2
 #   master   every process of host 0 (it hosts the agent store) is killed: the store moves to
 #            host 1 and the other 2 re-form, world 2
 #   repeat   host 2's worker fails in every generation: after 2 failures it is left out
@@ -70,7 +71,10 @@ scenarios=("$@")
 for s in "${scenarios[@]}"; do
   case $s in
     worker) run_scenario worker -1 -1 "kill:rank=1,step=10" 2 3 ;;
-    host) run_scenario host 2 2 "" 2 2 ;;
+    host)
+      run_scenario host 2 2 "" 2 2
+      grep -q "node 2 shows no sign of life" "$WORK"/agent0.log || fail "host: node 2's lapsed lease was not noticed"
+      ;;
     master) run_scenario master 0 0 "" 2 2 ;;
     repeat)
       run_scenario repeat -1 2 "kill:rank=2,step=3,gen=any" 3 2
