@@ -205,6 +205,15 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
     return dt__barrier_dissem(c, fp, deadline);
   char *rb = k->rbuf;
   const void *sb = k->sbuf;
+  /* "passing recvbuf itself works too": from here on, in place is only ever DT_IN_PLACE */
+  if (sb && rb) {
+    int own_slot = k->kind == DT_COLL_ALLGATHER || k->kind == DT_COLL_GATHER;
+    if (sb == (own_slot ? rb + (size_t)r * bytes : rb))
+      sb = DT_IN_PLACE;
+  }
+  dt__coll_call kk = *k;
+  kk.sbuf = sb;
+  k = &kk;
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
     if (a == DT_ALGO_SHM)

@@ -10,7 +10,7 @@
  *   and chain pieces (4 KiB) make the pipelines run several pieces per step at count 4099.
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
- * In place and out of place alternate by (dtype + op + count). Allreduce results are also
+ * Out of place, DT_IN_PLACE and sendbuf == recvbuf rotate by (dtype + op + count). Allreduce results are also
  * compared bit for bit across ranks (CRC32C allgathered). Ctest runs several of these, one per
  * transport and size class (CMakeLists.txt). */
 #include <stdio.h>
@@ -68,14 +68,15 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
   dt_status st = DT_OK;
   char what[200];
   snprintf(what, sizeof what, "%s %s %s count %zu root %d %s algo %s n %d", dt__coll_name(k), dt_dtype_name(t),
-           has_op(k) ? dt_op_name(op) : "-", count, root, inplace ? "in-place" : "out-of-place", algo, n);
+           has_op(k) ? dt_op_name(op) : "-", count, root,
+           inplace == 2 ? "sendbuf==recvbuf" : inplace ? "in-place" : "out-of-place", algo, n);
   switch (k) {
   case DT_COLL_ALLREDUCE:
   case DT_COLL_REDUCE:
     sw_fill(in, count, 0, salt, rank, t, op);
     if (inplace) {
       memcpy(out, in, count * es);
-      sb = DT_IN_PLACE;
+      sb = inplace == 2 ? out : DT_IN_PLACE;
     }
     st = k == DT_COLL_ALLREDUCE ? dt_comm_allreduce(c, sb, rb, count, t, op)
                                 : dt_comm_reduce(c, sb, rb, count, t, op, root);
@@ -92,7 +93,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     sw_fill(in, count * (size_t)n, 0, salt, rank, t, op);
     if (inplace) {
       memcpy(out, in, count * (size_t)n * es);
-      sb = DT_IN_PLACE;
+      sb = inplace == 2 ? out : DT_IN_PLACE;
     }
     st = dt_comm_reduce_scatter(c, sb, rb, count, t, op);
     if (st == DT_OK)
@@ -117,7 +118,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     sw_fill(in, count, 0, salt, rank, t, DT_SUM);
     if (inplace) {
       memcpy(out + (size_t)rank * count * es, in, count * es);
-      sb = DT_IN_PLACE;
+      sb = inplace == 2 ? out + (size_t)rank * count * es : DT_IN_PLACE;
     }
     st = k == DT_COLL_ALLGATHER ? dt_comm_allgather(c, sb, rb, count, t) : dt_comm_gather(c, sb, rb, count, t, root);
     if (st == DT_OK && (k == DT_COLL_ALLGATHER || rank == root))
@@ -143,7 +144,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     sw_fill(in, count * (size_t)n, 0, salt, rank, t, DT_SUM);
     if (inplace) {
       memcpy(out, in, count * (size_t)n * es);
-      sb = DT_IN_PLACE;
+      sb = inplace == 2 ? out : DT_IN_PLACE;
     }
     st = dt_comm_alltoall(c, sb, rb, count, t);
     if (st == DT_OK)
@@ -244,7 +245,7 @@ static int body(int rank, int size, void *arg) {
             if (g->large && op != DT_SUM && t != DT_F32 && t != DT_F16)
               continue;
             int root = rooted((dt__coll)k) ? (int)((count + (size_t)t + (size_t)op) % (size_t)n) : -1;
-            int inplace = (t + op + (int)ci) % 2;
+            int inplace = (t + op + (int)ci) % 3; /* 0 out of place, 1 DT_IN_PLACE, 2 sendbuf == recvbuf */
             if (one(c, (dt__coll)k, (dt_dtype)t, (dt_op)op, count, root, inplace, salt++, algos[a]))
               goto out;
             if (k == DT_COLL_BARRIER)
