@@ -318,9 +318,16 @@ int dt_cli_train(int argc, char **argv) {
                                 "train-images-idx3-ubyte");
   }
 
+  /* This process's rank by the conventions dtrain/comm.h lists (dtrain run, torchrun, mpirun,
+   * srun): only rank 0 writes metrics and prints the summary. */
   int64_t rank = 0;
-  if (dt__env_int("DTRAIN_RANK", 0, &rank) != DT_OK)
-    rank = 0;
+  static const char *const rank_vars[] = {"DTRAIN_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++)
+    if (dt__env_str(rank_vars[i])) {
+      if (dt__env_int(rank_vars[i], 0, &rank) != DT_OK)
+        rank = 0;
+      break;
+    }
   char metrics_path[4096];
   snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
   dt_monitor *mon = NULL;
