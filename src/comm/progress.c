@@ -80,6 +80,16 @@ static void finish(struct dt__progress *p, struct dt_request *q, dt_status st, c
   pthread_cond_broadcast(&p->done);
 }
 
+void dt__progress_drain(dt_comm *c) {
+  struct dt__progress *p = c->progress;
+  if (!p)
+    return;
+  pthread_mutex_lock(&p->mu);
+  while (p->busy > 0)
+    pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
 static void *progress_main(void *arg) {
   dt_comm *c = arg;
   struct dt__progress *p = c->progress;

@@ -57,6 +57,27 @@ static int body(int rank, int size, void *arg) {
   for (size_t i = 0; i < N; i++)
     CHECK(sw_check_reduced(bout, i, 200, size, i, DT_F64, DT_MAX), "blocking element %zu", i);
 
+  /* point to point issued while nonblocking collectives are queued leaves after them */
+  for (int k = 0; k < K; k++)
+    CHECK(dt_comm_iallreduce(c, in[k], out[k], N, DT_F32, DT_SUM, &req[k]) == DT_OK, "iallreduce %d: %s", k,
+          dt_last_error());
+  int32_t token[3] = {rank, 7, 9}, got[3] = {0};
+  int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  if (size > 1) {
+    if (rank % 2 == 0) {
+      CHECK(dt_comm_send(c, token, 3, DT_I32, right, 5) == DT_OK, "send after iallreduce: %s", dt_last_error());
+      CHECK(dt_comm_recv(c, got, 3, DT_I32, left, 5) == DT_OK, "recv after iallreduce: %s", dt_last_error());
+    } else {
+      CHECK(dt_comm_recv(c, got, 3, DT_I32, left, 5) == DT_OK, "recv after iallreduce: %s", dt_last_error());
+      CHECK(dt_comm_send(c, token, 3, DT_I32, right, 5) == DT_OK, "send after iallreduce: %s", dt_last_error());
+    }
+    CHECK(got[0] == left && got[1] == 7 && got[2] == 9, "p2p content %d %d %d", got[0], got[1], got[2]);
+  }
+  for (int k = 0; k < K; k++)
+    CHECK(dt_request_wait(req[k]) == DT_OK, "wait %d after p2p: %s", k, dt_last_error());
+  for (size_t i = 0; i < N; i++)
+    CHECK(sw_check_reduced(out[0], i, 100, size, i, DT_F32, DT_SUM), "iallreduce before p2p, element %zu", i);
+
   /* every nonblocking variant, then test() until done */
   static int32_t bc[N], ag[3 * 1000], rsin[3 * 1000], rs[1000];
   if (rank == 1)
