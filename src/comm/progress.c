@@ -262,3 +262,23 @@ dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf
 }
 
 dt_status dt_comm_ibarrier(dt_comm *c, dt_request **req) { SUBMIT(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }
+
+dt_status dt_comm_ireduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op,
+                          int root, dt_request **req) {
+  SUBMIT(DT_COLL_REDUCE, sendbuf, recvbuf, count, t, op, root);
+}
+
+dt_status dt_comm_igather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root,
+                          dt_request **req) {
+  SUBMIT(DT_COLL_GATHER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_iscatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root,
+                           dt_request **req) {
+  SUBMIT(DT_COLL_SCATTER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_ialltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t,
+                            dt_request **req) {
+  SUBMIT(DT_COLL_ALLTOALL, sendbuf, recvbuf, count, t, 0, -1);
+}
