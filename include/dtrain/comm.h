@@ -119,6 +119,10 @@ dt_status dt_comm_ibroadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, in
 dt_status dt_comm_iallgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_request **req);
 dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, dt_request **req);
 dt_status dt_comm_ibarrier(dt_comm *c, dt_request **req);
+dt_status dt_comm_ireduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root, dt_request **req);
+dt_status dt_comm_igather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root, dt_request **req);
+dt_status dt_comm_iscatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root, dt_request **req);
+dt_status dt_comm_ialltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_request **req);
 /* Waits for req and frees it; returns the operation's status (with its detail). */
 dt_status dt_request_wait(dt_request *req);
 /* *done = 1 when finished (then call dt_request_wait to collect the status and free it). */

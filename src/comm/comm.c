@@ -633,6 +633,7 @@ static dt_status comm_p2p_check(dt_comm *c, const void *buf, size_t count, dt_dt
 dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag) {
   size_t n = 0;
   DT_CHECK(comm_p2p_check(c, buf, count, t, peer, "send", &n));
+  dt__progress_drain(c); /* after the nonblocking calls made before it */
   pthread_mutex_lock(&c->lock);
   dt__fp fp = {.seq = ++c->p2p_sent[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
   dt_status st = c->ops->sendrecv(c->tp, peer, buf, n, -1, NULL, 0, &fp, dt__comm_deadline(c));
@@ -643,6 +644,7 @@ dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, in
 dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag) {
   size_t n = 0;
   DT_CHECK(comm_p2p_check(c, buf, count, t, peer, "recv", &n));
+  dt__progress_drain(c); /* after the nonblocking calls made before it */
   pthread_mutex_lock(&c->lock);
   dt__fp fp = {.seq = ++c->p2p_recvd[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
   dt_status st = c->ops->sendrecv(c->tp, -1, NULL, 0, peer, buf, n, &fp, dt__comm_deadline(c));

@@ -80,6 +80,16 @@ static void finish(struct dt__progress *p, struct dt_request *q, dt_status st, c
   pthread_cond_broadcast(&p->done);
 }
 
+void dt__progress_drain(dt_comm *c) {
+  struct dt__progress *p = c->progress;
+  if (!p)
+    return;
+  pthread_mutex_lock(&p->mu);
+  while (p->busy > 0)
+    pthread_cond_wait(&p->done, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
 static void *progress_main(void *arg) {
   dt_comm *c = arg;
   struct dt__progress *p = c->progress;
@@ -252,3 +262,23 @@ dt_status dt_comm_ireduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf
 }
 
 dt_status dt_comm_ibarrier(dt_comm *c, dt_request **req) { SUBMIT(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }
+
+dt_status dt_comm_ireduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op,
+                          int root, dt_request **req) {
+  SUBMIT(DT_COLL_REDUCE, sendbuf, recvbuf, count, t, op, root);
+}
+
+dt_status dt_comm_igather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root,
+                          dt_request **req) {
+  SUBMIT(DT_COLL_GATHER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_iscatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, int root,
+                           dt_request **req) {
+  SUBMIT(DT_COLL_SCATTER, sendbuf, recvbuf, count, t, 0, root);
+}
+
+dt_status dt_comm_ialltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t,
+                            dt_request **req) {
+  SUBMIT(DT_COLL_ALLTOALL, sendbuf, recvbuf, count, t, 0, -1);
+}

@@ -57,6 +57,27 @@ static int body(int rank, int size, void *arg) {
   for (size_t i = 0; i < N; i++)
     CHECK(sw_check_reduced(bout, i, 200, size, i, DT_F64, DT_MAX), "blocking element %zu", i);
 
+  /* point to point issued while nonblocking collectives are queued leaves after them */
+  for (int k = 0; k < K; k++)
+    CHECK(dt_comm_iallreduce(c, in[k], out[k], N, DT_F32, DT_SUM, &req[k]) == DT_OK, "iallreduce %d: %s", k,
+          dt_last_error());
+  int32_t token[3] = {rank, 7, 9}, got[3] = {0};
+  int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  if (size > 1) {
+    if (rank % 2 == 0) {
+      CHECK(dt_comm_send(c, token, 3, DT_I32, right, 5) == DT_OK, "send after iallreduce: %s", dt_last_error());
+      CHECK(dt_comm_recv(c, got, 3, DT_I32, left, 5) == DT_OK, "recv after iallreduce: %s", dt_last_error());
+    } else {
+      CHECK(dt_comm_recv(c, got, 3, DT_I32, left, 5) == DT_OK, "recv after iallreduce: %s", dt_last_error());
+      CHECK(dt_comm_send(c, token, 3, DT_I32, right, 5) == DT_OK, "send after iallreduce: %s", dt_last_error());
+    }
+    CHECK(got[0] == left && got[1] == 7 && got[2] == 9, "p2p content %d %d %d", got[0], got[1], got[2]);
+  }
+  for (int k = 0; k < K; k++)
+    CHECK(dt_request_wait(req[k]) == DT_OK, "wait %d after p2p: %s", k, dt_last_error());
+  for (size_t i = 0; i < N; i++)
+    CHECK(sw_check_reduced(out[0], i, 100, size, i, DT_F32, DT_SUM), "iallreduce before p2p, element %zu", i);
+
   /* every nonblocking variant, then test() until done */
   static int32_t bc[N], ag[3 * 1000], rsin[3 * 1000], rs[1000];
   if (rank == 1)
@@ -95,6 +116,35 @@ static int body(int rank, int size, void *arg) {
   }
   for (size_t j = 0; j < 1000; j++)
     CHECK(sw_check_reduced(rs, j, 302, size, (size_t)rank * 1000 + j, DT_I32, DT_SUM), "ireduce_scatter %zu", j);
+
+  /* ireduce, igather, iscatter, ialltoall in flight together, root 0 */
+  {
+    enum { M = 333 };
+    static int64_t red_in[M], red_out[M], g_in[M], g_out[8 * M], s_in[8 * M], s_out[M], a_in[8 * M], a_out[8 * M];
+    for (int i = 0; i < M; i++)
+      red_in[i] = g_in[i] = (int64_t)rank * 1000 + i;
+    for (int i = 0; i < size * M; i++) {
+      s_in[i] = rank == 0 ? 7 * i : -1;
+      a_in[i] = (int64_t)rank * 100000 + i; /* block j goes to rank j */
+    }
+    dt_request *r4[4];
+    CHECK(dt_comm_ireduce(c, red_in, red_out, M, DT_I64, DT_SUM, 0, &r4[0]) == DT_OK, "ireduce: %s", dt_last_error());
+    CHECK(dt_comm_igather(c, g_in, g_out, M, DT_I64, 0, &r4[1]) == DT_OK, "igather: %s", dt_last_error());
+    CHECK(dt_comm_iscatter(c, s_in, s_out, M, DT_I64, 0, &r4[2]) == DT_OK, "iscatter: %s", dt_last_error());
+    CHECK(dt_comm_ialltoall(c, a_in, a_out, M, DT_I64, &r4[3]) == DT_OK, "ialltoall: %s", dt_last_error());
+    for (int k = 3; k >= 0; k--)
+      CHECK(dt_request_wait(r4[k]) == DT_OK, "wait %d: %s", k, dt_last_error());
+    for (int i = 0; i < M; i++) {
+      if (rank == 0)
+        CHECK(red_out[i] == 1000LL * size * (size - 1) / 2 + (int64_t)size * i, "ireduce [%d]", i);
+      CHECK(s_out[i] == 7 * (rank * M + i), "iscatter [%d] = %lld", i, (long long)s_out[i]);
+      for (int q = 0; q < size; q++) {
+        if (rank == 0)
+          CHECK(g_out[q * M + i] == (int64_t)q * 1000 + i, "igather block %d [%d]", q, i);
+        CHECK(a_out[q * M + i] == (int64_t)q * 100000 + rank * M + i, "ialltoall block %d [%d]", q, i);
+      }
+    }
+  }
 
   /* an error on the progress thread comes back through wait with its message: rank 1 makes a
    * different call; both fail */

@@ -85,6 +85,9 @@ dt_status dt__coll_algo_validate(void);
 dt_status dt__progress_run(dt_comm *c, const dt__coll_call *call);
 /* Queues a prepared call on the progress thread (started on first use); *req on success. */
 dt_status dt__progress_submit(dt_comm *c, const dt__coll_call *call, dt_request **req);
+/* Waits until every queued nonblocking call has finished, so that a point-to-point message
+ * leaves after them, in call order. Application thread only (it alone adds work). */
+void dt__progress_drain(dt_comm *c);
 /* Stops the progress thread (queued calls that have not started complete with DT_ERR_STATE;
  * a running one is waited for) and frees scratch. For dt_comm_destroy. Accepts NULL. */
 void dt__progress_destroy(struct dt__progress *p);
