@@ -73,6 +73,10 @@ static inline uint64_t dt__get64(const uint8_t *p) {
   return (uint64_t)dt__get32(p) | (uint64_t)dt__get32(p + 4) << 32;
 }
 
+/* Reads a whole regular file into a new dt__alloc'd buffer (*buf, *n; free with dt__free).
+ * A missing file is DT_ERR_NOT_FOUND, one larger than max_bytes DT_ERR_INVALID; every message
+ * names the path. */
+dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n);
 /* Creates the missing parent directories of path (mkdir -p of its dirname). */
 dt_status dt__mkdir_parents(const char *path);
 
