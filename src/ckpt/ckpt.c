@@ -55,18 +55,6 @@ struct dt_ckpt {
   char *skipped;
 };
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 static uint64_t align_up(uint64_t x) { return (x + CK_ALIGN - 1) & ~(uint64_t)(CK_ALIGN - 1); }
 
@@ -89,14 +77,14 @@ static dt_status encode_meta(const dt_kv *meta, size_t n, uint8_t **out, size_t 
   if (!b)
     return dt_set_error(DT_ERR_NOMEM, "checkpoint meta (%zu bytes)", total);
   uint8_t *p = b;
-  put32(p, (uint32_t)n);
+  dt__put32(p, (uint32_t)n);
   p += 4;
   for (size_t i = 0; i < n; i++) {
     size_t kl = strlen(meta[i].key), vl = strlen(meta[i].value);
-    put32(p, (uint32_t)kl);
+    dt__put32(p, (uint32_t)kl);
     memcpy(p + 4, meta[i].key, kl);
     p += 4 + kl;
-    put32(p, (uint32_t)vl);
+    dt__put32(p, (uint32_t)vl);
     memcpy(p + 4, meta[i].value, vl);
     p += 4 + vl;
   }
@@ -143,26 +131,26 @@ dt_status dt_ckpt_write(const char *path, uint64_t step, const dt_ckpt_section *
     const void *d = i < n ? sections[i].data : mb;
     uint64_t len = i < n ? sections[i].nbytes : ml;
     memcpy(e, nm, strlen(nm));
-    put64(e + 64, off);
-    put64(e + 72, len);
-    put32(e + 80, dt_crc32c(0, d, (size_t)len));
+    dt__put64(e + 64, off);
+    dt__put64(e + 72, len);
+    dt__put32(e + 80, dt_crc32c(0, d, (size_t)len));
     off = align_up(off + len);
   }
   uint64_t file_size = off;
   memcpy(head, CK_MAGIC, 8);
-  put32(head + 8, CK_VERSION);
-  put32(head + 12, ns);
-  put64(head + 16, step);
-  put64(head + 24, file_size);
-  put64(head + 32, CK_HDR);
-  put32(head + 40, dt_crc32c(0, head + CK_HDR, (size_t)ns * CK_ENT));
-  put32(head + 60, dt_crc32c(0, head, 60));
+  dt__put32(head + 8, CK_VERSION);
+  dt__put32(head + 12, ns);
+  dt__put64(head + 16, step);
+  dt__put64(head + 24, file_size);
+  dt__put64(head + 32, CK_HDR);
+  dt__put32(head + 40, dt_crc32c(0, head + CK_HDR, (size_t)ns * CK_ENT));
+  dt__put32(head + 60, dt_crc32c(0, head, 60));
 
   static const uint8_t zeros[CK_ALIGN];
   DT_CHECK_GOTO(dt__afile_open(&f, path), rc, fail);
   DT_CHECK_GOTO(dt__afile_write(&f, head, head_len), rc, fail);
   for (uint32_t i = 0; i < ns; i++) {
-    uint64_t at = get64(head + CK_HDR + (size_t)i * CK_ENT + 64);
+    uint64_t at = dt__get64(head + CK_HDR + (size_t)i * CK_ENT + 64);
     if (at > f.written)
       DT_CHECK_GOTO(dt__afile_write(&f, zeros, (size_t)(at - f.written)), rc, fail);
     const void *d = i < n ? sections[i].data : mb;
@@ -188,7 +176,7 @@ static dt_status decode_meta(dt_ckpt *c, const uint8_t *p, uint64_t len, const c
   if (len < 4)
     return dt_set_error(DT_ERR_CORRUPT, "%s: section \"meta\" is %llu bytes, too short", name,
                         (unsigned long long)len);
-  uint32_t n = get32(p);
+  uint32_t n = dt__get32(p);
   /* Each entry takes at least 8 bytes: bounds the count before allocating. */
   if (n > (len - 4) / 8)
     return dt_set_error(DT_ERR_CORRUPT, "%s: section \"meta\" claims %u entries in %llu bytes", name,
@@ -204,7 +192,7 @@ static dt_status decode_meta(dt_ckpt *c, const uint8_t *p, uint64_t len, const c
     for (int k = 0; k < 2; k++) {
       if (len - at < 4)
         return dt_set_error(DT_ERR_CORRUPT, "%s: section \"meta\" entry %u truncated", name, i);
-      uint32_t l = get32(p + at);
+      uint32_t l = dt__get32(p + at);
       at += 4;
       if (l > len - at)
         return dt_set_error(DT_ERR_CORRUPT, "%s: section \"meta\" entry %u: length %u past the end",
@@ -273,20 +261,20 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
     goto fail;
   }
   uint32_t hcrc = dt_crc32c(0, u, 60);
-  if (hcrc != get32(u + 60)) {
+  if (hcrc != dt__get32(u + 60)) {
     rc = dt_set_error(DT_ERR_CORRUPT, "%s: header CRC32C 0x%08x != stored 0x%08x", name, hcrc,
-                      get32(u + 60));
+                      dt__get32(u + 60));
     goto fail;
   }
-  c->version = get32(u + 8);
+  c->version = dt__get32(u + 8);
   if (c->version != CK_VERSION) {
     rc = dt_set_error(DT_ERR_UNSUPPORTED, "%s: checkpoint version %u (this dtrain reads %u)", name,
                       c->version, CK_VERSION);
     goto fail;
   }
-  uint32_t ns = get32(u + 12);
-  c->step = get64(u + 16);
-  uint64_t fsize = get64(u + 24), toff = get64(u + 32);
+  uint32_t ns = dt__get32(u + 12);
+  c->step = dt__get64(u + 16);
+  uint64_t fsize = dt__get64(u + 24), toff = dt__get64(u + 32);
   if (fsize != len) {
     rc = dt_set_error(DT_ERR_CORRUPT, "%s: header says %llu bytes but the file has %zu (%s)", name,
                       (unsigned long long)fsize, len, fsize > len ? "truncated or torn write" : "trailing bytes");
@@ -299,9 +287,9 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
     goto fail;
   }
   uint32_t tcrc = dt_crc32c(0, u + CK_HDR, (size_t)ns * CK_ENT);
-  if (tcrc != get32(u + 40)) {
+  if (tcrc != dt__get32(u + 40)) {
     rc = dt_set_error(DT_ERR_CORRUPT, "%s: section table CRC32C 0x%08x != stored 0x%08x", name, tcrc,
-                      get32(u + 40));
+                      dt__get32(u + 40));
     goto fail;
   }
   c->sec = calloc(ns, sizeof *c->sec);
@@ -320,7 +308,7 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
       rc = dt_set_error(DT_ERR_CORRUPT, "%s: section %u has an empty or unterminated name", name, i);
       goto fail;
     }
-    uint64_t off = get64(e + 64), sl = get64(e + 72);
+    uint64_t off = dt__get64(e + 64), sl = dt__get64(e + 72);
     if (off < table_end || off > len || sl > len - off) {
       rc = dt_set_error(DT_ERR_CORRUPT, "%s: section \"%s\" (offset %llu, %llu bytes) outside the "
                         "%zu-byte file", name, nm, (unsigned long long)off, (unsigned long long)sl, len);
@@ -331,7 +319,7 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
         rc = dt_set_error(DT_ERR_CORRUPT, "%s: duplicate section \"%s\"", name, nm);
         goto fail;
       }
-    uint32_t want = get32(e + 80), got = dt_crc32c(0, u + off, (size_t)sl);
+    uint32_t want = dt__get32(e + 80), got = dt_crc32c(0, u + off, (size_t)sl);
     if (want != got) {
       rc = dt_set_error(DT_ERR_CORRUPT, "%s: section \"%s\" (offset %llu, %llu bytes): CRC32C 0x%08x "
                         "!= stored 0x%08x", name, nm, (unsigned long long)off, (unsigned long long)sl,
@@ -373,7 +361,7 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
     goto fail;
   }
   const uint8_t *me = u + CK_HDR + (size_t)meta_idx * CK_ENT;
-  DT_CHECK_GOTO(decode_meta(c, u + get64(me + 64), get64(me + 72), name), rc, fail);
+  DT_CHECK_GOTO(decode_meta(c, u + dt__get64(me + 64), dt__get64(me + 72), name), rc, fail);
   free(sp);
   *out = c;
   return DT_OK;

@@ -121,44 +121,5 @@ int dt__afile_is_temp(const char *name, long *pid) {
 }
 
 dt_status dt__ckpt_read_file(const char *path, void **buf, size_t *n) {
-  *buf = NULL;
-  *n = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return dt__errno(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    dt_status rc = dt__errno(DT_ERR_IO, "%s: fstat", path);
-    close(fd);
-    return rc;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return dt_set_error(DT_ERR_INVALID, "%s: not a regular file", path);
-  }
-  size_t len = (size_t)st.st_size;
-  char *b = dt__alloc(len ? len : 1);
-  if (!b) {
-    close(fd);
-    return dt__error_prefix(DT_ERR_NOMEM, "%s", path);
-  }
-  size_t off = 0;
-  while (off < len) {
-    ssize_t r = read(fd, b + off, len - off);
-    if (r < 0) {
-      if (errno == EINTR)
-        continue;
-      dt_status rc = dt__errno(DT_ERR_IO, "%s: read at offset %zu", path, off);
-      close(fd);
-      dt__free(b);
-      return rc;
-    }
-    if (r == 0)
-      break;
-    off += (size_t)r;
-  }
-  close(fd);
-  *buf = b;
-  *n = off;
-  return DT_OK;
+  return dt__read_file(path, UINT64_MAX, buf, n);
 }

@@ -67,6 +67,7 @@ typedef struct elastic {
   int fails[EL_MAX_NODES]; /* blamed failures per original node (kept by whoever decides) */
   int gen;
   int64_t window_ms;
+  int store_lost_node; /* the member whose agent store vanished (-1): its agent is gone */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -125,8 +126,10 @@ static dt_status el_move_store(elastic *e) {
       DT_CHECK(el_host_store(e));
       return el_connect(e, e->my_addr, dt__deadline_after_ms(EL_RPC_MS));
     }
-    if (!strcmp(m->addr, e->store_addr) && k == 0)
-      continue; /* the host that just vanished */
+    if (!strcmp(m->addr, e->store_addr) && k == 0) {
+      e->store_lost_node = m->node; /* the host that just vanished: not waited for */
+      continue;
+    }
     if (el_connect(e, m->addr, dt__deadline_after_ms(e->window_ms / 2)) == DT_OK) {
       DT_LOG_WARN("dtrain run: the agent store moved to node %d (%s)", m->node, m->addr);
       return DT_OK;
@@ -186,7 +189,7 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
   for (int k = 0; k < nc; k++) {
     lease[k] = -1;
     lease_seen[k] = dt_now_ns();
-    gone[k] = e->fails[candidates[k]] >= FAILS_TO_EXCLUDE;
+    gone[k] = e->fails[candidates[k]] >= FAILS_TO_EXCLUDE || candidates[k] == e->store_lost_node;
   }
   for (;;) {
     int pending = 0;
@@ -333,6 +336,7 @@ int dt__run_elastic(dt_launch_opts *base) {
   e.base = base;
   e.me = base->node_rank;
   e.store_port = base->master_port;
+  e.store_lost_node = -1;
   int64_t fault_ms = base->fault_timeout_ms > 0 ? base->fault_timeout_ms : 10000;
   e.window_ms = fault_ms + base->kill_after_ms + 1000;
   if (dt__secret_load(NULL, e.secret, sizeof e.secret, &e.secret_len) != DT_OK)

@@ -42,18 +42,6 @@ enum {
 #define MAX_CONNS 4096
 #define MAX_WAITS_PER_CONN 64
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 /* ======================================================================================== */
 /* server                                                                                    */
@@ -260,8 +248,8 @@ static void respond(dt__store_server *s, conn *c, uint32_t seq, dt_status st, co
     return;
   uint8_t head[DT_WIRE_HDR_LEN + 8];
   dt__frame_encode(head, OP_RESP, 8 + n1 + n2);
-  put32(head + DT_WIRE_HDR_LEN, seq);
-  put32(head + DT_WIRE_HDR_LEN + 4, (uint32_t)st);
+  dt__put32(head + DT_WIRE_HDR_LEN, seq);
+  dt__put32(head + DT_WIRE_HDR_LEN + 4, (uint32_t)st);
   if (!conn_queue(c, head, sizeof head) || (n1 && !conn_queue(c, b1, n1)) || (n2 && !conn_queue(c, b2, n2))) {
     DT_LOG_WARN("store: out of memory answering %s (rank %u); closing it", c->peer, c->id);
     conn_kill(s, c);
@@ -401,7 +389,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     refuse(s, c, "store request shorter than its header");
     return;
   }
-  uint32_t seq = get32(p);
+  uint32_t seq = dt__get32(p);
   size_t klen = (size_t)p[4] | (size_t)p[5] << 8;
   if (klen > DT_STORE_KEY_MAX || REQ_PREFIX + klen > len || memchr(p + REQ_PREFIX, 0, klen)) {
     DT_LOG_WARN("store: closing connection from %s (rank %u): malformed key in request 0x%04x", c->peer, c->id, type);
@@ -450,12 +438,12 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       respond(s, c, seq, DT_OK, e->val, e->n, NULL, 0);
       return;
     }
-    bool live = !(get32(body + 4) & DT_STORE_WAIT_IGNORE_VERDICT);
+    bool live = !(dt__get32(body + 4) & DT_STORE_WAIT_IGNORE_VERDICT);
     if (live && s->verdict_st != DT_OK) {
       respond(s, c, seq, s->verdict_st, s->verdict, strlen(s->verdict), NULL, 0);
       return;
     }
-    uint32_t ms = get32(body);
+    uint32_t ms = dt__get32(body);
     if (ms == 0) {
       respond_text(s, c, seq, DT_ERR_TIMEOUT, "key '%s' not set", key);
       return;
@@ -488,7 +476,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       respond_text(s, c, seq, DT_ERR_PROTOCOL, "add request body of %zu bytes", blen);
       return;
     }
-    int64_t delta = (int64_t)get64(body), cur = 0;
+    int64_t delta = (int64_t)dt__get64(body), cur = 0;
     kv_entry *e = kv_find(s, key);
     if (e && !parse_i64(e->val, e->n, &cur)) {
       respond_text(s, c, seq, DT_ERR_INVALID, "value at key '%s' (%zu bytes) is not a decimal integer", key, e->n);
@@ -506,17 +494,17 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       return;
     }
     uint8_t r[8];
-    put64(r, (uint64_t)next);
+    dt__put64(r, (uint64_t)next);
     respond(s, c, seq, DT_OK, r, 8, NULL, 0);
     wake_waiters(s, key, kv_find(s, key));
     return;
   }
   case OP_CAS: {
-    if (blen < 4 || get32(body) > blen - 4) {
+    if (blen < 4 || dt__get32(body) > blen - 4) {
       respond_text(s, c, seq, DT_ERR_PROTOCOL, "malformed compare-and-set body");
       return;
     }
-    size_t en = get32(body), dn = blen - 4 - en;
+    size_t en = dt__get32(body), dn = blen - 4 - en;
     const uint8_t *exp = body + 4, *des = exp + en;
     if (dn > DT_STORE_VALUE_MAX) {
       respond_text(s, c, seq, DT_ERR_INVALID, "value of %zu bytes exceeds the %u-byte limit", dn, DT_STORE_VALUE_MAX);
@@ -1085,7 +1073,7 @@ static dt_status store_send(dt__store *st, uint16_t type, const char *key, const
   st->seq++;
   dt__frame_encode(buf, type, total);
   size_t o = DT_WIRE_HDR_LEN;
-  put32(buf + o, st->seq);
+  dt__put32(buf + o, st->seq);
   buf[o + 4] = (uint8_t)kl;
   buf[o + 5] = (uint8_t)(kl >> 8);
   o += REQ_PREFIX;
@@ -1155,7 +1143,7 @@ static dt_status store_recv(dt__store *st, dt_status *remote, void *buf, size_t 
       return rc;
     }
     size_t body = (size_t)f.len - 8;
-    uint32_t seq = get32(head);
+    uint32_t seq = dt__get32(head);
     if (seq != st->seq) { /* the late answer to a request we gave up on */
       if ((rc = store_drain(st, body, frame_deadline))) {
         st->broken = true;
@@ -1163,7 +1151,7 @@ static dt_status store_recv(dt__store *st, dt_status *remote, void *buf, size_t 
       }
       continue;
     }
-    *remote = (dt_status)get32(head + 4);
+    *remote = (dt_status)dt__get32(head + 4);
     if (*remote == DT_OK) {
       size_t take = DT_MIN(body, cap);
       if (n)
@@ -1244,8 +1232,8 @@ dt_status dt__store_wait_flags(dt__store *st, const char *key, void *buf, size_t
   /* The server gives up at the same moment, so a forgotten wait does not stay parked. */
   uint8_t body[8];
   int left = dt__ms_left(deadline);
-  put32(body, (uint32_t)left);
-  put32(body + 4, flags);
+  dt__put32(body, (uint32_t)left);
+  dt__put32(body + 4, flags);
   int64_t t0 = dt_now_ns();
   dt_status rc = store_fetch(st, "wait", OP_WAIT, key, body, 8, buf, cap, n, deadline);
   if (rc == DT_ERR_TIMEOUT)
@@ -1258,12 +1246,12 @@ dt_status dt__store_add(dt__store *st, const char *key, int64_t delta, int64_t *
   DT_CHECK(store_key_check(st, "add", key));
   uint8_t d[8], r[8];
   size_t n = 0;
-  put64(d, (uint64_t)delta);
+  dt__put64(d, (uint64_t)delta);
   DT_CHECK(store_call(st, "add", OP_ADD, key, d, 8, NULL, 0, NULL, 0, r, 8, &n, deadline));
   if (n != 8)
     return dt_set_error(DT_ERR_PROTOCOL, "rank %d: store add '%s': answer of %zu bytes", st->rank, key, n);
   if (result)
-    *result = (int64_t)get64(r);
+    *result = (int64_t)dt__get64(r);
   return DT_OK;
 }
 
@@ -1275,7 +1263,7 @@ dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, si
                         st->rank, key, expected_n, desired_n, DT_STORE_VALUE_MAX);
   uint8_t en[4], r = 0;
   size_t n = 0;
-  put32(en, (uint32_t)expected_n);
+  dt__put32(en, (uint32_t)expected_n);
   DT_CHECK(store_call(st, "cas", OP_CAS, key, en, 4, expected, expected_n, desired, desired_n, &r, 1, &n, deadline));
   if (n != 1)
     return dt_set_error(DT_ERR_PROTOCOL, "rank %d: store cas '%s': answer of %zu bytes", st->rank, key, n);

@@ -22,23 +22,6 @@
 /* Domain separation for the MACs: a client's proof can never be replayed as a server's. */
 static const char auth_label[] = "dtrain-auth-v1";
 
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 /* ---- sockets ---- */
 
@@ -261,17 +244,17 @@ dt_status dt__sock_listen(const char *addr, int port, int *fd_out, int *port_out
 /* ---- framing ---- */
 
 void dt__frame_encode(uint8_t hdr[DT_WIRE_HDR_LEN], uint16_t type, uint64_t len) {
-  put32(hdr, DT_WIRE_MAGIC);
-  put16(hdr + 4, DT_WIRE_VERSION);
-  put16(hdr + 6, type);
-  put64(hdr + 8, len);
+  dt__put32(hdr, DT_WIRE_MAGIC);
+  dt__put16(hdr + 4, DT_WIRE_VERSION);
+  dt__put16(hdr + 6, type);
+  dt__put64(hdr + 8, len);
 }
 
 dt_status dt__frame_decode(const uint8_t hdr[DT_WIRE_HDR_LEN], dt__frame *f, uint64_t max_len, const char *what) {
-  f->magic = get32(hdr);
-  f->version = get16(hdr + 4);
-  f->type = get16(hdr + 6);
-  f->len = get64(hdr + 8);
+  f->magic = dt__get32(hdr);
+  f->version = dt__get16(hdr + 4);
+  f->type = dt__get16(hdr + 6);
+  f->len = dt__get64(hdr + 8);
   if (f->magic != DT_WIRE_MAGIC)
     return dt_set_error(DT_ERR_PROTOCOL, "%s: bad frame magic 0x%08x (expected 0x%08x): not a dtrain peer", what,
                         f->magic, DT_WIRE_MAGIC);
@@ -317,9 +300,9 @@ static void auth_mac(const uint8_t *secret, size_t secret_len, char dir, uint16_
   memcpy(msg, auth_label, sizeof auth_label - 1);
   o += sizeof auth_label - 1;
   msg[o++] = (uint8_t)dir;
-  put16(msg + o, role);
+  dt__put16(msg + o, role);
   o += 2;
-  put32(msg + o, id);
+  dt__put32(msg + o, id);
   o += 4;
   memcpy(msg + o, first, 32);
   memcpy(msg + o + 32, second, 32);
@@ -330,8 +313,8 @@ static void auth_mac(const uint8_t *secret, size_t secret_len, char dir, uint16_
 dt_status dt__auth_hello(uint16_t role, uint8_t nonce[32], uint8_t frame[DT_WIRE_HDR_LEN + DT_AUTH_HELLO_LEN]) {
   DT_CHECK(dt__random_bytes(nonce, 32));
   dt__frame_encode(frame, DT_FRAME_HELLO, DT_AUTH_HELLO_LEN);
-  put16(frame + DT_WIRE_HDR_LEN, role);
-  put16(frame + DT_WIRE_HDR_LEN + 2, 0);
+  dt__put16(frame + DT_WIRE_HDR_LEN, role);
+  dt__put16(frame + DT_WIRE_HDR_LEN + 2, 0);
   memcpy(frame + DT_WIRE_HDR_LEN + 4, nonce, 32);
   return DT_OK;
 }
@@ -339,8 +322,8 @@ dt_status dt__auth_hello(uint16_t role, uint8_t nonce[32], uint8_t frame[DT_WIRE
 dt_status dt__auth_check(const uint8_t *secret, size_t secret_len, uint16_t role, const uint8_t server_nonce[32],
                          const uint8_t auth[DT_AUTH_LEN], const char *peer, uint32_t *client_id,
                          uint8_t ok_frame[DT_WIRE_HDR_LEN + DT_AUTH_OK_LEN]) {
-  uint16_t their_role = get16(auth);
-  uint32_t id = get32(auth + 4);
+  uint16_t their_role = dt__get16(auth);
+  uint32_t id = dt__get32(auth + 4);
   const uint8_t *client_nonce = auth + 8, *mac = auth + 40;
   if (their_role != role)
     return dt_set_error(DT_ERR_PROTOCOL, "connection from %s asked for service %u, this socket serves %u", peer,
@@ -381,15 +364,15 @@ dt_status dt__auth_client(int fd, const uint8_t *secret, size_t secret_len, uint
   dt__sock_peer_name(fd, peer, sizeof peer);
   uint8_t hello[DT_AUTH_HELLO_LEN];
   DT_CHECK(auth_recv(fd, DT_FRAME_HELLO, hello, sizeof hello, deadline, peer));
-  if (get16(hello) != role)
-    return dt_set_error(DT_ERR_PROTOCOL, "%s serves service %u, we asked for %u (wrong port?)", peer, get16(hello), role);
+  if (dt__get16(hello) != role)
+    return dt_set_error(DT_ERR_PROTOCOL, "%s serves service %u, we asked for %u (wrong port?)", peer, dt__get16(hello), role);
   const uint8_t *server_nonce = hello + 4;
   uint8_t msg[DT_WIRE_HDR_LEN + DT_AUTH_LEN];
   uint8_t *auth = msg + DT_WIRE_HDR_LEN;
   dt__frame_encode(msg, DT_FRAME_AUTH, DT_AUTH_LEN);
-  put16(auth, role);
-  put16(auth + 2, 0);
-  put32(auth + 4, id);
+  dt__put16(auth, role);
+  dt__put16(auth + 2, 0);
+  dt__put32(auth + 4, id);
   DT_CHECK(dt__random_bytes(auth + 8, 32));
   auth_mac(secret, secret_len, 'C', role, id, server_nonce, auth + 8, auth + 40);
   DT_CHECK(dt__sock_write_all(fd, msg, sizeof msg, deadline, peer));

@@ -52,6 +52,34 @@ void dt__free(void *p);
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom). */
 dt_status dt__random_bytes(void *buf, size_t n);
 
+/* Little-endian encoding of the fixed-width fields in dtrain's wire and file formats. */
+static inline void dt__put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static inline void dt__put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void dt__put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t dt__get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t dt__get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t dt__get64(const uint8_t *p) {
+  return (uint64_t)dt__get32(p) | (uint64_t)dt__get32(p + 4) << 32;
+}
+
+/* Reads a whole regular file into a new dt__alloc'd buffer (*buf, *n; free with dt__free).
+ * A missing file is DT_ERR_NOT_FOUND, one larger than max_bytes DT_ERR_INVALID; every message
+ * names the path. */
+dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n);
+/* Creates the missing parent directories of path (mkdir -p of its dirname). */
+dt_status dt__mkdir_parents(const char *path);
+
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define DT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

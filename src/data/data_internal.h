@@ -7,9 +7,6 @@
 
 #include "dtrain/core.h"
 
-/* Reads a whole regular file into a dt__alloc'd buffer (*buf, *n); files over max_bytes are
- * refused. DT_ERR_NOT_FOUND for a missing file; the detail names the path. */
-dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n);
 /* Bytes per element of an IDX type code; 0 for an unknown code. */
 size_t dt__idx_type_size(int type);
 /* "60000 x 28 x 28" into buf. */

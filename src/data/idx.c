@@ -312,54 +312,6 @@ fail:
   return rc;
 }
 
-dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n) {
-  *buf = NULL;
-  *n = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return dt__errno(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s", path);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    dt_status rc = dt__errno(DT_ERR_IO, "%s: fstat", path);
-    close(fd);
-    return rc;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return dt_set_error(DT_ERR_INVALID, "%s: not a regular file", path);
-  }
-  if ((uint64_t)st.st_size > max_bytes) {
-    close(fd);
-    return dt_set_error(DT_ERR_INVALID, "%s: file is %lld bytes, over the limit of %llu", path,
-                        (long long)st.st_size, (unsigned long long)max_bytes);
-  }
-  size_t len = (size_t)st.st_size;
-  uint8_t *b = dt__alloc(len ? len : 1);
-  if (!b) {
-    close(fd);
-    return dt__error_prefix(DT_ERR_NOMEM, "%s", path);
-  }
-  size_t off = 0;
-  while (off < len) {
-    ssize_t r = read(fd, b + off, len - off);
-    if (r < 0) {
-      if (errno == EINTR)
-        continue;
-      dt_status rc = dt__errno(DT_ERR_IO, "%s: read at offset %zu", path, off);
-      close(fd);
-      dt__free(b);
-      return rc;
-    }
-    if (r == 0)
-      break; /* shrank while reading: parse what is there */
-    off += (size_t)r;
-  }
-  close(fd);
-  *buf = b;
-  *n = off;
-  return DT_OK;
-}
-
 dt_status dt_idx_read(const char *path, uint64_t max_bytes, dt_idx *out) {
   if (!out || !path)
     return dt_set_error(DT_ERR_INVALID, "dt_idx_read: NULL argument");

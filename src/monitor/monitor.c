@@ -20,26 +20,6 @@ struct dt_monitor {
   int bar_drawn;             /* a bar is on screen without its newline */
 };
 
-static dt_status mkdir_parents(const char *path) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return dt_set_error(DT_ERR_INVALID, "path too long: %s", path);
-  char *slash = strrchr(buf, '/');
-  if (!slash || slash == buf)
-    return DT_OK;
-  *slash = '\0';
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(buf, 0777) && errno != EEXIST)
-      return dt__errno(DT_ERR_IO, "creating directory %s", buf);
-    *p = '/';
-  }
-  if (mkdir(buf, 0777) && errno != EEXIST)
-    return dt__errno(DT_ERR_IO, "creating directory %s", buf);
-  return DT_OK;
-}
 
 dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
   *out = NULL;
@@ -54,7 +34,7 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
     m->mode = isatty(STDERR_FILENO) ? DT_PROGRESS_BAR : DT_PROGRESS_LINES;
   m->line_interval_s = o.line_interval_s > 0 ? o.line_interval_s : 5.0;
   if (o.metrics_path) {
-    dt_status rc = mkdir_parents(o.metrics_path);
+    dt_status rc = dt__mkdir_parents(o.metrics_path);
     if (rc != DT_OK) {
       free(m);
       return rc;

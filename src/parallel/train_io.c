@@ -27,27 +27,6 @@
 
 #define META_SPEC "dtrain.model_spec"
 
-/* Creates the parent directories of path. */
-static dt_status mkdir_parents(const char *path) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-    return dt_set_error(DT_ERR_INVALID, "path too long: %s", path);
-  char *slash = strrchr(buf, '/');
-  if (!slash || slash == buf)
-    return DT_OK;
-  *slash = '\0';
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(buf, 0777) && errno != EEXIST)
-      return dt__errno(DT_ERR_IO, "creating directory %s", buf);
-    *p = '/';
-  }
-  if (mkdir(buf, 0777) && errno != EEXIST)
-    return dt__errno(DT_ERR_IO, "creating directory %s", buf);
-  return DT_OK;
-}
 
 dt_status dt_train_model_save(dt_model *m, const char *path) {
   size_t n = dt_model_tensor_count(m);
@@ -66,7 +45,7 @@ dt_status dt_train_model_save(dt_model *m, const char *path) {
     v[i].nbytes = t->count * sizeof(float);
   }
   dt_kv meta[] = {{META_SPEC, dt_model_spec(m)}, {"format", "pt"}, {"dtrain.version", dt_version()}};
-  dt_status rc = mkdir_parents(path);
+  dt_status rc = dt__mkdir_parents(path);
   if (rc == DT_OK)
     rc = dt_safetensors_write(path, v, n, meta, DT_ARRAY_LEN(meta));
   free(v);
