@@ -11,23 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/check.h"
 #include "common/mp.h"
 #include "coll/sweep.h"
 
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      char m_[1600];                                                                \
-      int l_ = snprintf(m_, sizeof m_, "rank %d: line %d: ", rank, __LINE__);      \
-      l_ += snprintf(m_ + l_, sizeof m_ - (size_t)l_, __VA_ARGS__);                 \
-      if (l_ > (int)sizeof m_ - 2)                                                  \
-        l_ = (int)sizeof m_ - 2;                                                    \
-      m_[l_++] = '\n';                                                              \
-      if (write(2, m_, (size_t)l_) < 0) {                                           \
-      }                                                                             \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
 
 typedef enum { MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3, MM_N } mm_kind;
 static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)"};

@@ -9,23 +9,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/check.h"
 #include "common/mp.h"
 #include "coll/sweep.h"
 
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      char m_[1600];                                                                \
-      int l_ = snprintf(m_, sizeof m_, "rank %d: line %d: ", rank, __LINE__);      \
-      l_ += snprintf(m_ + l_, sizeof m_ - (size_t)l_, __VA_ARGS__);                 \
-      if (l_ > (int)sizeof m_ - 2)                                                  \
-        l_ = (int)sizeof m_ - 2;                                                    \
-      m_[l_++] = '\n';                                                              \
-      if (write(2, m_, (size_t)l_) < 0) {                                           \
-      }                                                                             \
-      return 1;                                                                     \
-    }                                                                               \
-  } while (0)
 
 enum { N = 5003 };
 

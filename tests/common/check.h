@@ -1,0 +1,25 @@
+/* tests/common/check.h - CHECK(cond, fmt, ...) for multi-process test bodies: on failure writes
+ * "rank R: line L: <message>" to stderr in one write(2) (lines from several ranks never mix) and
+ * returns 1 from the body. Needs an int `rank` in scope. */
+#ifndef DT_TEST_CHECK_H
+#define DT_TEST_CHECK_H
+
+#include <stdio.h>
+#include <unistd.h>
+
+#define CHECK(cond, ...)                                                            \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      char m_[1600];                                                                \
+      int l_ = snprintf(m_, sizeof m_, "rank %d: line %d: ", rank, __LINE__);      \
+      l_ += snprintf(m_ + l_, sizeof m_ - (size_t)l_, __VA_ARGS__);                 \
+      if (l_ > (int)sizeof m_ - 2)                                                  \
+        l_ = (int)sizeof m_ - 2;                                                    \
+      m_[l_++] = '\n';                                                              \
+      if (write(2, m_, (size_t)l_) < 0) {                                           \
+      }                                                                             \
+      return 1;                                                                     \
+    }                                                                               \
+  } while (0)
+
+#endif
