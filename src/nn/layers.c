@@ -424,30 +424,21 @@ void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, 
   if (s->nb <= 0 && l->kind != NN_LINEAR)
     return;
   switch (l->kind) {
-  case NN_LINEAR: linear_backward(l, params, s, need_dx); break;
-  case NN_CONV: conv_backward(l, params, s, need_dx); break;
-  case NN_LAYERNORM: layernorm_backward(l, params, s, need_dx); break;
-  case NN_MAXPOOL:
-    if (need_dx)
-      maxpool_backward(l, s);
-    break;
-  case NN_AVGPOOL:
-    if (need_dx)
-      avgpool_backward(l, s);
-    break;
-  case NN_RELU:
-    if (need_dx)
-      relu_backward(l, s);
-    break;
-  case NN_GELU:
-    if (need_dx)
-      gelu_backward(l, s);
-    break;
-  case NN_DROPOUT:
-    if (need_dx)
-      dropout_backward(l, s);
-    break;
-  case NN_FLATTEN: break;
+  case NN_LINEAR: linear_backward(l, params, s, need_dx); return;
+  case NN_CONV: conv_backward(l, params, s, need_dx); return;
+  case NN_LAYERNORM: layernorm_backward(l, params, s, need_dx); return;
+  default: break;
+  }
+  /* The rest have no parameters: their backward only produces dx. */
+  if (!need_dx)
+    return;
+  switch (l->kind) {
+  case NN_MAXPOOL: maxpool_backward(l, s); break;
+  case NN_AVGPOOL: avgpool_backward(l, s); break;
+  case NN_RELU: relu_backward(l, s); break;
+  case NN_GELU: gelu_backward(l, s); break;
+  case NN_DROPOUT: dropout_backward(l, s); break;
+  default: break;
   }
 }
 
