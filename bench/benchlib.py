@@ -336,3 +336,28 @@ def update_doc(name, text, doc=os.path.join(ROOT, "docs", "BENCHMARKS.md")):
     with open(doc, "w") as fh:
         fh.write(cur[:i + len(begin)] + "\n" + body + "\n" + cur[j:])
     return True
+
+
+def wait_ranks(procs, timeout, who):
+    """Waits for rank processes (rank 0 first, its stdout piped) within timeout seconds and
+    returns rank 0's stdout as text; kills them all and exits naming `who` on a timeout or a
+    non-zero exit code."""
+    import subprocess
+    import sys
+    import time
+    deadline = time.monotonic() + timeout
+    try:
+        out, _ = procs[0].communicate(timeout=timeout)
+        for p in procs[1:]:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        sys.exit(f"{who}: ranks did not finish within {timeout:.0f} s; killed")
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        sys.exit(f"{who}: rank exit codes {codes}")
+    return out.decode()

@@ -24,6 +24,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
 
 def input_values(torch, rank, count):
     """Element i of rank r: (7i + 13r) mod 17 + 1, as bench/mpi_coll.c; built from its period of 17
@@ -92,23 +95,8 @@ def launch(args):
                ",".join(map(str, args.sizes)), "--iters", str(args.iters), "--warmup", str(args.warmup)]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)),
                                       stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
-    deadline = time.monotonic() + args.timeout
-    out = b""
-    try:
-        out, _ = procs[0].communicate(timeout=args.timeout)
-        for p in procs[1:]:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        sys.exit(f"gloo_allreduce: ranks did not finish within {args.timeout:.0f} s; killed")
-    codes = [p.returncode for p in procs]
-    if any(codes):
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        sys.exit(f"gloo_allreduce: rank exit codes {codes}")
-    sys.stdout.write(out.decode())
+    out = benchlib.wait_ranks(procs, args.timeout, "gloo_allreduce")
+    sys.stdout.write(out)
 
 
 def main():

@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_train as tt  # noqa: E402
+import benchlib  # noqa: E402
 
 
 def worker(args):
@@ -97,22 +98,8 @@ def launch(args, argv):
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"] + argv,
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL)
              for r in range(args.n)]
-    deadline = time.monotonic() + args.timeout
-    try:
-        out, _ = procs[0].communicate(timeout=args.timeout)
-        for p in procs[1:]:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        sys.exit(f"torch_ddp: workers did not finish within {args.timeout:.0f} s; killed")
-    codes = [p.returncode for p in procs]
-    if any(codes):
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        sys.exit(f"torch_ddp: worker exit codes {codes}")
-    summary = tt_json(out.decode())
+    out = benchlib.wait_ranks(procs, args.timeout, "torch_ddp")
+    summary = tt_json(out)
     summary["wall_s"] = time.perf_counter() - t_wall
     print(json.dumps(summary))
 
