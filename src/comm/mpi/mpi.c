@@ -134,11 +134,11 @@ static dt_status mpi_create(dt_comm *c, dt_transport **out) {
   *out = NULL;
   int wrank = -1, wsize = 0;
   DT_CHECK(dt__mpi_bootstrap(&wrank, &wsize, &(int){0}, &(int){0}));
-  if (c->world_ranks[c->rank] != wrank)
+  if (c->env.world_size != wsize || c->world_ranks[c->rank] != wrank)
     return dt_set_error(DT_ERR_INVALID,
-                        "transport mpi: dtrain world rank %d is MPI rank %d (MPI world size %d); start the job with "
+                        "transport mpi: dtrain world rank %d of %d is MPI rank %d of %d; start the job with "
                         "mpirun so that both agree",
-                        c->world_ranks[c->rank], wrank, wsize);
+                        c->world_ranks[c->rank], c->env.world_size, wrank, wsize);
   dt_transport *t = dt__calloc(sizeof *t);
   if (!t)
     return DT_ERR_NOMEM;
