@@ -2,8 +2,10 @@
  *
  * IDX files (the MNIST family's format, gzip'd or raw) are read with every header field checked
  * against the bytes really present, so a truncated or lying file is an error that names the file
- * and the problem, never a crash or a huge allocation. A dataset holds images as float
- * (N, C, H, W) in [0, 1] (optionally normalized) and labels as int32. The sampler splits each
+ * and the problem, never a crash or a huge allocation. A dataset holds images as the file's
+ * u8 pixels (N, C, H, W), a quarter of their float size, with a table of the float each pixel
+ * value stands for ([0, 1], optionally normalized); images become float only when copied out
+ * (a batch, an evaluation chunk). Labels are int32. The sampler splits each
  * global batch of a seeded per-epoch permutation into `world` contiguous shards; its state is
  * plain data for checkpoints. The loader copies the next batch on a thread while the current
  * step runs.
@@ -71,13 +73,17 @@ typedef struct dt_dataset_opts {
   float mean, std;
 } dt_dataset_opts;
 
-/* Images and labels in memory; caller-owned struct, dt_dataset_free releases the arrays. */
+/* Images and labels in memory; caller-owned struct, dt_dataset_free releases the arrays.
+ * A caller building one by hand fills n, c, h, w, num_classes, pixels and labels (allocated
+ * with malloc, or freed by itself instead of dt_dataset_free) and then calls
+ * dt_dataset_set_scaling. */
 typedef struct dt_dataset {
   uint64_t n;          /* N */
   int c, h, w;         /* C, H, W of one image */
   int num_classes;     /* max label + 1 */
-  float *images;       /* (N, C, H, W) */
+  uint8_t *pixels;     /* (N, C, H, W) as stored in the file */
   int32_t *labels;     /* (N) */
+  float value[256];    /* value[p]: the float pixel value p stands for (dt_dataset_set_scaling) */
 } dt_dataset;
 
 /* Loads an images file (u8 IDX, 3 dims N,H,W or 4 dims N,C,H,W) and a labels file (u8 IDX,
@@ -92,6 +98,17 @@ dt_status dt_dataset_load_idx(const char *images_path, const char *labels_path,
 dt_status dt_dataset_load_dir(const char *dir, dt_split split, const dt_dataset_opts *opts,
                               dt_dataset *out);
 void dt_dataset_free(dt_dataset *ds);
+/* Fills ds->value: value[p] = p/255, or (p/255 - mean)/std with opts->normalize, computed as
+ * p * (1/(255 std)) - mean/std in float, the same bits for every copy. opts may be NULL.
+ * DT_ERR_INVALID when normalizing with std <= 0. The loaders call it; hand-built sets must. */
+dt_status dt_dataset_set_scaling(dt_dataset *ds, const dt_dataset_opts *opts);
+/* Writes images first .. first+n-1 as float (n, C, H, W) to x (caller-owned, n*C*H*W floats).
+ * The caller keeps first + n <= N. Never allocates or blocks. */
+void dt_dataset_images(const dt_dataset *ds, uint64_t first, uint64_t n, float *x);
+/* Writes the images idx[0..n-1] as float (n, C, H, W) to x and their labels to y (either may
+ * be NULL to skip it). Indices must be < N. Never allocates or blocks. */
+void dt_dataset_gather(const dt_dataset *ds, const uint32_t *idx, uint64_t n, float *x,
+                       int32_t *y);
 
 /* ---- distributed sampler ------------------------------------------------------------------ */
 
@@ -165,6 +182,8 @@ typedef struct dt_loader_opts {
 /* Creates a loader over ds (borrowed; it must outlive the loader) with its own sampler built from
  * cfg (cfg->num_samples must equal ds->n). Batch buffers are allocated here, once: two of them
  * with prefetch. Epochs follow one another without end; the caller stops when it has enough.
+ * Pixels become float (ds->value) as the batch is assembled, on the prefetch thread.
+ * DT_ERR_INVALID for a dataset without pixels, labels or scaling (all of ds->value equal).
  * The batch sequence depends only on (ds, cfg) and any seek, never on thread timing. */
 dt_status dt_loader_create(const dt_dataset *ds, const dt_sampler_cfg *cfg,
                            const dt_loader_opts *opts, dt_loader **out);

@@ -11,6 +11,12 @@
  *                 (a slow link or straggler); with no transport hook, before each step
  *   close         shut down every peer TCP connection of this worker (not the store's):
  *                 a cut link as the peers see it
+ *   drop          discard the data frames this worker sends on the tcp transport, from the
+ *                 step on (count=N: only N frames; p=P: each frame with probability P, drawn
+ *                 from the seed), while the process and its heartbeats stay alive: a link
+ *                 that loses data. The receivers name it within about the fault timeout
+ *                 ("rank R failed: no data from it for ...") or, if a later frame arrives in
+ *                 place of a lost one, at once. Other transports drop nothing.
  *   corrupt-ckpt  damage the newest checkpoint in dir=PATH (mode=flip: bytes in its middle
  *                 flipped, default; mode=truncate: cut to half, a torn write)
  * Keys: rank=R|any (default 0), step=S|A-B (default 0; a range picks one step with the seed),

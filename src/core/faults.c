@@ -24,8 +24,11 @@
 #define FAULT_MAX_ITEMS 16
 #define FAULT_ANY (-1)
 
-typedef enum { F_KILL, F_STOP, F_EXIT, F_DELAY, F_CLOSE, F_CORRUPT, F_KINDS } fault_kind;
-static const char *const fault_names[F_KINDS] = {"kill", "stop", "exit", "delay", "close", "corrupt-ckpt"};
+typedef enum { F_KILL, F_STOP, F_EXIT, F_DELAY, F_CLOSE, F_CORRUPT, F_DROP, F_KINDS } fault_kind;
+static const char *const fault_names[F_KINDS] = {"kill", "stop", "exit", "delay", "close", "corrupt-ckpt", "drop"};
+
+/* Probabilities are kept in parts per million (p=0.25 -> 250000). */
+#define FAULT_PPM 1000000
 
 typedef struct fault_item {
   fault_kind kind;
@@ -33,6 +36,7 @@ typedef struct fault_item {
   int64_t step_lo, step_hi; /* a single step once resolved */
   int64_t gen;             /* FAULT_ANY: every generation */
   int64_t ms, code;
+  int64_t count, ppm;      /* drop: messages to drop (0: all from the step on), probability */
   bool truncate;
   char dir[512];
   atomic_bool fired;
@@ -57,6 +61,29 @@ static bool fault_num(const char *s, size_t n, int64_t *out) {
   }
   *out = v;
   return true;
+}
+
+/* A probability 0 < p <= 1 as "1", "0.25" or ".5" (at most 6 decimals), in parts per million. */
+static bool fault_prob(const char *s, size_t n, int64_t *ppm) {
+  size_t i = 0;
+  int64_t whole = 0, frac = 0, scale = FAULT_PPM;
+  if (i < n && (s[i] == '0' || s[i] == '1'))
+    whole = s[i++] - '0';
+  if (i < n && s[i] == '.') {
+    i++;
+    if (i == n || n - i > 6)
+      return false;
+    for (; i < n; i++) {
+      if (s[i] < '0' || s[i] > '9')
+        return false;
+      scale /= 10;
+      frac += (s[i] - '0') * scale;
+    }
+  }
+  if (i != n || n == 0)
+    return false;
+  *ppm = whole * FAULT_PPM + frac;
+  return *ppm >= 1 && *ppm <= FAULT_PPM;
 }
 
 /* "S" or "A-B" (A <= B). */
@@ -90,18 +117,20 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): '%.*s' is not KEY=VALUE", idx, fault_names[it->kind], (int)n, s);
   size_t kn = (size_t)(eq - s), vn = n - kn - 1;
   const char *v = eq + 1;
-  static const char *const keys[] = {"rank", "step", "gen", "ms", "code", "dir", "mode"};
+  static const char *const keys[] = {"rank", "step", "gen", "ms", "code", "dir", "mode", "count", "p"};
   int k = -1;
   for (int i = 0; i < (int)DT_ARRAY_LEN(keys); i++)
     if (strlen(keys[i]) == kn && !memcmp(keys[i], s, kn))
       k = i;
   /* Which kinds take which keys beyond rank/step/gen. */
   bool ok_for_kind = k >= 0 && (k <= 2 || (k == 3 && it->kind == F_DELAY) || (k == 4 && it->kind == F_EXIT) ||
-                                ((k == 5 || k == 6) && it->kind == F_CORRUPT));
+                                ((k == 5 || k == 6) && it->kind == F_CORRUPT) || (k >= 7 && it->kind == F_DROP));
   if (!ok_for_kind)
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): unknown key '%.*s' (keys: rank, step, gen%s)", idx,
                      fault_names[it->kind], (int)kn, s,
-                     it->kind == F_DELAY ? ", ms" : it->kind == F_EXIT ? ", code" : it->kind == F_CORRUPT ? ", dir, mode" : "");
+                     it->kind == F_DELAY ? ", ms" : it->kind == F_EXIT ? ", code" : it->kind == F_CORRUPT ? ", dir, mode"
+                     : it->kind == F_DROP    ? ", count, p"
+                                             : "");
   if (*seen & (1u << k))
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): key '%s' given twice", idx, fault_names[it->kind], keys[k]);
   *seen |= 1u << k;
@@ -144,11 +173,18 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     else
       good = false;
     break;
+  case 7:
+    good = fault_num(v, vn, &it->count) && it->count >= 1 && it->count <= INT32_MAX;
+    break;
+  case 8:
+    good = fault_prob(v, vn, &it->ppm);
+    break;
   }
   if (!good) {
     static const char *const want[] = {"", "a step S or a range A-B", "a generation number or 'any'",
                                        "milliseconds 1..600000", "an exit code 0..255", "a directory",
-                                       "flip or truncate"};
+                                       "flip or truncate", "a number of messages 1..2147483647",
+                                       "a probability 0 < p <= 1 (at most 6 decimals)"};
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): %s=%.*s must be %s", idx, fault_names[it->kind], keys[k], (int)vn,
                      v, want[k]);
   }
@@ -176,10 +212,11 @@ static dt_status fault_item_parse(fault_plan *p, int idx, const char *s, size_t 
     if (strlen(fault_names[k]) == kn && !memcmp(fault_names[k], s, kn))
       it->kind = (fault_kind)k;
   if (it->kind == F_KINDS)
-    return FAULT_BAD("DTRAIN_FAULTS item %d: unknown fault '%.*s' (kill, stop, exit, delay, close, corrupt-ckpt, "
-                     "or seed=N)",
+    return FAULT_BAD("DTRAIN_FAULTS item %d: unknown fault '%.*s' (kill, stop, exit, delay, close, drop, "
+                     "corrupt-ckpt, or seed=N)",
                      idx, (int)kn, s);
   it->code = 1;
+  it->ppm = FAULT_PPM;
   unsigned seen = 0;
   if (colon) {
     const char *q = colon + 1;
@@ -252,6 +289,13 @@ static int64_t fault_rank, fault_gen;
 static atomic_bool fault_active;   /* any item concerns this rank and generation */
 static atomic_int fault_delay_ms;  /* > 0 once a delay fault is live */
 static atomic_bool fault_send_hooked;
+/* A live drop fault: drop_left messages still to discard (-1: every one), each chosen with
+ * probability drop_ppm by drop_rng (seeded from the spec's seed and this rank). */
+static atomic_bool fault_drop_on;
+static _Atomic int64_t fault_drop_left;
+static int64_t fault_drop_ppm;
+static dt_rng fault_drop_rng;
+static pthread_mutex_t fault_drop_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int64_t fault_env(const char *const names[], int n, int64_t def) {
   for (int i = 0; i < n; i++) {
@@ -394,11 +438,11 @@ dt_status dt_fault_step(int64_t step) {
     fault_item *it = &fault_the_plan.items[i];
     if (it->rank != fault_rank || (it->gen != FAULT_ANY && it->gen != fault_gen) || step < it->step_lo)
       continue;
-    if (it->kind != F_DELAY && step != it->step_lo)
+    if (it->kind != F_DELAY && it->kind != F_DROP && step != it->step_lo)
       continue;
     if (atomic_exchange(&it->fired, true))
       continue;
-    char extra[64] = "";
+    char extra[160] = "";
     switch (it->kind) {
     case F_KILL:
       fault_announce(it, step, "");
@@ -426,6 +470,25 @@ dt_status dt_fault_step(int64_t step) {
     case F_CORRUPT:
       fault_corrupt(it, step);
       break;
+    case F_DROP: {
+      char what[48] = "every data frame";
+      if (it->count)
+        snprintf(what, sizeof what, "%lld data frame%s", (long long)it->count, it->count == 1 ? "" : "s");
+      if (it->ppm < FAULT_PPM)
+        snprintf(extra, sizeof extra, " - discarding each data frame with p=%.6g (up to %s) on tcp", it->ppm / 1e6,
+                 what);
+      else
+        snprintf(extra, sizeof extra, " - discarding %s it sends on tcp from now on", what);
+      fault_announce(it, step, extra);
+      pthread_mutex_lock(&fault_drop_mu);
+      dt_rng_seed(&fault_drop_rng, fault_the_plan.seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(fault_rank + 1)) ^
+                                       (uint64_t)(it - fault_the_plan.items));
+      fault_drop_ppm = it->ppm;
+      pthread_mutex_unlock(&fault_drop_mu);
+      atomic_store(&fault_drop_left, it->count ? it->count : -1);
+      atomic_store(&fault_drop_on, true);
+      break;
+    }
     case F_KINDS:
       break;
     }
@@ -442,6 +505,22 @@ void dt__fault_send(void) {
   int ms = atomic_load_explicit(&fault_delay_ms, memory_order_relaxed);
   if (ms > 0)
     dt__sleep_ns((int64_t)ms * 1000000LL);
+}
+
+bool dt__fault_drop(void) {
+  if (!atomic_load_explicit(&fault_drop_on, memory_order_relaxed))
+    return false;
+  pthread_mutex_lock(&fault_drop_mu);
+  bool pick = fault_drop_ppm >= FAULT_PPM || (int64_t)dt_rng_below(&fault_drop_rng, FAULT_PPM) < fault_drop_ppm;
+  pthread_mutex_unlock(&fault_drop_mu);
+  if (!pick)
+    return false;
+  int64_t left = atomic_load(&fault_drop_left);
+  while (left != 0) {
+    if (left < 0 || atomic_compare_exchange_weak(&fault_drop_left, &left, left - 1))
+      return true;
+  }
+  return false;
 }
 
 dt_status dt_fault_validate(const char *spec, int world_size) {

@@ -247,8 +247,13 @@ dt_status dt_idx_parse(const void *buf, size_t n, const char *name, uint64_t max
     }
     memcpy(data, s.p, (size_t)total);
   } else {
-    /* gzip: grow the buffer only as decoded data really arrives. */
-    size_t cap = (size_t)DT_MIN(total, (uint64_t)IDX_CHUNK), have = 0;
+    /* gzip: deflate expands at most 1032:1 (a 258-byte match in under 2 bits), so a header
+     * within that bound of the compressed bytes left gets its exact buffer at once: no
+     * doubling copies, and pages are touched only as data arrives, so peak memory is the
+     * data itself. A header beyond the bound is lying: its buffer grows only as real data
+     * arrives, and the shortfall is reported below. */
+    uint64_t bound = (uint64_t)s.left * 1032 + 4096;
+    size_t cap = (size_t)(total <= bound ? total : DT_MIN(total, (uint64_t)IDX_CHUNK)), have = 0;
     data = dt__alloc(cap);
     if (!data) {
       rc = dt__error_prefix(DT_ERR_NOMEM, "%s", name);

@@ -4,8 +4,9 @@
  * on) while the producer copies the next batch's samples into the other; dt_loader_next hands
  * the filled slot over and gives the held one back. Only the producer touches the sampler while
  * it runs, and slots are filled and taken in the same fixed order, so the batch sequence is the
- * serial one whatever the thread timing. No allocation after creation. It does not augment or
- * transform samples: batches are plain copies of dataset rows. */
+ * serial one whatever the thread timing. No allocation after creation. Filling a slot converts
+ * the dataset's u8 pixels to float (dt_dataset_gather), so that work happens on the producer
+ * thread, off the training step. It does not augment or otherwise transform samples. */
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
@@ -45,12 +46,7 @@ static void fill_slot(dt_loader *l, slot *sl) {
     dt_sampler_set_epoch(s, s->st.epoch + 1);
     dt_sampler_next(s, sl->idx, &n, &g); /* an epoch always has >= 1 batch (checked at init) */
   }
-  const float *src = l->ds->images;
-  size_t sf = l->sample_floats;
-  for (uint64_t i = 0; i < n; i++) {
-    memcpy(sl->x + i * sf, src + (size_t)sl->idx[i] * sf, sf * sizeof(float));
-    sl->y[i] = l->ds->labels[sl->idx[i]];
-  }
+  dt_dataset_gather(l->ds, sl->idx, n, sl->x, sl->y);
   uint64_t N = s->cfg.num_samples, pos = s->st.pos;
   sl->b.x = sl->x;
   sl->b.y = sl->y;
@@ -115,8 +111,12 @@ dt_status dt_loader_create(const dt_dataset *ds, const dt_sampler_cfg *cfg,
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_loader_create: out is NULL");
   *out = NULL;
-  if (!ds || !cfg || !ds->images || !ds->labels)
+  if (!ds || !cfg || !ds->pixels || !ds->labels)
     return dt_set_error(DT_ERR_INVALID, "dt_loader_create: NULL or empty dataset");
+  if (ds->value[0] == ds->value[255])
+    return dt_set_error(DT_ERR_INVALID, "dt_loader_create: the dataset's pixel values are not set "
+                        "(value[0] == value[255] == %g; call dt_dataset_set_scaling)",
+                        (double)ds->value[0]);
   if (cfg->num_samples != ds->n)
     return dt_set_error(DT_ERR_INVALID, "loader: sampler over %llu samples but dataset has %llu",
                         (unsigned long long)cfg->num_samples, (unsigned long long)ds->n);

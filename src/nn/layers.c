@@ -10,7 +10,6 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -47,7 +46,7 @@ static void bias_grad(float *db, const float *dy, size_t rows, int n) {
 static void linear_forward(nn_layer *l, const float *P, const nn_slice *s) {
   int in = l->in.c, out = l->out.c;
   float *y = ROWS(l->y, out);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->nb, out, in, 1.0f, ROWS(l->x, in), in,
+  dt__nn_sgemm(false, true, s->nb, out, in, 1.0f, ROWS(l->x, in), in,
               P + l->w_off, in, 0.0f, y, out);
   bias_act(y, P + l->b_off, (size_t)s->nb, out, l->relu_fused);
 }
@@ -59,7 +58,7 @@ static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool
   int in = l->in.c, out = l->out.c;
   int o0 = (int)((int64_t)out * s->t / s->T), o1 = (int)((int64_t)out * (s->t + 1) / s->T);
   if (o1 > o0) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, in, s->B, 1.0f, l->dy + o0, out,
+    dt__nn_sgemm(true, false, o1 - o0, in, s->B, 1.0f, l->dy + o0, out,
                 l->x, in, 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
     float *db = s->model_grads + l->b_off;
     for (int r = 0; r < s->B; r++) {
@@ -70,7 +69,7 @@ static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool
   }
   const float *dy = ROWS(l->dy, out);
   if (need_dx && s->nb > 0)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->nb, in, out, 1.0f, dy, out,
+    dt__nn_sgemm(false, false, s->nb, in, out, 1.0f, dy, out,
                 P + l->w_off, in, 0.0f, ROWS(l->dx, in), in);
 }
 
@@ -153,7 +152,7 @@ static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
     size_t b = (size_t)s->b0 + (size_t)c0;
     im2col(l, l->x + b * in_sz, nb, s->col);
     float *y = l->y + b * out_sz;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb * pix, OC, K, 1.0f, s->col, K,
+    dt__nn_sgemm(false, true, nb * pix, OC, K, 1.0f, s->col, K,
                 P + l->w_off, K, 0.0f, y, OC);
     bias_act(y, P + l->b_off, (size_t)nb * pix, OC, l->relu_fused);
   }
@@ -170,11 +169,11 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
     int rows = nb * pix;
     const float *dy = l->dy + b * out_sz;
     im2col(l, l->x + b * in_sz, nb, s->col);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, K, rows, 1.0f, dy, OC, s->col, K,
+    dt__nn_sgemm(true, false, OC, K, rows, 1.0f, dy, OC, s->col, K,
                 1.0f, s->grads + l->w_off, K);
     bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
     if (need_dx) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, K, OC, 1.0f, dy, OC,
+      dt__nn_sgemm(false, false, rows, K, OC, 1.0f, dy, OC,
                   P + l->w_off, K, 0.0f, s->dcol, K);
       float *dx = l->dx + b * in_sz;
       memset(dx, 0, (size_t)nb * in_sz * sizeof(float));

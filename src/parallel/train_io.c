@@ -103,6 +103,7 @@ dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double
   dt_dataset ds;
   DT_CHECK(dt_dataset_load_dir(data_dir, DT_SPLIT_TEST, NULL, &ds));
   dt_status rc = DT_OK;
+  float *x = NULL;
   size_t in = dt_model_input_size(m);
   if (in != (size_t)ds.c * ds.h * ds.w) {
     rc = dt_set_error(DT_ERR_INVALID, "model takes %zu inputs per sample, the test images are %dx%dx%d",
@@ -117,9 +118,16 @@ dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double
   int maxb = DT_MIN(batch > 0 ? batch : dt_model_max_batch(m), dt_model_max_batch(m));
   double loss = 0;
   int64_t correct = 0;
+  /* the set stays u8; one chunk at a time becomes float */
+  x = dt__alloc((size_t)maxb * in * sizeof(float));
+  if (!x) {
+    rc = dt__error_prefix(DT_ERR_NOMEM, "evaluation batch (%d samples)", maxb);
+    goto out;
+  }
   for (uint64_t off = 0; off < ds.n; off += (uint64_t)maxb) {
     int n = (int)DT_MIN((uint64_t)maxb, ds.n - off);
-    rc = dt_model_eval_batch(m, ds.images + off * in, ds.labels + off, n, &loss, &correct);
+    dt_dataset_images(&ds, off, (uint64_t)n, x);
+    rc = dt_model_eval_batch(m, x, ds.labels + off, n, &loss, &correct);
     if (rc != DT_OK)
       goto out;
   }
@@ -128,6 +136,7 @@ dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double
   if (samples)
     *samples = ds.n;
 out:
+  dt__free(x);
   dt_dataset_free(&ds);
   return rc;
 }

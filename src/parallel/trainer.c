@@ -321,7 +321,10 @@ static dt_status build(trainer *t) {
   dt_sampler_cfg ec = {.num_samples = t->test.n, .global_batch = (uint64_t)eval_batch,
                        .rank = t->rank, .world = world, .seed = c->seed, .shuffle = false,
                        .drop_last = false};
-  DT_CHECK(dt_loader_create(&t->test, &ec, &lo, &t->eval_loader));
+  /* evaluation runs once an epoch and its batches are large (eval_batch / world samples as
+   * float): one slot filled on demand saves the second slot's memory at no measurable cost */
+  dt_loader_opts elo = {.prefetch = false};
+  DT_CHECK(dt_loader_create(&t->test, &ec, &elo, &t->eval_loader));
   return setup_buckets(t);
 }
 

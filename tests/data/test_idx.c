@@ -119,12 +119,25 @@ static void test_good_raw_and_gzip(void **st) {
   assert_int_equal(ds.w, 5);
   assert_int_equal(ds.num_classes, 8);
   assert_int_equal(ds.labels[1], 7);
+  float x[60];
+  dt_dataset_images(&ds, 0, 3, x);
+  assert_memory_equal(ds.pixels, img_px, 60);
   for (int i = 0; i < 60; i++)
-    assert_float_equal(ds.images[i], img_px[i] / 255.0f, 1e-6);
+    assert_float_equal(x[i], img_px[i] / 255.0f, 1e-6);
+  /* gather: images 2, 0 in that order, with their labels */
+  float g[40];
+  int32_t gy[2];
+  const uint32_t gi[2] = {2, 0};
+  dt_dataset_gather(&ds, gi, 2, g, gy);
+  assert_memory_equal(g, x + 40, 20 * sizeof(float));
+  assert_memory_equal(g + 20, x, 20 * sizeof(float));
+  assert_int_equal(gy[0], 2);
+  assert_int_equal(gy[1], 0);
   dt_dataset_free(&ds);
   assert_int_equal(dt_dataset_load_idx(tpath("img.idx"), tpath("lbl.idx.gz"), &o, &ds), DT_OK);
+  dt_dataset_images(&ds, 0, 3, x);
   for (int i = 0; i < 60; i++)
-    assert_float_equal(ds.images[i], (img_px[i] / 255.0f - 0.5f) / 0.25f, 1e-5);
+    assert_float_equal(x[i], (img_px[i] / 255.0f - 0.5f) / 0.25f, 1e-5);
   dt_dataset_free(&ds);
   dt_dataset_free(&ds); /* free twice is harmless: the struct was zeroed */
 }
@@ -284,7 +297,7 @@ static void test_dataset_errors(void **st) {
                    DT_ERR_CORRUPT);
   assert_non_null(strstr(dt_last_error(), "holds 3 images but"));
   assert_non_null(strstr(dt_last_error(), "d_lbl4.idx holds 4 labels"));
-  assert_null(ds.images);
+  assert_null(ds.pixels);
   /* Labels with 2 dimensions; images with 2 dimensions. */
   uint32_t d2[2] = {3, 1};
   n = make_idx(buf, 0x08, 2, d2, lbl, 3);
@@ -354,10 +367,14 @@ static void test_real_fashion_mnist(void **st) {
       assert_int_equal(hist[c], sp ? 1000 : 6000);
     float lo = 1, hi = 0;
     double sum = 0;
-    for (uint64_t i = 0; i < ds.n * 784; i++) {
-      lo = ds.images[i] < lo ? ds.images[i] : lo;
-      hi = ds.images[i] > hi ? ds.images[i] : hi;
-      sum += ds.images[i];
+    float x[784];
+    for (uint64_t k = 0; k < ds.n; k++) {
+      dt_dataset_images(&ds, k, 1, x);
+      for (int i = 0; i < 784; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+        sum += x[i];
+      }
     }
     assert_float_equal(lo, 0.0, 0);
     assert_float_equal(hi, 1.0, 0);

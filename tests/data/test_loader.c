@@ -15,15 +15,21 @@
 
 enum { N = 257, C = 1, H = 3, W = 5, SF = C * H * W };
 
+/* The float each row must arrive as: p / 255 as the dataset's scaling computes it. */
+static float images[N * SF];
+
 static dt_dataset make_ds(void) {
   dt_dataset ds = {.n = N, .c = C, .h = H, .w = W, .num_classes = 10};
-  ds.images = malloc(sizeof(float) * N * SF);
+  ds.pixels = malloc(N * SF);
   ds.labels = malloc(sizeof(int32_t) * N);
   for (int i = 0; i < N; i++) {
-    for (int j = 0; j < SF; j++)
-      ds.images[i * SF + j] = (float)i + (float)j / 100.f; /* row i is recognisable */
+    for (int j = 0; j < SF; j++) /* row i is recognisable: its first two pixels spell i */
+      ds.pixels[i * SF + j] = (uint8_t)(j == 0 ? i & 255 : j == 1 ? i >> 8 : (i * 3 + j * 29) & 255);
     ds.labels[i] = i % 10;
   }
+  assert_int_equal(dt_dataset_set_scaling(&ds, NULL), DT_OK);
+  for (int i = 0; i < N * SF; i++)
+    images[i] = (float)ds.pixels[i] * (1.f / 255.f);
   return ds;
 }
 
@@ -45,7 +51,7 @@ static void check_batch(const dt_dataset *ds, dt_sampler *ref, const dt_batch *b
   assert_int_equal(b->after.pos, ref->st.pos);
   assert_int_equal(b->after.epoch, ref->st.epoch);
   for (uint64_t i = 0; i < l; i++) {
-    assert_memory_equal(b->x + i * SF, ds->images + (size_t)idx[i] * SF, SF * sizeof(float));
+    assert_memory_equal(b->x + i * SF, images + (size_t)idx[i] * SF, SF * sizeof(float));
     assert_int_equal(b->y[i], ds->labels[idx[i]]);
   }
 }
@@ -83,7 +89,7 @@ static void test_equals_serial(void **st) {
         run_case(&ds, r, world, 32, false, prefetch, seed++);
         run_case(&ds, r, world, 10, true, prefetch, seed++);
       }
-  free(ds.images);
+  free(ds.pixels);
   free(ds.labels);
 }
 
@@ -119,7 +125,7 @@ static void test_seek(void **st) {
   free(xa);
   dt_loader_destroy(a);
   dt_loader_destroy(b);
-  free(ds.images);
+  free(ds.pixels);
   free(ds.labels);
 }
 
@@ -141,7 +147,14 @@ static void test_lifecycle(void **st) {
   assert_int_equal(dt_loader_create(&ds, &cfg, NULL, &l), DT_ERR_INVALID);
   assert_null(l);
   assert_non_null(strstr(dt_last_error(), "dataset has 257"));
-  free(ds.images);
+  /* A hand-built set whose scaling was never set would train on zeros: refused. */
+  cfg.num_samples = N;
+  dt_dataset raw = ds;
+  memset(raw.value, 0, sizeof raw.value);
+  assert_int_equal(dt_loader_create(&raw, &cfg, NULL, &l), DT_ERR_INVALID);
+  assert_null(l);
+  assert_non_null(strstr(dt_last_error(), "dt_dataset_set_scaling"));
+  free(ds.pixels);
   free(ds.labels);
 }
 

@@ -127,7 +127,8 @@ static long long after(const char *s, const char *key) {
 static void test_parse_valid(void **state) {
   const char *ok[] = {"", "   ", "kill:rank=1,step=5", "stop:rank=any,step=3-9;seed=7", "exit:code=3",
                       "delay:ms=50,rank=0", "close:rank=2,step=1,gen=any", "corrupt-ckpt:dir=/tmp/x,mode=truncate",
-                      "kill:rank=0 ; stop:rank=1,step=2", "seed=5;kill"};
+                      "kill:rank=0 ; stop:rank=1,step=2", "seed=5;kill",
+                      "drop:rank=1,step=2", "drop:rank=any,step=1-4,count=3,p=0.25;seed=3", "drop:p=1", "drop:p=.5"};
   for (size_t i = 0; i < DT_ARRAY_LEN(ok); i++)
     if (dt_fault_validate(ok[i], 4) != DT_OK)
       fail_msg("'%s' should parse: %s", ok[i], dt_last_error());
@@ -154,6 +155,13 @@ static void test_parse_invalid(void **state) {
       {"kill;;stop", "item 2 is empty"},
       {"kill;", "item 2 is empty"},
       {"seed=abc", "seed=abc"},
+      {"drop:count=0", "count=0 must be a number of messages"},
+      {"drop:p=0", "p=0 must be a probability"},
+      {"drop:p=1.5", "p=1.5 must be"},
+      {"drop:p=0.1234567", "p=0.1234567 must be"},
+      {"drop:p=", "p= must be"},
+      {"kill:count=1", "unknown key 'count'"},
+      {"delay:ms=5,p=0.5", "unknown key 'p'"},
   };
   for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
     if (dt_fault_validate(bad[i].spec, 4) != DT_ERR_INVALID)
@@ -266,6 +274,42 @@ static void test_direct_close_tcp(void **state) {
   survivors_name_victim("close:rank=1,step=5", "tcp", 3, 1, 2000, false);
 }
 
+/* A rank whose data frames vanish while it and its heartbeats live: the ranks waiting for it
+ * name it within the fault timeout (1.5 s) plus the half timeout after which it publishes what
+ * it sent, never waiting out the collective deadline (DTRAIN_TIMEOUT_MS, 300 s). */
+static void test_direct_drop_tcp(void **state) {
+  survivors_name_victim("drop:rank=1,step=5", "tcp", 3, 1, 1500 + 1500, false);
+  char *err = slurp(pathf("%s/w2.err", dir));
+  if (!strstr(err, "rank 1 failed: no data from it for ") || !strstr(err, "(heartbeats still arriving)"))
+    fail_msg("rank 2 (which waits for rank 1's data) should say why: %s", err);
+  free(err);
+}
+
+/* The other side of the drop test: a peer silent for longer than the fault timeout (each of its
+ * messages held 2 s, fault timeout 1.5 s) but losing nothing is slow, not failed: the job ends
+ * with the right answer. */
+static void test_direct_slow_not_blamed(void **state) {
+  pid_t pids[2];
+  start_workers(2, "delay:rank=1,step=9,ms=2000", "tcp", "10", "0", pids);
+  for (int r = 0; r < 2; r++) {
+    int st = wait_bounded(pids[r], 30000);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      fail_msg("rank %d: status %d: %s", r, st, slurp(pathf("%s/w%d.err", dir, r)));
+  }
+  char *out = slurp(pathf("%s/w0.out", dir));
+  assert_non_null(strstr(out, "done steps 10 x 55 "));
+  free(out);
+}
+
+/* One frame lost, the next one arrives in its place: named at once by the message numbers. */
+static void test_direct_drop_one_tcp(void **state) {
+  survivors_name_victim("drop:rank=1,step=5,count=1", "tcp", 3, 1, 1000, false);
+  char *err = slurp(pathf("%s/w2.err", dir));
+  if (!strstr(err, "rank 1 failed: its message #") || !strstr(err, "never arrived"))
+    fail_msg("rank 2 should name the lost message: %s", err);
+  free(err);
+}
+
 /* The delayed rank slows every step of the job: 10 steps with 200 ms per message take at least
  * the 8 delayed steps' 1.6 s, and the job still computes the right answer. */
 static void test_direct_delay(void **state) {
@@ -352,6 +396,27 @@ static void test_run_restart_resumes(void **state) {
   free(err);
 }
 
+/* A link that loses data under `dtrain run --max-restarts`: named, stopped, and resumed from
+ * the last checkpoint like a crash, with the right final state (20 steps: 210). */
+static void test_run_drop_restart(void **state) {
+  const char *ck = pathf("%s/ck", dir);
+  const char *argv[] = {bin, "run", "-n", "3", "--fault-timeout", "1.5", "--max-restarts", "1", "--inject-fault",
+                        "drop:rank=2,step=10", "--", worker, "--steps", "20", "--step-ms", "10", "--ckpt-dir", ck,
+                        "--ckpt-every", "3", NULL};
+  const char *env[] = {"DTRAIN_TRANSPORT=tcp", NULL};
+  pid_t p = spawn(argv, env, pathf("%s/run.out", dir), pathf("%s/run.err", dir));
+  int st = wait_bounded(p, 60000);
+  char *out = slurp(pathf("%s/run.out", dir)), *err = slurp(pathf("%s/run.err", dir));
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+    fail_msg("status %d, stderr:\n%s", st, err);
+  assert_non_null(strstr(err, "dtrain fault: rank 2 drop at step 10"));
+  if (!strstr(err, "rank 2 failed: no data from it for "))
+    fail_msg("the failure should name rank 2: %s", err);
+  assert_non_null(strstr(out, "done steps 20 x 210 resumed 9 world 3 generation 1"));
+  free(out);
+  free(err);
+}
+
 /* The newest checkpoint is corrupted, then a worker dies: the restart skips the corrupt file,
  * resumes from the one before, and still ends with the right state. */
 static void test_run_corrupt_ckpt_fallback(void **state) {
@@ -406,6 +471,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_direct_stop_shm, setup, teardown),
       cmocka_unit_test_setup_teardown(test_direct_close_tcp, setup, teardown),
       cmocka_unit_test_setup_teardown(test_direct_delay, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_drop_tcp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_drop_one_tcp, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_direct_slow_not_blamed, setup, teardown),
   };
   const struct CMUnitTest run[] = {
       cmocka_unit_test_setup_teardown(test_run_exit_code, setup, teardown),
@@ -413,6 +481,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_stop_named, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restart_resumes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_corrupt_ckpt_fallback, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_drop_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
   };
   if (!strcmp(group, "parse"))

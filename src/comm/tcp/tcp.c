@@ -10,7 +10,9 @@
  * the payload, written with one sendmsg. The receiver checks magic, version, fingerprint and
  * length before a single payload byte lands in the caller's buffer, and answers a mismatch with
  * a NACK frame carrying its own fingerprint and the rejected one, so the sender reports both
- * sides too.
+ * sides too. The fingerprint's spare byte carries the message's number on its connection
+ * (mod 256), so a message that never arrived is named as soon as a later one takes its place;
+ * a peer that goes silent while it says it sent is named through tcp_loss.c.
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "comm/tcp/tcp_loss.h"
 #include "comm/wire.h"
 #include "core/faults.h"
 
@@ -37,6 +40,8 @@
 enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 #define TCP_FP_BYTES 24
 #define TCP_HDR_BYTES (16 + TCP_FP_BYTES)
+/* Offset in a frame of the fingerprint's spare byte: the message number on its connection. */
+#define TCP_MSGNO_AT (16 + 19)
 /* Messages up to this size arrive with their header in one recv (saves a system call each). */
 #define TCP_SMALL 4096
 /* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
@@ -65,6 +70,8 @@ struct dt_transport {
   bool *nacked;  /* [n]: a NACK or a broken stream: the connection carries no more messages */
   int64_t spin_ns; /* DTRAIN_TCP_SPIN_US in ns: how long a small sendrecv polls before poll(2) */
   size_t spin_max; /* messages up to this many bytes (both directions) spin */
+  uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
+  dt__tcp_loss *loss;
 };
 
 static void tcp_put(uint8_t *p, uint64_t v, int bytes) {
@@ -166,6 +173,9 @@ static void tcp_destroy(dt_transport *t) {
       close(t->fd[i]);
   dt__free(t->fd);
   dt__free(t->nacked);
+  dt__free(t->sent);
+  dt__free(t->arrived);
+  dt__tcp_loss_destroy(t->loss);
   dt__free(t);
 }
 
@@ -248,7 +258,9 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   t->rank = c->rank;
   t->fd = dt__alloc(sizeof(int) * (size_t)t->n);
   t->nacked = dt__calloc(sizeof(bool) * (size_t)t->n);
-  if (!t->fd || !t->nacked) {
+  t->sent = dt__calloc(sizeof(uint64_t) * (size_t)t->n);
+  t->arrived = dt__calloc(sizeof(uint64_t) * (size_t)t->n);
+  if (!t->fd || !t->nacked || !t->sent || !t->arrived || dt__tcp_loss_create(c, &t->loss) != DT_OK) {
     tcp_destroy(t);
     return DT_ERR_NOMEM;
   }
@@ -390,6 +402,16 @@ static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_
   tcp_decode_fp(h + 16, &theirs);
   if (type == TCP_NACK)
     return tcp_nacked(t, src, h, have, deadline);
+  if (h[TCP_MSGNO_AT] != (uint8_t)t->arrived[src]) {
+    t->nacked[src] = true;
+    char what[160];
+    dt__fp_format(fp, what, sizeof what);
+    /* PROTOCOL, not PEER: the peer is alive, so there is no root cause elsewhere to wait for. */
+    return dt_set_error(DT_ERR_PROTOCOL,
+                        "rank %d: %s failed: its message #%llu (mod 256) to rank %d never arrived, #%u came in its "
+                        "place during %s - its link loses data",
+                        t->rank, pn, (unsigned long long)t->arrived[src] % 256, t->rank, h[TCP_MSGNO_AT], what);
+  }
   if (!dt__fp_equal(&theirs, fp)) {
     t->nacked[src] = true;
     /* NACK = our fingerprint + theirs echoed, so the sender can name both calls. */
@@ -407,6 +429,37 @@ static dt_status tcp_check_hdr(dt_transport *t, int src, const uint8_t *h, size_
                         (unsigned long long)(len - TCP_FP_BYTES), what, t->rank, rn);
   }
   (void)deadline;
+  return DT_OK;
+}
+
+/* Called each time a sendrecv is about to poll: after half the fault timeout blocked, publishes
+ * this rank's sent counts; after a whole fault timeout without a byte from src, asks whether src
+ * says it sent what never came (tcp_loss.c). Shortens *ms to the next of those moments. */
+typedef struct tcp_wait {
+  int64_t blocked, last_rx, next_check; /* 0 until the call first polls */
+  bool r_moved;                         /* bytes arrived since the last poll */
+} tcp_wait;
+
+static dt_status tcp_stall(dt_transport *t, int src, const dt__fp *fp, tcp_wait *w, int *ms) {
+  int64_t now = dt_now_ns(), fault_ns = (int64_t)t->c->env.fault_timeout_ms * 1000000LL, half = fault_ns / 2;
+  if (!w->blocked)
+    w->blocked = w->last_rx = now;
+  if (w->r_moved)
+    w->last_rx = now;
+  w->r_moved = false;
+  int64_t next = now - w->blocked >= half ? now + half : w->blocked + half;
+  if (now - w->blocked >= half)
+    dt__tcp_loss_publish(t->loss, t->sent);
+  if (src >= 0) {
+    int64_t due = DT_MAX(w->last_rx + fault_ns, w->next_check);
+    if (now >= due) {
+      DT_CHECK(dt__tcp_loss_check(t->loss, src, t->arrived[src], now - w->last_rx, fp));
+      due = w->next_check = now + half; /* no evidence yet: ask again in half a fault timeout */
+    }
+    next = DT_MIN(next, due);
+  }
+  int64_t wait_ms = (next - dt_now_ns()) / 1000000 + 1;
+  *ms = (int)DT_MAX(1, DT_MIN((int64_t)*ms, wait_ms));
   return DT_OK;
 }
 
@@ -436,9 +489,13 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   /* spin_until: 0 until the first try that moved nothing, then the end of the spin phase */
   const bool spin = t->spin_ns > 0 && (dst >= 0 ? sn : 0) + (src >= 0 ? rn : 0) <= t->spin_max;
   int64_t spin_until = 0;
+  tcp_wait w = {0};
   if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
+    shdr[TCP_MSGNO_AT] = (uint8_t)t->sent[dst]++;
     dt__fault_send(); /* a "delay" fault of DTRAIN_FAULTS holds this message back */
+    if (dt__fault_drop())
+      s_done = s_total; /* a "drop" fault: as if it had gone out */
   }
   for (;;) {
     bool moved = false;
@@ -495,8 +552,12 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
           return tcp_closed(t, src, fp, 0);
         return dt__errno(DT_ERR_SYSTEM, "rank %d: recv from rank %d", t->rank, src);
       }
-      if (r_hdr == TCP_HDR_BYTES && r_done == rn)
+      if (g > 0)
+        w.r_moved = true;
+      if (r_hdr == TCP_HDR_BYTES && r_done == rn) {
         r_need = false;
+        t->arrived[src]++;
+      }
     }
     if (s_done == s_total && !r_need)
       return DT_OK;
@@ -532,6 +593,8 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       p[np++] = (struct pollfd){.fd = afd, .events = POLLIN};
     }
     int ms = dt__ms_left(deadline);
+    if (ms > 0)
+      DT_CHECK(tcp_stall(t, r_need ? src : -1, fp, &w, &ms));
     if (ms == 0) {
       int waited = r_need ? src : dst;
       char pn[64], what[160];
