@@ -2,7 +2,8 @@
  * processes over shm and tcp.
  *
  * Mismatch: after two good allreduces, rank 1 calls #3 with a different count, dtype, op, a
- * different collective, a different root, or count 0; every rank must return DT_ERR_MISMATCH or
+ * different collective, a different root, or count 0 (rooted collectives too: with two ranks
+ * their one transfer doubles as the check, see comm/coll/tree.c); every rank must return DT_ERR_MISMATCH or
  * DT_ERR_ABORTED (never hang, never succeed), and its message must name both sides' calls, e.g.
  * "rank 1 called allreduce #3 with 8 x f32 sum" and "rank 0 called allreduce #3 with 4 x f32 sum".
  * Invalid arguments: DT_ERR_INVALID naming the call on the rank that made it, and the other
@@ -16,8 +17,12 @@
 #include "coll/sweep.h"
 
 
-typedef enum { MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3, MM_N } mm_kind;
-static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)"};
+typedef enum {
+  MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3,
+  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_N
+} mm_kind;
+static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)",
+                                     "broadcast count", "reduce root", "gather root", "scatter root"};
 
 typedef struct job {
   mm_kind kind;
@@ -71,6 +76,26 @@ static int mismatch_body(int rank, int size, void *arg) {
     st = dt_comm_broadcast(c, a, 4, DT_F32, odd ? 1 : 0);
     theirs = "rank 1 called broadcast #3 with 4 x f32 from root 1";
     mine = "rank 0 called broadcast #3 with 4 x f32 from root 0";
+    break;
+  case MM_BCAST_COUNT:
+    st = dt_comm_broadcast(c, a, odd ? 6 : 4, DT_F32, 0);
+    theirs = "rank 1 called broadcast #3 with 6 x f32 from root 0";
+    mine = "rank 0 called broadcast #3 with 4 x f32 from root 0";
+    break;
+  case MM_REDUCE_ROOT: /* both believe they are the root: both only receive */
+    st = dt_comm_reduce(c, a, b, 4, DT_F32, DT_SUM, odd ? 1 : 0);
+    theirs = "rank 1 called reduce #3 with 4 x f32 sum to root 1";
+    mine = "rank 0 called reduce #3 with 4 x f32 sum to root 0";
+    break;
+  case MM_GATHER_ROOT: /* both believe the other is the root: both only send */
+    st = dt_comm_gather(c, a, b, 4, DT_F32, odd ? 0 : 1);
+    theirs = "rank 1 called gather #3 with 4 x f32 to root 0";
+    mine = "rank 0 called gather #3 with 4 x f32 to root 1";
+    break;
+  case MM_SCATTER_ROOT: /* both believe they are the root: both only send */
+    st = dt_comm_scatter(c, a, b, 4, DT_F32, odd ? 1 : 0);
+    theirs = "rank 1 called scatter #3 with 4 x f32 from root 1";
+    mine = "rank 0 called scatter #3 with 4 x f32 from root 0";
     break;
   default: /* MM_ZERO */
     st = dt_comm_allreduce(c, a, b, odd ? 0 : 4, DT_F32, DT_SUM);

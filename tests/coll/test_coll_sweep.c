@@ -2,7 +2,10 @@
  * in real processes over the real store and transport, each result checked against the serial
  * reference of sweep.h (exact for integers and data movement, justified bounds for floats).
  *
- * Usage: test_coll_sweep <shm|tcp> <ranks,...> <counts,...> [colls,...]
+ * Usage: test_coll_sweep <shm|tcp|tcp-poll|tcp-spin> <ranks,...> <counts,...> [colls,...]
+ *   tcp-poll / tcp-spin force the tcp transport's way of waiting (tcp.c): tcp-poll sleeps in
+ *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
+ *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
  *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd,
  *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
@@ -264,6 +267,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   cfg g = {.transport = argv[1]};
+  if (!strcmp(argv[1], "tcp-poll") || !strcmp(argv[1], "tcp-spin")) {
+    setenv(argv[1][4] == 'p' ? "DTRAIN_TCP_SPIN_US" : "DTRAIN_TCP_SPIN_MAX", argv[1][4] == 'p' ? "0" : "1G", 1);
+    g.transport = "tcp";
+  }
   int ranks[16], nranks = 0;
   for (char *s = strtok(argv[2], ","); s && nranks < 16; s = strtok(NULL, ","))
     ranks[nranks++] = atoi(s);
