@@ -51,6 +51,7 @@ typedef enum dt__algo {
   DT_ALGO_DISSEM, /* barrier: dissemination */
   DT_ALGO_PAIRWISE, /* alltoall */
   DT_ALGO_LINEAR, /* gather, scatter */
+  DT_ALGO_FLAT,   /* allreduce: the transport's one-round small-buffer path (ops->allreduce_flat) */
   DT_ALGO_COUNT
 } dt__algo;
 const char *dt__algo_name(dt__algo a);
