@@ -11,7 +11,9 @@
  *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers
  *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
  *   g<g>/finished      count of agents whose generation ended well
- *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease)
+ *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease;
+ *                      the store's host reads the others' every 500 ms during a generation and
+ *                      reports one that stops; every agent reports a store that stops answering)
  * The agent of the first member decides the members: everyone who joined within the join window
  * (all previous members, or the window's end; a member whose lease lapsed is not waited for),
  * minus hosts blamed for FAILS_TO_EXCLUDE failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
@@ -68,6 +70,12 @@ typedef struct elastic {
   int gen;
   int64_t window_ms;
   int store_lost_node; /* the member whose agent store vanished (-1): its agent is gone */
+  /* During a generation, the agent hosting the store watches the others' leases (by member
+   * index): last value, when it last changed, and whether it is reported as lapsed. */
+  int64_t lease_val[EL_MAX_NODES], lease_seen[EL_MAX_NODES], next_watch;
+  bool lapsed[EL_MAX_NODES];
+  bool store_silent; /* the agent store stopped answering during this generation (reported) */
+  int64_t store_ok_ns, store_retry_ns; /* its last answer; when to ask a silent one again */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -299,18 +307,93 @@ static dt_status el_join(elastic *e) {
   return dt_set_error(DT_ERR_PEER, "could not reach any agent store for generation %d", e->gen);
 }
 
+/* Starts the lease watch of a generation: every member counts as seen now. */
+static void el_watch_start(elastic *e) {
+  int64_t now = dt_now_ns();
+  for (int k = 0; k < e->nmembers; k++) {
+    e->lease_val[k] = -1;
+    e->lease_seen[k] = now;
+    e->lapsed[k] = false;
+  }
+  e->next_watch = now;
+  e->store_silent = false;
+  e->store_ok_ns = now;
+  e->store_retry_ns = 0;
+}
+
+/* The store host's watch over the other agents while their workers run (every 500 ms): an
+ * agent whose lease stops moving for EL_LEASE_MS is hung or cut off from the store. Its
+ * workers may still be healthy, so the job goes on (they fail, and the job re-forms without
+ * that host, if anything breaks); it is reported at once and not waited for at the end. */
+static void el_watch_leases(elastic *e) {
+  int64_t now = dt_now_ns();
+  if (!e->server || now < e->next_watch)
+    return;
+  e->next_watch = now + 500 * 1000000LL;
+  for (int k = 0; k < e->nmembers; k++) {
+    int node = e->members[k].node;
+    if (node == e->me)
+      continue;
+    char key[64], v[32];
+    size_t vn;
+    snprintf(key, sizeof key, "alive/%d", node);
+    if (dt__store_get(e->st, key, v, sizeof v - 1, &vn, dt__deadline_after_ms(300)) != DT_OK)
+      continue;
+    v[vn] = '\0';
+    int64_t cur = atoll(v);
+    if (cur != e->lease_val[k]) {
+      if (e->lapsed[k])
+        fprintf(stderr, "dtrain run: node %d: the agent of node %d renews its lease again\n", e->me, node);
+      e->lease_val[k] = cur;
+      e->lease_seen[k] = now;
+      e->lapsed[k] = false;
+    } else if (!e->lapsed[k] && now - e->lease_seen[k] > (int64_t)EL_LEASE_MS * 1000000LL) {
+      e->lapsed[k] = true;
+      char what[200];
+      snprintf(what, sizeof what, "the agent of node %d shows no sign of life for %d ms (hung or cut off from the store)",
+               node, EL_LEASE_MS);
+      fprintf(stderr, "dtrain run: node %d: generation %d: %s; its workers go on, the job re-forms without it if "
+                      "anything fails\n", e->me, e->gen, what);
+      dt__run_event("agent-lost", e->me, e->gen, now, 0, what);
+    }
+  }
+}
+
 /* Poll function during a generation: another host's failure, or the store gone. */
 static bool el_poll(void *ctx) {
   elastic *e = ctx;
-  if (!e->st || dt__store_broken(e->st))
-    return false; /* the workers see the failure themselves; nothing to ask */
+  int64_t now = dt_now_ns();
+  bool silent = now - e->store_ok_ns > (int64_t)EL_LEASE_MS * 1000000LL;
+  if (!e->st || dt__store_broken(e->st) || silent) {
+    /* The workers see a real failure themselves; the store's host may only be hung. Said once,
+     * so that a silent supervisor does not go unnoticed until the next failure. */
+    if (!e->store_silent) {
+      e->store_silent = true;
+      fprintf(stderr, "dtrain run: node %d: the agent store at %s:%d stopped answering during generation %d; "
+                      "the workers go on, and the store moves if the job re-forms\n", e->me, e->store_addr,
+              e->store_port, e->gen);
+      dt__run_event("store-lost", e->me, e->gen, dt_now_ns(), 0, e->store_addr);
+    }
+    /* A silent (not broken) store is asked again now and then, not at every tick: each
+     * unanswered call would hold up the supervision of the workers. */
+    if (!e->st || dt__store_broken(e->st) || now < e->store_retry_ns)
+      return false;
+    e->store_retry_ns = now + 1000 * 1000000LL;
+  }
   char key[64], v[8];
   size_t n;
   int64_t beat;
   snprintf(key, sizeof key, "alive/%d", e->me);
-  dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300));
+  if (dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300)) == DT_OK) {
+    e->store_ok_ns = dt_now_ns();
+    if (e->store_silent)
+      fprintf(stderr, "dtrain run: node %d: the agent store answers again\n", e->me);
+    e->store_silent = false;
+  }
   el_key(key, sizeof key, e->gen, "stop");
   dt_status st = dt__store_get(e->st, key, v, sizeof v, &n, dt__deadline_after_ms(500));
+  if (st != DT_OK && !dt__store_broken(e->st))
+    el_watch_leases(e);
   return st == DT_OK;
 }
 
@@ -387,6 +470,7 @@ int dt__run_elastic(dt_launch_opts *base) {
     if (nfails > 0 && fails[nfails - 1].gen == e.gen - 1)
       fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
     dt__run_event("start", e.me, e.gen, job.start_ns, e.nmembers * o.nproc, NULL);
+    el_watch_start(&e);
     dt__launch_supervise_poll(&job, el_poll, &e);
     char key[64];
     if (job.outcome == DT_JOB_OK) {
@@ -394,8 +478,12 @@ int dt__run_elastic(dt_launch_opts *base) {
       int64_t fin = 0;
       if (e.st && !dt__store_broken(e.st))
         dt__store_add(e.st, key, 1, &fin, dt__deadline_after_ms(EL_RPC_MS));
-      /* The store's host stays until every member finished (bounded), so nobody loses it. */
-      for (int t = 0; e.server && fin < e.nmembers && t < 200; t++) {
+      /* The store's host stays until every member finished (bounded), so nobody loses it; an
+       * agent whose lease lapsed is not waited for. */
+      int lapsed = 0;
+      for (int k = 0; k < e.nmembers; k++)
+        lapsed += e.lapsed[k];
+      for (int t = 0; e.server && fin < e.nmembers - lapsed && t < 200; t++) {
         dt__sleep_ns(50 * 1000000LL);
         if (dt__store_add(e.st, key, 0, &fin, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
           break;
