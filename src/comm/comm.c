@@ -461,8 +461,15 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     goto fail;
   }
 
-  /* Publish who we are, then learn everybody else. */
+  /* Publish who we are (and, on the rank hosting the store, that it does: before our host
+   * record, so whoever has read every host record knows who hosts the store), then learn
+   * everybody else. */
   char me[COMM_HOSTID_MAX], key[64];
+  if (c->server) {
+    char r[16];
+    snprintf(r, sizeof r, "%d", c->rank);
+    DT_CHECK_GOTO(dt__store_set(c->store, "w/store-host", r, strlen(r), deadline), st, fail);
+  }
   comm_host_id(me, sizeof me - 40);
   snprintf(me + strlen(me), sizeof me - strlen(me), "\n%s", env.transport);
   snprintf(key, sizeof key, "w/host/%d", c->rank);
@@ -473,6 +480,16 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     goto fail;
   }
   DT_CHECK_GOTO(comm_hosts(c, deadline, ids), st, fail);
+  {
+    char r[16] = "";
+    size_t rl = 0;
+    st = dt__store_get(c->store, "w/store-host", r, sizeof r - 1, &rl, deadline);
+    if (st != DT_OK && st != DT_ERR_NOT_FOUND)
+      goto fail;
+    r[rl] = '\0';
+    dt__health_set_store_rank(c->health, st == DT_OK ? atoi(r) : DT_HEALTH_STORE_OUTSIDE);
+    st = DT_OK;
+  }
   if (env.local_rank >= 0 && env.local_size > 0) {
     /* The launcher knows best (e.g. containers with distinct host names on one machine). */
     c->local_rank = env.local_rank;

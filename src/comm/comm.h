@@ -20,6 +20,11 @@
 typedef struct dt__health dt__health;
 dt_status dt__health_start(const char *store_host, int store_port, const uint8_t *secret, size_t secret_len,
                            int world_rank, int fault_timeout_ms, dt__health **out);
+/* Which rank hosts the store (a lost store is then "rank R (store host H:P) failed"), or
+ * rank < 0: none, the store runs outside the job (then "the store at H:P ... failed"). Until
+ * called, the store is named by its address only. Thread-safe. */
+#define DT_HEALTH_STORE_OUTSIDE (-1)
+void dt__health_set_store_rank(dt__health *h, int rank);
 void dt__health_retain(dt__health *h);
 /* Says goodbye to the store (so leaving is not a failure) and stops the thread at refcount 0. */
 void dt__health_release(dt__health *h);

@@ -2,7 +2,9 @@
  * sends a heartbeat every interval (min(200 ms, fault_timeout / 5)) and learns the store's
  * verdict; a local failure is published through the same thread. The first failure seen sets
  * `aborted` and makes an eventfd readable so transports blocked in poll(2) wake at once.
- * Not here: deciding who failed (the store server does), or recovering (elastic, later). */
+ * A lost store is blamed on the rank that hosts it only when comm.c said one does
+ * (dt__health_set_store_rank); a store of its own (`dtrain store`) is named by its address.
+ * Not here: deciding who failed (the store server does), or recovering (cli/run*.c). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,6 +21,7 @@
 /* How long dt__health_raise waits for the thread to deliver the abort, and how long the
  * goodbye may take on release: short, because both run on the way out of a failure. */
 #define HEALTH_SHORT_MS 1000
+#define HEALTH_STORE_UNKNOWN (-2)
 
 struct dt__health {
   atomic_int refs;
@@ -31,6 +34,7 @@ struct dt__health {
   char verdict[DT_STORE_MSG_MAX];
   char host[256];
   int port, rank, fault_ms, interval_ms;
+  atomic_int store_rank; /* the rank hosting the store, HEALTH_STORE_OUTSIDE, or HEALTH_STORE_UNKNOWN */
   uint8_t secret[256];
   size_t secret_len;
   dt__store *st; /* owned by the thread once it runs */
@@ -154,14 +158,21 @@ static void *health_main(void *arg) {
     }
     if (atomic_load(&h->aborted))
       continue;
-    if (refused) {
-      snprintf(msg, sizeof msg,
-               "rank 0 (store host %s:%d) failed: connection lost and new ones refused (process exited or was killed)",
-               h->host, h->port);
-      health_set(h, msg);
-    } else if (dt_now_ns() - last_ok >= fault_ns) {
-      snprintf(msg, sizeof msg, "rank 0 (store host %s:%d) unreachable: no answer for %d ms (hung, stopped, or cut off)",
-               h->host, h->port, h->fault_ms);
+    if (refused || dt_now_ns() - last_ok >= fault_ns) {
+      /* Name what was lost: the rank that hosts the store only if one does ("rank R (store
+       * host ...) failed" is what launchers blame a rank by), else the store's address. */
+      char who[320];
+      int sr = atomic_load(&h->store_rank);
+      if (sr >= 0)
+        snprintf(who, sizeof who, "rank %d (store host %s:%d)", sr, h->host, h->port);
+      else
+        snprintf(who, sizeof who, "the store at %s:%d%s", h->host, h->port,
+                 sr == DT_HEALTH_STORE_OUTSIDE ? " (its own process, not a rank of the job)" : "");
+      if (refused)
+        snprintf(msg, sizeof msg, "%s failed: connection lost and new ones refused (%s exited or was killed)", who,
+                 sr >= 0 ? "process" : "the store's process");
+      else
+        snprintf(msg, sizeof msg, "%s unreachable: no answer for %d ms (hung, stopped, or cut off)", who, h->fault_ms);
       health_set(h, msg);
     }
   }
@@ -197,6 +208,7 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
   snprintf(h->host, sizeof h->host, "%s", store_host);
   h->port = store_port;
   h->rank = world_rank;
+  atomic_init(&h->store_rank, HEALTH_STORE_UNKNOWN);
   h->fault_ms = fault_timeout_ms;
   h->interval_ms = DT_MAX(DT_MIN(200, fault_timeout_ms / 5), 5);
   if (secret_len)
@@ -234,6 +246,11 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
 fail:
   health_free(h);
   return rc;
+}
+
+void dt__health_set_store_rank(dt__health *h, int rank) {
+  if (h)
+    atomic_store(&h->store_rank, rank >= 0 ? rank : DT_HEALTH_STORE_OUTSIDE);
 }
 
 void dt__health_retain(dt__health *h) { atomic_fetch_add(&h->refs, 1); }

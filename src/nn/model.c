@@ -101,8 +101,12 @@ static void init_params(dt_model *m, uint64_t seed) {
   }
 }
 
+/* Each engine thread's matrix-product buffers, taken at creation so no step allocates. */
+static void gemm_reserve_job(void *arg, int t) { dt__nn_gemm_reserve(); }
+
 dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_model **out) {
   *out = NULL;
+  DT_CHECK(dt__nn_gemm_check());
   if (max_batch < 1 || max_batch > (1 << 24))
     return dt_set_error(DT_ERR_INVALID, "model: max batch %d must be in [1, %d]", max_batch,
                         1 << 24);
@@ -311,6 +315,7 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   for (int i = 0; i < n; i++)
     spec_append(m->spec, cap, &m->layers[i]);
 
+  dt__nn_parallel(m, gemm_reserve_job, NULL);
   init_params(m, seed);
   dt_rng_seed(&m->rng, seed ^ 0xD5A7C0DE0D5A7C0DULL);
   free(sl);

@@ -128,6 +128,22 @@ typedef struct nn_spec_layer {
  * every shape. DT_ERR_INVALID naming the token on failure. */
 dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **layers, int *n);
 
+/* ---- matrix product (gemm.c) ---- */
+/* C (M x N, row stride ldc) = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X^T when
+ * trans: the semantics of cblas_sgemm(CblasRowMajor, ...), including that beta == 0 never reads
+ * C. Single-threaded (callers split the work); never fails and never allocates after this
+ * thread's first call (or dt__nn_gemm_reserve). Uses dtrain's AVX-512 kernel when the CPU has
+ * AVX-512F, OpenBLAS otherwise; DTRAIN_GEMM=blas|own|auto overrides (read once per process). */
+void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* DT_ERR_INVALID for a DTRAIN_GEMM value that is not auto/own/blas, DT_ERR_UNSUPPORTED for
+ * DTRAIN_GEMM=own on a CPU without AVX-512F (dt__nn_sgemm then uses OpenBLAS). */
+dt_status dt__nn_gemm_check(void);
+/* "avx512" or "openblas": which implementation dt__nn_sgemm runs. */
+const char *dt__nn_gemm_name(void);
+/* Allocates the calling thread's packing buffers now, so that its first product does not. */
+void dt__nn_gemm_reserve(void);
+
 /* ---- kernels (layers.c) ---- */
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);
 /* need_dx: compute l->dx (false for the first layer unless the input gradient is wanted).

@@ -2,12 +2,17 @@
  * in real processes over the real store and transport, each result checked against the serial
  * reference of sweep.h (exact for integers and data movement, justified bounds for floats).
  *
- * Usage: test_coll_sweep <shm|tcp> <ranks,...> <counts,...> [colls,...]
+ * Usage: test_coll_sweep <shm|tcp|tcp-poll|tcp-spin> <ranks,...> <counts,...> [colls,...]
+ *   tcp-poll / tcp-spin force the tcp transport's way of waiting (tcp.c): tcp-poll sleeps in
+ *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
+ *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
- *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd,
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/flat,
  *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
  *   transport's fast path ("shm") of each collective that has one, and auto. Small ring
- *   and chain pieces (4 KiB) make the pipelines run several pieces per step at count 4099.
+ *   and chain pieces and flat slots (4 KiB) make the pipelines run several pieces per step,
+ *   and the flat allreduce several rounds, at count 4099. Ranks above the machine's CPU count
+ *   run the shm transport's oversubscribed waiting (short spin, yield, futex sleep).
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
  * Out of place, DT_IN_PLACE and sendbuf == recvbuf rotate by (dtype + op + count). Allreduce results are also
@@ -212,6 +217,8 @@ static int body(int rank, int size, void *arg) {
       algos[nalgo++] = "rd";
       if (c->ops->allreduce)
         algos[nalgo++] = "shm";
+      if (c->ops->allreduce_flat)
+        algos[nalgo++] = "flat";
     } else if (k == DT_COLL_BROADCAST) {
       algos[nalgo++] = "broadcast=tree";
       algos[nalgo++] = "broadcast=chain";
@@ -264,6 +271,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   cfg g = {.transport = argv[1]};
+  if (!strcmp(argv[1], "tcp-poll") || !strcmp(argv[1], "tcp-spin")) {
+    setenv(argv[1][4] == 'p' ? "DTRAIN_TCP_SPIN_US" : "DTRAIN_TCP_SPIN_MAX", argv[1][4] == 'p' ? "0" : "1G", 1);
+    g.transport = "tcp";
+  }
   int ranks[16], nranks = 0;
   for (char *s = strtok(argv[2], ","); s && nranks < 16; s = strtok(NULL, ","))
     ranks[nranks++] = atoi(s);
@@ -293,6 +304,8 @@ int main(int argc, char **argv) {
     setenv("DTRAIN_RING_PIECE", "4096", 1);
   if (maxcount < 100000 && !getenv("DTRAIN_CHAIN_PIECE"))
     setenv("DTRAIN_CHAIN_PIECE", "4096", 1);
+  if (maxcount < 100000 && !getenv("DTRAIN_SHM_FLAT"))
+    setenv("DTRAIN_SHM_FLAT", "4096", 1);
   int bad = 0;
   for (int i = 0; i < nranks; i++) {
     printf("# %s, %d ranks\n", g.transport, ranks[i]);

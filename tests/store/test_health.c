@@ -1,7 +1,7 @@
 /* test_health.c - the failure detector with real processes: each child runs the heartbeat
  * thread (dt__health_*) against a store served by the parent. A child killed with SIGKILL, one
  * stopped with SIGSTOP, one leaving with a goodbye, one raising an abort, and the store host
- * itself dying or hanging: every survivor must learn the verdict (naming the rank) through its
+ * itself dying or hanging (named as the rank hosting it only when one does): every survivor must learn the verdict (naming the rank) through its
  * abort eventfd within a bounded time, and a clean goodbye must produce no verdict at all.
  * Fault timeout 1000 ms throughout. */
 #include <poll.h>
@@ -203,12 +203,17 @@ static int child_store_host(int port, int idx, void *arg) {
   return 0;
 }
 
-static void store_host_fails(int sig, const char *expect) {
+/* set_rank: what comm.c would tell the detector about who hosts the store (-3: nothing). The
+ * verdict must contain expect and must not contain forbid (a rank blamed for a store it does
+ * not host). */
+static void store_host_fails(int sig, int set_rank, const char *expect, const char *forbid) {
   int port = mp_free_port();
   pid_t host = spawn_child(child_store_host, port, 0, NULL, 60);
   dt__health *h;
   assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, FAULT_MS, &h), DT_OK);
   assert_false(dt__health_aborted(h));
+  if (set_rank > -3)
+    dt__health_set_store_rank(h, set_rank);
   int64_t t0 = dt_now_ns();
   kill(host, sig);
   struct pollfd p = {.fd = dt__health_abort_fd(h), .events = POLLIN};
@@ -218,6 +223,8 @@ static void store_host_fails(int sig, const char *expect) {
   dt__health_verdict(h, v, sizeof v);
   fprintf(stderr, "store host %s: '%s' after %lld ms\n", sig == SIGKILL ? "killed" : "stopped", v, (long long)d);
   assert_non_null(strstr(v, expect));
+  if (forbid && strstr(v, forbid))
+    fail_msg("verdict '%s' contains '%s'", v, forbid);
   assert_true(d < FAULT_MS + 2000);
   /* Release must not hang on a dead or frozen store. */
   int64_t t1 = dt_now_ns();
@@ -228,8 +235,25 @@ static void store_host_fails(int sig, const char *expect) {
   reap_child(host, 10);
 }
 
-static void test_store_host_killed(void **unused) { store_host_fails(SIGKILL, "rank 0 (store host 127.0.0.1:"); }
-static void test_store_host_stopped(void **unused) { store_host_fails(SIGSTOP, "unreachable: no answer for 1000 ms"); }
+/* The store runs in its own process here, as with `dtrain store`: comm.c says so (outside), and
+ * the verdict names the store's address, not rank 0. */
+static void test_store_outside_killed(void **unused) {
+  store_host_fails(SIGKILL, DT_HEALTH_STORE_OUTSIDE,
+                   "the store at 127.0.0.1:", "rank 0");
+}
+static void test_store_outside_stopped(void **unused) {
+  store_host_fails(SIGSTOP, DT_HEALTH_STORE_OUTSIDE, "(its own process, not a rank of the job) unreachable: no answer for 1000 ms",
+                   "rank 0");
+}
+/* Before comm.c knows (the store lost while joining): the address only. */
+static void test_store_unknown_killed(void **unused) {
+  store_host_fails(SIGKILL, -3, "the store at 127.0.0.1:", "rank");
+}
+/* A rank hosts it (rank 2 here, as with DTRAIN_HOST_STORE=1 on rank 2): that rank is named, in
+ * the form launchers blame a rank by. */
+static void test_store_host_rank_killed(void **unused) {
+  store_host_fails(SIGKILL, 2, "rank 2 (store host 127.0.0.1:", "rank 0");
+}
 
 /* A wait for a key that a failed rank would have set returns the verdict instead of hanging. */
 static int child_dies(int port, int rank, void *arg) {
@@ -262,7 +286,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_sigkill, kill_leftovers),           cmocka_unit_test_teardown(test_sigstop, kill_leftovers),
       cmocka_unit_test_teardown(test_goodbye, kill_leftovers),           cmocka_unit_test_teardown(test_abort, kill_leftovers),
-      cmocka_unit_test_teardown(test_store_host_killed, kill_leftovers), cmocka_unit_test_teardown(test_store_host_stopped, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_outside_killed, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_outside_stopped, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_unknown_killed, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_host_rank_killed, kill_leftovers),
       cmocka_unit_test_teardown(test_wait_gets_verdict, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -160,11 +160,75 @@ static void test_store_process_reports_failure(void **unused) {
   close(e);
 }
 
+/* A rank of a job whose store is `dtrain store`: after joining it says so (a file), then runs
+ * allreduces until one fails, and checks that the failure names the store by its address and
+ * does not blame rank 0, which never hosted it. */
+static int lost_store_rank(int port, int rank, void *arg) {
+  mp_set_env(rank, 2, port, "cli-store-lost");
+  setenv("DTRAIN_HOST_STORE", "0", 1);
+  setenv("DTRAIN_FAULT_TIMEOUT_MS", "1000", 1);
+  dt_comm *c;
+  if (dt_comm_create(NULL, &c) != DT_OK) {
+    fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
+    return 10;
+  }
+  char path[300];
+  snprintf(path, sizeof path, "%s/ready-%d", (const char *)arg, rank);
+  FILE *f = fopen(path, "w");
+  if (f)
+    fclose(f);
+  dt_status st = DT_OK;
+  for (int i = 0; i < 400 && st == DT_OK; i++) {
+    int64_t v = 1;
+    st = dt_comm_allreduce(c, DT_IN_PLACE, &v, 1, DT_I64, DT_SUM);
+    usleep(50 * 1000);
+  }
+  char err[1024];
+  snprintf(err, sizeof err, "%s", dt_last_error());
+  dt_comm_destroy(c);
+  if (st == DT_OK || !strstr(err, "the store at 127.0.0.1:") || !strstr(err, "not a rank of the job") ||
+      strstr(err, "rank 0 (store host")) {
+    fprintf(stderr, "rank %d: status %d, error '%s'\n", rank, st, err);
+    return 13;
+  }
+  return 0;
+}
+
+static void test_store_process_lost(void **unused) {
+  setenv("DTRAIN_JOB_SECRET", SECRET, 1);
+  char dir[] = "/tmp/dtrain-store-lost-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char *args[] = {"--world", "2", "--port", "0", "--bind", "127.0.0.1", "--fault-timeout", "1000", NULL};
+  int o, e;
+  pid_t sp = start_store(args, &o, &e);
+  int port = read_port(o);
+  assert_true(port > 0);
+  pid_t r[2];
+  for (int i = 0; i < 2; i++)
+    r[i] = spawn_child(lost_store_rank, port, i, dir, 60);
+  char p0[300], p1[300];
+  snprintf(p0, sizeof p0, "%s/ready-0", dir);
+  snprintf(p1, sizeof p1, "%s/ready-1", dir);
+  for (int t = 0; t < 2000 && (access(p0, F_OK) || access(p1, F_OK)); t++)
+    usleep(10 * 1000);
+  assert_int_equal(access(p0, F_OK) | access(p1, F_OK), 0);
+  kill(sp, SIGKILL);
+  reap_child(sp, 10);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(reap_child(r[i], 40), 0);
+  unlink(p0);
+  unlink(p1);
+  rmdir(dir);
+  close(o);
+  close(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_usage, kill_leftovers),
       cmocka_unit_test_teardown(test_job_through_store_process, kill_leftovers),
       cmocka_unit_test_teardown(test_store_process_reports_failure, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_process_lost, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

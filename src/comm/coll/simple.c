@@ -2,6 +2,10 @@
  * scatter at the root, pairwise-exchange alltoall, dissemination barrier, and the one-hop
  * fingerprint check that rooted collectives start with.
  *
+ * With two ranks, gather and scatter make their one transfer an exchange with a zero-byte
+ * message back, which checks both fingerprints in the same round trip (collectives.c then skips
+ * dt__coll_check; see tree.c).
+ *
  * Linear gather/scatter serialize n-1 transfers at the root, which is what the root's link
  * allows anyway for large blocks; it deliberately has no tree variant for many small blocks. */
 #include <string.h>
@@ -17,28 +21,28 @@ dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline) {
 
 dt_status dt__gather_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
                             int64_t deadline) {
-  int n = c->size, r = c->rank;
+  int n = c->size, r = c->rank, pair = n == 2;
   if (r != root)
-    return c->ops->sendrecv(c->tp, root, sbuf, bytes, -1, NULL, 0, fp, deadline);
+    return c->ops->sendrecv(c->tp, root, sbuf, bytes, pair ? root : -1, NULL, 0, fp, deadline);
   char *out = rbuf;
   if (sbuf != out + (size_t)r * bytes)
     memcpy(out + (size_t)r * bytes, sbuf, bytes);
   for (int k = 1; k < n; k++) {
     int src = mod(root + k, n);
-    DT_CHECK(c->ops->sendrecv(c->tp, -1, NULL, 0, src, out + (size_t)src * bytes, bytes, fp, deadline));
+    DT_CHECK(c->ops->sendrecv(c->tp, pair ? src : -1, NULL, 0, src, out + (size_t)src * bytes, bytes, fp, deadline));
   }
   return DT_OK;
 }
 
 dt_status dt__scatter_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
                              int64_t deadline) {
-  int n = c->size, r = c->rank;
+  int n = c->size, r = c->rank, pair = n == 2;
   if (r != root)
-    return c->ops->sendrecv(c->tp, -1, NULL, 0, root, rbuf, bytes, fp, deadline);
+    return c->ops->sendrecv(c->tp, pair ? root : -1, NULL, 0, root, rbuf, bytes, fp, deadline);
   const char *in = sbuf;
   for (int k = 1; k < n; k++) {
     int dst = mod(root + k, n);
-    DT_CHECK(c->ops->sendrecv(c->tp, dst, in + (size_t)dst * bytes, bytes, -1, NULL, 0, fp, deadline));
+    DT_CHECK(c->ops->sendrecv(c->tp, dst, in + (size_t)dst * bytes, bytes, pair ? dst : -1, NULL, 0, fp, deadline));
   }
   if (rbuf != in + (size_t)r * bytes)
     memmove(rbuf, in + (size_t)r * bytes, bytes);

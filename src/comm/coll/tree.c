@@ -6,6 +6,12 @@
  * 256 KiB) keeps every link busy: time ~ (pieces + n - 2) piece transfers instead of
  * log2(n) whole-buffer transfers.
  *
+ * Mismatch detection: with more than two ranks collectives.c runs dt__coll_check first (a
+ * zero-byte ring round). With two ranks the tree's one transfer is made an exchange instead:
+ * the receiving rank sends a zero-byte message back in the same sendrecv, so each rank sees the
+ * other's fingerprint without a second round trip (two ranks that both think they are the root
+ * then each receive the other's data where they expected a zero-byte message: a mismatch on both).
+ *
  * Reduce of f16/bf16 sum/prod/avg carries f32 partials up the tree (twice the bytes) and the
  * root rounds once. It deliberately has no reduce-scatter+gather variant for large messages
  * yet: the tree moves log2(n) whole buffers into the root. */
@@ -33,7 +39,9 @@ dt_status dt__reduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count
   dt_status st;
   for (int mask = 1; mask < n; mask <<= 1) {
     if (vr & mask) {
-      st = c->ops->sendrecv(c->tp, real_rank(vr - mask, root, n), acc, bytes, -1, NULL, 0, fp, deadline);
+      int to = real_rank(vr - mask, root, n);
+      /* two ranks: the root's zero-byte answer carries its fingerprint (the call's check) */
+      st = c->ops->sendrecv(c->tp, to, acc, bytes, n == 2 ? to : -1, NULL, 0, fp, deadline);
       if (st)
         return st;
       break;
@@ -41,7 +49,8 @@ dt_status dt__reduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count
     if (vr + mask < n) {
       if (!tmp && !(tmp = dt__coll_scratch(c, 1, bytes)))
         return DT_ERR_NOMEM;
-      st = c->ops->sendrecv(c->tp, -1, NULL, 0, real_rank(vr + mask, root, n), tmp, bytes, fp, deadline);
+      int from = real_rank(vr + mask, root, n);
+      st = c->ops->sendrecv(c->tp, n == 2 ? from : -1, NULL, 0, from, tmp, bytes, fp, deadline);
       if (st)
         return st;
       if (!own) {
@@ -74,6 +83,11 @@ dt_status dt__broadcast_tree(dt_comm *c, void *buf, size_t bytes, int root, cons
   int n = c->size, r = c->rank, vr = (r - root + n) % n;
   int mask = 1;
   dt_status st;
+  if (n == 2) { /* one exchange: the data one way, a zero-byte message (the call's check) back */
+    int peer = 1 - r;
+    return vr == 0 ? c->ops->sendrecv(c->tp, peer, buf, bytes, peer, NULL, 0, fp, deadline)
+                   : c->ops->sendrecv(c->tp, peer, NULL, 0, peer, buf, bytes, fp, deadline);
+  }
   while (mask < n) {
     if (vr & mask) {
       st = c->ops->sendrecv(c->tp, -1, NULL, 0, real_rank(vr - mask, root, n), buf, bytes, fp, deadline);

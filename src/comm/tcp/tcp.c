@@ -24,6 +24,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -47,11 +48,28 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
 
+/* Waiting for a small message: before sleeping in poll(2), a sendrecv whose two messages add up
+ * to at most TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
+ * microseconds (default TCP_SPIN_US), calling sched_yield(2) between tries so a rank sharing
+ * our core (more ranks than cores, or a loaded machine) runs instead of waiting for our time
+ * slice to end. Why: on the 2-core KVM guest a poll(2) sleep costs a wake-up of 10-20 us per
+ * message (halt, IPI, schedule), which made a 2-rank allreduce of <= 1 KiB take 20-45 us
+ * against Open MPI-over-TCP's 8-9 us (it busy-polls). Measured with
+ *   dtrain bench allreduce -n 2 --transport tcp --sizes 8:4K --iters 2000
+ * (see the numbers below at TCP_SPIN_US). Without the yield, two ranks the scheduler had put
+ * on one core took 125-130 us per call (each spun away the other's turn). Large messages
+ * keep the plain poll: they wait for the socket buffers, which spinning does not fill faster,
+ * and with more ranks than cores the spinning cost them up to 2x. */
+#define TCP_SPIN_US 50
+#define TCP_SPIN_MAX (64u << 10)
+
 struct dt_transport {
   dt_comm *c;
   int n, rank;
   int *fd;       /* [n]: connection to each peer, -1 for self */
   bool *nacked;  /* [n]: a NACK or a broken stream: the connection carries no more messages */
+  int64_t spin_ns; /* DTRAIN_TCP_SPIN_US in ns: how long a small sendrecv polls before poll(2) */
+  size_t spin_max; /* messages up to this many bytes (both directions) spin */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
   dt__tcp_loss *loss;
 };
@@ -248,6 +266,19 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   }
   for (int i = 0; i < t->n; i++)
     t->fd[i] = -1;
+  int64_t spin_us = TCP_SPIN_US;
+  uint64_t spin_max = TCP_SPIN_MAX;
+  dt_status st = dt__env_int("DTRAIN_TCP_SPIN_US", TCP_SPIN_US, &spin_us);
+  if (st == DT_OK && (spin_us < 0 || spin_us > 1000000))
+    st = dt_set_error(DT_ERR_INVALID, "DTRAIN_TCP_SPIN_US=%lld must be in 0..1000000", (long long)spin_us);
+  if (st == DT_OK)
+    st = dt__env_size("DTRAIN_TCP_SPIN_MAX", TCP_SPIN_MAX, &spin_max);
+  if (st != DT_OK) {
+    tcp_destroy(t);
+    return st;
+  }
+  t->spin_ns = spin_us * 1000;
+  t->spin_max = (size_t)spin_max;
   if (t->n == 1) {
     *out = t;
     return DT_OK;
@@ -255,7 +286,7 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   int64_t deadline = dt__comm_deadline(c);
   int lfd = -1, port = 0;
   char addr[INET6_ADDRSTRLEN + 16], key[128], val[INET6_ADDRSTRLEN + 32];
-  dt_status st = tcp_bind_addr(c, addr, sizeof addr);
+  st = tcp_bind_addr(c, addr, sizeof addr);
   if (st != DT_OK)
     goto fail;
   if (t->rank < t->n - 1) {
@@ -455,6 +486,9 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
+  /* spin_until: 0 until the first try that moved nothing, then the end of the spin phase */
+  const bool spin = t->spin_ns > 0 && (dst >= 0 ? sn : 0) + (src >= 0 ? rn : 0) <= t->spin_max;
+  int64_t spin_until = 0;
   tcp_wait w = {0};
   if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
@@ -529,6 +563,15 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       return DT_OK;
     if (moved)
       continue;
+    if (spin) {
+      int64_t now = dt_now_ns();
+      if (!spin_until)
+        spin_until = now + t->spin_ns;
+      if (now < spin_until) {
+        sched_yield();
+        continue;
+      }
+    }
 
     struct pollfd p[4];
     int np = 0, is = -1, ir = -1, ia = -1;

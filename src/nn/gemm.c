@@ -1,0 +1,358 @@
+/* gemm.c - the engine's single-precision matrix product, C = alpha op(A) op(B) + beta C, row-major
+ * with the semantics of cblas_sgemm(CblasRowMajor, ...).
+ *
+ * Why our own: the environment pins OpenBLAS 0.3.21 to its AVX2 kernels (OPENBLAS_CORETYPE is set
+ * for every process and must stay so), which reach about half of what the AVX-512 units of this
+ * machine do; PyTorch gets AVX-512 from oneDNN. So on a CPU with AVX-512F this file computes the
+ * product itself, Goto/BLIS style: a KC x NC block of op(B) is packed into 32-column panels that
+ * stay in L2, an MR x KC sliver of op(A) is packed (transposed to k-major) into L1, and an
+ * AVX-512 micro-kernel keeps an MR x 32 tile of C in registers over the whole KC run. Packing
+ * transposes with 16x16 in-register transposes, because the engine's conv shapes have N = 32 or
+ * 64 columns, where a scalar packing loop costs as much as the multiply itself.
+ *
+ * It deliberately does not thread: the engine splits each product across its own pool and every
+ * thread calls this on its slice. Without AVX-512F (or with DTRAIN_GEMM=blas) every call goes to
+ * cblas_sgemm. Packing buffers are per thread, allocated once on first use (the model reserves
+ * them on each of its threads at creation, so a training step never allocates) and freed when
+ * the thread exits. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+#include <cblas.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "nn/nn.h"
+
+/* Register tile MR x NR: NR = 32 is two zmm vectors, so the conv layers' 32 and 64 output
+ * channels fill whole tiles; MR = 14 gives 28 accumulators + 2 B vectors + 1 broadcast = 31 of
+ * the 32 zmm registers. */
+#define MR 14
+#define NR 32
+/* Cache blocks: KC x NC floats of packed B stay in L2 (256 x 512 = 512 KiB of the 1 MiB per
+ * core); an MR x KC sliver of A (14 KiB) and one KC x NR panel of B (32 KiB) share the 48 KiB L1.
+ * Chosen by measurement on this machine (AMD Zen 5, 2026-11-22): the FLOP-weighted rate over the
+ * engine's 15 layer shapes (the set in bench/sgemm_peak --gemm), thread CPU time, three
+ * interleaved rounds, median GFLOP/s: KC/NC 256/512 177, 384/512 175, 512/512 178 (spread
+ * 145-185), 256/1024 172, 192/1024 171, 384/768 163, 128/1024 156. 256/512 was the steadiest. */
+#define GEMM_KC 256
+#define GEMM_NC 512
+
+#define AVX512 __attribute__((target("avx512f")))
+
+/* ---- dispatch ---- */
+
+enum { GEMM_BLAS, GEMM_OWN };
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_mode = GEMM_BLAS;
+static dt_status g_status = DT_OK; /* why DTRAIN_GEMM cannot be honoured */
+static char g_err[160];
+
+static void gemm_init(void) {
+  bool have = __builtin_cpu_supports("avx512f");
+  const char *e = dt__env_str("DTRAIN_GEMM");
+  g_mode = have ? GEMM_OWN : GEMM_BLAS;
+  if (!e || !strcmp(e, "auto"))
+    return;
+  if (!strcmp(e, "blas")) {
+    g_mode = GEMM_BLAS;
+  } else if (!strcmp(e, "own")) {
+    if (!have) {
+      g_status = DT_ERR_UNSUPPORTED;
+      snprintf(g_err, sizeof g_err,
+               "DTRAIN_GEMM=own: this CPU has no AVX-512F (unset it or use DTRAIN_GEMM=blas)");
+    }
+  } else {
+    g_status = DT_ERR_INVALID;
+    snprintf(g_err, sizeof g_err, "DTRAIN_GEMM=\"%.40s\": expected auto, own or blas", e);
+  }
+}
+
+dt_status dt__nn_gemm_check(void) {
+  pthread_once(&g_once, gemm_init);
+  if (g_status != DT_OK)
+    return dt_set_error(g_status, "%s", g_err);
+  return DT_OK;
+}
+
+const char *dt__nn_gemm_name(void) {
+  pthread_once(&g_once, gemm_init);
+  return g_mode == GEMM_OWN ? "avx512" : "openblas";
+}
+
+/* ---- per-thread packing buffers ---- */
+
+#define WS_A_FLOATS ((size_t)MR * GEMM_KC + 16 * MR) /* + slack: packing stores whole vectors */
+#define WS_B_FLOATS ((size_t)GEMM_KC * (GEMM_NC + NR))
+static pthread_once_t ws_once = PTHREAD_ONCE_INIT;
+static pthread_key_t ws_key;
+static bool ws_key_ok;
+static _Thread_local float *ws_buf;
+
+static void ws_release(void *p) { dt__free(p); }
+static void ws_make_key(void) { ws_key_ok = pthread_key_create(&ws_key, ws_release) == 0; }
+
+/* This thread's buffer (WS_A_FLOATS + WS_B_FLOATS), NULL if it cannot be had. The key's
+ * destructor frees it when a thread exits; the main thread's stays reachable until exit. */
+static float *ws_get(void) {
+  if (ws_buf)
+    return ws_buf;
+  pthread_once(&ws_once, ws_make_key);
+  if (!ws_key_ok)
+    return NULL;
+  float *p = dt__alloc((WS_A_FLOATS + WS_B_FLOATS) * sizeof(float));
+  if (!p)
+    return NULL;
+  if (pthread_setspecific(ws_key, p) != 0) {
+    dt__free(p);
+    return NULL;
+  }
+  return ws_buf = p;
+}
+
+void dt__nn_gemm_reserve(void) {
+  pthread_once(&g_once, gemm_init);
+  if (g_mode == GEMM_OWN)
+    (void)ws_get();
+}
+
+/* ---- packing ---- */
+
+/* In-place transpose of 16 rows of 16 floats: r[i] element j becomes r[j] element i.
+ * Pairs, then quads inside 128-bit lanes, then the lanes themselves across 4 registers. */
+AVX512 static inline void tr16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) { /* r[4i + c] lane L: column 4L + c of rows 4i..4i+3 */
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; c++) {
+    __m512 s0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+    __m512 s1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+    __m512 s2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    __m512 s3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    t[c] = _mm512_shuffle_f32x4(s0, s2, 0x88);
+    t[8 + c] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
+    t[4 + c] = _mm512_shuffle_f32x4(s1, s3, 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
+  }
+  for (int i = 0; i < 16; i++)
+    r[i] = t[i];
+}
+
+static inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* Gathers rows [0, nrow) (nrow <= 16) x columns [0, ncol) of a row-major matrix, transposed, into
+ * dst: dst[k * dstride + i] = src[i * ld + k], for k < ncol and all i < 16 (zero for i >= nrow).
+ * Writes 16 floats per k: dstride may be smaller than 16 when the caller leaves slack. */
+AVX512 static void pack_transposed(const float *src, int ld, int nrow, int ncol, float *dst,
+                                   int dstride) {
+  __m512 r[16];
+  for (int k0 = 0; k0 < ncol; k0 += 16) {
+    int w = ncol - k0 < 16 ? ncol - k0 : 16;
+    __mmask16 m = lanes(w);
+    for (int i = 0; i < 16; i++)
+      r[i] = i < nrow ? _mm512_maskz_loadu_ps(m, src + (size_t)i * ld + k0) : _mm512_setzero_ps();
+    tr16(r);
+    for (int k = 0; k < w; k++)
+      _mm512_storeu_ps(dst + (size_t)(k0 + k) * dstride, r[k]);
+  }
+}
+
+/* op(A) rows [i0, i0+mr) x k [k0, k0+kc) into Ap[k * MR + i], rows mr..MR-1 zero. */
+AVX512 static void pack_a(bool ta, const float *A, int lda, int i0, int mr, int k0, int kc,
+                          float *Ap) {
+  if (!ta) {
+    pack_transposed(A + (size_t)i0 * lda + k0, lda, mr, kc, Ap, MR);
+  } else { /* op(A)[i][k] = A[k][i]: each k is a contiguous run of mr floats */
+    __mmask16 m = lanes(mr);
+    for (int k = 0; k < kc; k++)
+      _mm512_storeu_ps(Ap + (size_t)k * MR, _mm512_maskz_loadu_ps(m, A + (size_t)(k0 + k) * lda + i0));
+  }
+}
+
+/* op(B) k [k0, k0+kc) x columns [j0, j0+nc) into NR-wide panels: panel p holds columns
+ * j0 + p*NR .. +NR at Bp[p * kc * NR + k * NR + j], columns past nc zero. */
+AVX512 static void pack_b(bool tb, const float *B, int ldb, int k0, int kc, int j0, int nc,
+                          float *Bp) {
+  for (int jp = 0; jp < nc; jp += NR) {
+    float *P = Bp + (size_t)jp * kc;
+    int w = nc - jp < NR ? nc - jp : NR;
+    if (!tb) {
+      __mmask16 m0 = lanes(w), m1 = lanes(w > 16 ? w - 16 : 0);
+      const float *src = B + (size_t)k0 * ldb + j0 + jp;
+      for (int k = 0; k < kc; k++, src += ldb) {
+        _mm512_store_ps(P + (size_t)k * NR, _mm512_maskz_loadu_ps(m0, src));
+        _mm512_store_ps(P + (size_t)k * NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+      }
+    } else { /* op(B)[k][j] = B[j][k]: transpose 16 columns at a time */
+      for (int h = 0; h < 2; h++) {
+        int nrow = w - 16 * h;
+        if (nrow <= 0) {
+          for (int k = 0; k < kc; k++)
+            _mm512_store_ps(P + (size_t)k * NR + 16 * h, _mm512_setzero_ps());
+          continue;
+        }
+        /* stride NR: each k's 16 floats land in their half of the 32-float row */
+        const float *src = B + (size_t)(j0 + jp + 16 * h) * ldb + k0;
+        pack_transposed(src, ldb, nrow, kc, P + 16 * h, NR);
+      }
+    }
+  }
+}
+
+/* ---- micro-kernel ---- */
+
+/* C[0..mr) x [0..nr) = alpha * op(A) Bp + beta * C over kc steps; mr and lda_direct's use are
+ * compile-time constants at each call site (see kern_dispatch) so the tile lives in registers.
+ * A is either a packed sliver (a[k * MR + i], lda == 0) or, when direct, rows of the caller's
+ * non-transposed matrix (a[i * lda + k]), read in place. beta == 0 never reads C. */
+AVX512 static inline __attribute__((always_inline)) void kern(const int mr, const bool direct,
+                                                              int kc, const float *restrict a,
+                                                              int lda, const float *restrict Bp,
+                                                              float *C, int ldc, float alpha,
+                                                              float beta, int nr) {
+  __m512 c0[MR], c1[MR];
+  const size_t sa = direct ? (size_t)lda : 1, sk = direct ? 1 : MR;
+  for (int i = 0; i < mr; i++)
+    c0[i] = c1[i] = _mm512_setzero_ps();
+  for (int k = 0; k < kc; k++) {
+    __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
+    for (int i = 0; i < mr; i++) {
+      __m512 av = _mm512_set1_ps(a[i * sa]);
+      c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+    }
+    a += sk;
+    Bp += NR;
+  }
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if (nr == NR) {
+    for (int i = 0; i < mr; i++) {
+      float *c = C + (size_t)i * ldc;
+      __m512 v0 = _mm512_mul_ps(va, c0[i]), v1 = _mm512_mul_ps(va, c1[i]);
+      if (beta == 1.0f) {
+        v0 = _mm512_add_ps(v0, _mm512_loadu_ps(c));
+        v1 = _mm512_add_ps(v1, _mm512_loadu_ps(c + 16));
+      } else if (beta != 0.0f) {
+        v0 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(c), v0);
+        v1 = _mm512_fmadd_ps(vb, _mm512_loadu_ps(c + 16), v1);
+      }
+      _mm512_storeu_ps(c, v0);
+      _mm512_storeu_ps(c + 16, v1);
+    }
+  } else {
+    __mmask16 m0 = lanes(nr), m1 = lanes(nr > 16 ? nr - 16 : 0);
+    for (int i = 0; i < mr; i++) {
+      float *c = C + (size_t)i * ldc;
+      __m512 v0 = _mm512_mul_ps(va, c0[i]), v1 = _mm512_mul_ps(va, c1[i]);
+      if (beta != 0.0f) {
+        v0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, c), v0);
+        v1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, c + 16), v1);
+      }
+      _mm512_mask_storeu_ps(c, m0, v0);
+      _mm512_mask_storeu_ps(c + 16, m1, v1);
+    }
+  }
+}
+
+#define KERN_CASE(n)                                                                               \
+  case n:                                                                                          \
+    if (lda)                                                                                       \
+      kern(n, true, kc, a, lda, Bp, C, ldc, alpha, beta, nr);                                      \
+    else                                                                                           \
+      kern(n, false, kc, a, 0, Bp, C, ldc, alpha, beta, nr);                                       \
+    break;
+
+/* lda == 0: a is a packed sliver; otherwise the top-left of mr rows of A read in place. */
+AVX512 static void kern_dispatch(int mr, int kc, const float *a, int lda, const float *Bp, float *C,
+                                 int ldc, float alpha, float beta, int nr) {
+  switch (mr) {
+    KERN_CASE(14)
+    KERN_CASE(13)
+    KERN_CASE(12)
+    KERN_CASE(11)
+    KERN_CASE(10)
+    KERN_CASE(9)
+    KERN_CASE(8)
+    KERN_CASE(7)
+    KERN_CASE(6)
+    KERN_CASE(5)
+    KERN_CASE(4)
+    KERN_CASE(3)
+    KERN_CASE(2)
+    KERN_CASE(1)
+  default:
+    break;
+  }
+}
+#undef KERN_CASE
+
+/* ---- driver ---- */
+
+/* C = beta * C for the degenerate products (K == 0 or alpha == 0); beta == 0 writes zeros. */
+static void scale_c(int M, int N, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++) {
+    float *c = C + (size_t)i * ldc;
+    if (beta == 0.0f)
+      memset(c, 0, (size_t)N * sizeof(float));
+    else if (beta != 1.0f)
+      for (int j = 0; j < N; j++)
+        c[j] *= beta;
+  }
+}
+
+AVX512 static void gemm_own(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                            float *ws) {
+  float *Ap = ws, *Bp = ws + WS_A_FLOATS;
+  for (int jc = 0; jc < N; jc += GEMM_NC) {
+    int nc = N - jc < GEMM_NC ? N - jc : GEMM_NC;
+    for (int pc = 0; pc < K; pc += GEMM_KC) {
+      int kc = K - pc < GEMM_KC ? K - pc : GEMM_KC;
+      float b = pc == 0 ? beta : 1.0f; /* later K blocks accumulate onto the first */
+      pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
+      /* A read in place when packing it would cost about as much as the multiply: one or two
+       * B panels (the conv layers' 32 or 64 output channels; measured: conv1 forward 60 -> 125
+       * GFLOP/s, conv2 forward 175 -> 207). Short K runs (conv dX, K = 64) gained nothing.
+       * Not for rows 4 KiB apart: all 14 would fall into the same L1 sets. */
+      bool direct = !ta && nc <= 2 * NR && (size_t)lda * sizeof(float) % 4096 != 0;
+      for (int ic = 0; ic < M; ic += MR) {
+        int mr = M - ic < MR ? M - ic : MR;
+        const float *a = A + (size_t)ic * lda + pc;
+        if (!direct) {
+          pack_a(ta, A, lda, ic, mr, pc, kc, Ap);
+          a = Ap;
+        }
+        float *Crow = C + (size_t)ic * ldc + jc;
+        for (int jr = 0; jr < nc; jr += NR)
+          kern_dispatch(mr, kc, a, direct ? lda : 0, Bp + (size_t)jr * kc, Crow + jr, ldc, alpha, b,
+                        nc - jr < NR ? nc - jr : NR);
+      }
+    }
+  }
+}
+
+void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
+                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0)
+    return;
+  pthread_once(&g_once, gemm_init);
+  float *ws;
+  if (g_mode == GEMM_OWN && (ws = ws_get()) != NULL) {
+    if (K <= 0 || alpha == 0.0f)
+      scale_c(M, N, beta, C, ldc);
+    else
+      gemm_own(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
+              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
