@@ -91,6 +91,10 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t red_seq; /* allreduce chunks whose slice is reduced */
   alignas(SHM_LINE) _Atomic uint64_t out_seq; /* allreduce chunks copied out */
   alignas(SHM_LINE) _Atomic uint64_t bar_seq; /* barriers entered */
+  /* This rank's own futex bell, rung when it publishes and someone sleeps on it: a waiter for
+   * one rank's progress sleeps here, so a publication wakes only the ranks waiting for it. */
+  alignas(SHM_LINE) _Atomic uint32_t bell;
+  _Atomic uint32_t sleepers;
   alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer / barrier parity */
   dt__fp bar_fp[2];
   /* The call this rank is in (seqlock: odd version = being written), so a rank waiting for it
@@ -172,35 +176,46 @@ static inline void shm_relax(void) {
  * the flat allreduce a cache-line round trip). The fence orders the publication before the
  * sleepers load; shm_pause's waiter orders its sleepers increment before re-reading the
  * condition (Dekker), so either the waiter sees the publication or we see the sleeper. */
+static _Atomic uint32_t *shm_bell(dt_transport *t, int r) { return r < 0 ? &t->h->bell : &t->ranks[r].bell; }
+static _Atomic uint32_t *shm_sleepers(dt_transport *t, int r) {
+  return r < 0 ? &t->h->sleepers : &t->ranks[r].sleepers;
+}
+
+/* Rings this rank's bell and the shared one (sendrecv's waiters, who may wait for either of
+ * two peers, sleep there). */
 static void shm_ring_bell(dt_transport *t) {
+  _Atomic uint32_t *mine = shm_sleepers(t, t->rank), *all = shm_sleepers(t, -1);
 #ifdef __SANITIZE_THREAD__
   /* TSan models no fences: an RMW on sleepers pairs with the waiter's RMW the same way */
-  uint32_t sleepers = atomic_fetch_add(&t->h->sleepers, 0);
+  uint32_t s_mine = atomic_fetch_add(mine, 0), s_all = atomic_fetch_add(all, 0);
 #else
   atomic_thread_fence(memory_order_seq_cst);
-  uint32_t sleepers = atomic_load_explicit(&t->h->sleepers, memory_order_relaxed);
+  uint32_t s_mine = atomic_load_explicit(mine, memory_order_relaxed), s_all = atomic_load_explicit(all, memory_order_relaxed);
 #endif
-  if (sleepers) {
-    atomic_fetch_add(&t->h->bell, 1);
-    syscall(SYS_futex, &t->h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-  }
+  for (int i = 0; i < 2; i++)
+    if (i ? s_all : s_mine) {
+      _Atomic uint32_t *b = shm_bell(t, i ? -1 : t->rank);
+      atomic_fetch_add(b, 1);
+      syscall(SYS_futex, b, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
 }
 
 /* ---- waiting ---- */
 
-/* One wait of one caller. armed: this waiter counted itself in h->sleepers and must re-check
- * its condition once before sleeping (and shm_unarm when it stops waiting). */
+/* One wait of one caller. armed: the sleepers count this waiter added itself to; it must
+ * re-check its condition once before sleeping (and shm_unarm when it stops waiting). */
 typedef struct shm_wait {
   unsigned iter, yields;
   int phase; /* 0 spin, 1 yield, 2 sleep */
-  bool armed;
+  _Atomic uint32_t *armed;
   int64_t t0, next_alive;
 } shm_wait;
 
 /* Ends one wait (the condition held, or the caller gives up), so the next starts spinning. */
 static void shm_unarm(dt_transport *t, shm_wait *w) {
+  (void)t;
   if (w->armed)
-    atomic_fetch_sub(&t->h->sleepers, 1);
+    atomic_fetch_sub(w->armed, 1);
   *w = (shm_wait){.next_alive = w->next_alive};
 }
 
@@ -290,7 +305,10 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
 
 /* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
  * for liveness). bell is the bell value read before the condition was found false. */
-static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
+/* bell_rank: whose bell the caller read (`bell`) before finding its condition false: the
+ * awaited rank's, or -1 for the shared one. */
+static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t bell, int peer, const dt__fp *fp,
+                           int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
   if (w->phase == 0) {
@@ -310,15 +328,15 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
   } else if (!w->armed) {
     /* Count ourselves as a sleeper, then let the caller re-read the bell and its condition
      * once more before the futex wait: a publisher that missed us in sleepers is seen there. */
-    atomic_fetch_add(&t->h->sleepers, 1);
+    w->armed = shm_sleepers(t, bell_rank);
+    atomic_fetch_add(w->armed, 1);
 #ifndef __SANITIZE_THREAD__
     atomic_thread_fence(memory_order_seq_cst); /* pairs with shm_ring_bell's */
 #endif
-    w->armed = true;
     return DT_OK;
   } else {
     struct timespec ts = {0, SHM_SLEEP_NS};
-    syscall(SYS_futex, &t->h->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+    syscall(SYS_futex, shm_bell(t, bell_rank), FUTEX_WAIT, bell, &ts, NULL, 0);
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
@@ -585,7 +603,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
   for (;;) {
-    uint32_t bell = atomic_load(&t->h->bell);
+    uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
     while (s_pending) {
       uint64_t head = atomic_load_explicit(&sr->head, memory_order_relaxed);
@@ -672,7 +690,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       }
     }
     (void)r_first;
-    DT_CHECK(shm_pause(t, wp, bell, r_pending ? src : dst, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
   }
 }
 
@@ -696,7 +714,7 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
                                 int parity, const dt__fp *fp, int64_t deadline) {
   int r = 0;
   while (r < t->n) {
-    uint32_t bell = atomic_load(&t->h->bell);
+    uint32_t bell = atomic_load(shm_bell(t, r));
     _Atomic uint64_t *ctr = (_Atomic uint64_t *)((uint8_t *)&t->ranks[r] + field);
     if (atomic_load_explicit(ctr, memory_order_acquire) >= target) {
       if (fp_field) {
@@ -711,7 +729,7 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
       shm_unarm(t, wp);
       continue;
     }
-    DT_CHECK(shm_pause(t, wp, bell, r, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, r, bell, r, fp, deadline));
   }
   return DT_OK;
 }
@@ -860,10 +878,10 @@ static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, 
     shm_wait w = {0};
     dt_status st = DT_OK;
     for (;;) {
-      uint32_t bell = atomic_load_explicit(&t->h->bell, memory_order_relaxed);
+      uint32_t bell = atomic_load_explicit(shm_bell(t, r), memory_order_relaxed);
       if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
         break;
-      if ((st = shm_pause(t, &w, bell, r, fp, *deadline)) != DT_OK)
+      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK)
         break;
     }
     shm_unarm(t, &w);
