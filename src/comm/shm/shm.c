@@ -51,7 +51,7 @@
 /* Flat allreduce slot: the largest piece one round moves (per rank, two slots by parity).
  * DTRAIN_SHM_FLAT overrides; choose() in collectives.c says up to where flat is used. */
 #define SHM_DEFAULT_FLAT (32u << 10)
-/* Waiting: spin (pause) for a while, then yield a number of times, then sleep on the bell futex.
+/* Waiting: spin (pause) for a while, then yield for a while, then sleep on a futex bell.
  * How long depends on whether this host runs more ranks than the CPUs we may use:
  *   - not oversubscribed: every rank has a core, so spinning costs nobody and a peer that is
  *     late was descheduled by someone else's process; keep spinning SHM_SPIN_NS so that both
@@ -61,13 +61,16 @@
  *     ever yielding. A 1 ms spin still fell into sleeps at 16-64 KiB, 0.7-4 ms a call, as a
  *     descheduled peer returns only after another program's time slice; 10 ms kept every size
  *     from 4 B to 64 KiB at 0.2-12 us in the same conditions.)
- *   - oversubscribed: the rank we wait for may need our core: spin SHM_SPIN_OVER_NS only and
- *     yield SHM_YIELDS_OVER times, then block on the futex.
- * DTRAIN_SHM_SPIN_US / DTRAIN_SHM_YIELDS override both. */
+ *   - oversubscribed: the rank we wait for may need our core: no spinning; sched_yield hands
+ *     the core to it at once, for up to SHM_YIELD_OVER_NS, then the futex. (Measured: 4 ranks,
+ *     4 B, `dtrain bench allreduce -n 4 --transport shm --iters 500`, five alternating runs at
+ *     load average 13: medians 15.0 us when sleeping after 4 yields, 13.0 after 64, 10.5 when
+ *     only yielding; Open MPI, which only yields, 7-13 us in the same hour.)
+ * DTRAIN_SHM_SPIN_US / DTRAIN_SHM_YIELD_US override both. */
 #define SHM_SPIN_NS 10000000
-#define SHM_YIELDS 64
+#define SHM_YIELD_NS 1000000
 #define SHM_SPIN_OVER_NS 0
-#define SHM_YIELDS_OVER 4
+#define SHM_YIELD_OVER_NS 5000000
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
 #define SHM_ALIVE_NS 50000000 /* liveness check of awaited ranks: 50 ms */
 
@@ -142,8 +145,7 @@ struct dt_transport {
   uint64_t flats;  /* flat allreduce rounds done (same on every rank) */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
-  int64_t spin_ns;  /* waiting policy (see SHM_SPIN_NS) */
-  unsigned yields;
+  int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
   bool oversubscribed; /* more ranks on this host than CPUs this process may use */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
@@ -205,7 +207,7 @@ static void shm_ring_bell(dt_transport *t) {
 /* One wait of one caller. armed: the sleepers count this waiter added itself to; it must
  * re-check its condition once before sleeping (and shm_unarm when it stops waiting). */
 typedef struct shm_wait {
-  unsigned iter, yields;
+  unsigned iter;
   int phase; /* 0 spin, 1 yield, 2 sleep */
   _Atomic uint32_t *armed;
   int64_t t0, next_alive;
@@ -311,6 +313,10 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
                            int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
+  if (w->iter == 1 && !t->spin_ns) { /* no spinning: yield from the first pause */
+    w->t0 = dt_now_ns();
+    w->phase = 1;
+  }
   if (w->phase == 0) {
     /* 16 pauses between looks at the clock: the checks below cost ~100 ns */
     shm_relax();
@@ -320,10 +326,10 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
     if (!w->t0)
       w->t0 = now;
     else if (now - w->t0 >= t->spin_ns)
-      w->phase = t->yields ? 1 : 2;
+      w->phase = 1;
   } else if (w->phase == 1) {
     sched_yield();
-    if (++w->yields >= t->yields)
+    if (dt_now_ns() - w->t0 >= t->spin_ns + t->yield_ns)
       w->phase = 2;
   } else if (!w->armed) {
     /* Count ourselves as a sleeper, then let the caller re-read the bell and its condition
@@ -507,14 +513,14 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
   t->oversubscribed = ncpu > 0 && on_host > ncpu;
-  int64_t spin_us, yields;
+  int64_t spin_us, yield_us;
   if (dt__env_int("DTRAIN_SHM_SPIN_US", (t->oversubscribed ? SHM_SPIN_OVER_NS : SHM_SPIN_NS) / 1000, &spin_us) != DT_OK ||
-      dt__env_int("DTRAIN_SHM_YIELDS", t->oversubscribed ? SHM_YIELDS_OVER : SHM_YIELDS, &yields) != DT_OK) {
+      dt__env_int("DTRAIN_SHM_YIELD_US", (t->oversubscribed ? SHM_YIELD_OVER_NS : SHM_YIELD_NS) / 1000, &yield_us) != DT_OK) {
     shm_destroy(t);
     return DT_ERR_INVALID;
   }
   t->spin_ns = DT_MIN(DT_MAX(spin_us, 0), 10000000) * 1000;
-  t->yields = (unsigned)DT_MIN(DT_MAX(yields, 0), 1 << 24);
+  t->yield_ns = DT_MIN(DT_MAX(yield_us, 0), 10000000) * 1000;
   if (t->n == 1) {
     *out = t;
     return DT_OK;
