@@ -67,14 +67,14 @@ def build_dtrain(build_dir):
     return exe
 
 
-def build_helper(name, compiler, sources, flags, libs, build_dir):
+def build_helper(name, compiler, sources, flags, libs, build_dir, deps=()):
     """Compiles bench/<sources> into <build_dir>/bench/<name> when the binary is older than its
-    sources. Returns the binary's path."""
+    sources or than any file in deps (e.g. a library it links). Returns the binary's path."""
     out_dir = os.path.join(ROOT, build_dir, "bench") if not os.path.isabs(build_dir) else os.path.join(build_dir, "bench")
     os.makedirs(out_dir, exist_ok=True)
     exe = os.path.join(out_dir, name)
     srcs = [os.path.join(BENCH, s) for s in sources]
-    if os.path.exists(exe) and all(os.path.getmtime(exe) >= os.path.getmtime(s) for s in srcs):
+    if os.path.exists(exe) and all(os.path.getmtime(exe) >= os.path.getmtime(s) for s in srcs + list(deps)):
         return exe
     if not shutil.which(compiler):
         sys.exit(f"bench: compiler '{compiler}' not found (Debian: build-essential, libopenmpi-dev)")

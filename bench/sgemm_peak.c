@@ -1,16 +1,27 @@
-/* sgemm_peak.c - the machine's single-precision matrix-multiply rate through CBLAS (OpenBLAS),
- * the compute ceiling that bench/train-vs-pytorch states a training step's FLOP rate against.
+/* sgemm_peak.c - the machine's single-precision matrix-multiply rate, the compute ceiling that
+ * bench/train-vs-pytorch states a training step's FLOP rate against.
  *
  * C = A * B with square n x n float matrices, 2 n^3 FLOPs per call, best of several calls after
- * a warm-up, for each requested thread count (openblas_set_num_threads). It deliberately measures
- * one large square shape only: it is the ceiling, not a model of the network's smaller shapes.
+ * a warm-up, for each requested thread count. --gemm blas (default) times cblas_sgemm with
+ * OpenBLAS's own threads (openblas_set_num_threads); --gemm own times dtrain's engine product
+ * (dt__nn_sgemm, src/nn/gemm.c, forced with DTRAIN_GEMM=own), which is single-threaded, split by
+ * rows over T threads as the engine splits its work. The square shape is the ceiling, not a model
+ * of the network's smaller shapes: --shapes adds, for the chosen implementation on one thread, the
+ * products a training step of mlp and cnn runs (one engine thread's slice at batch 128).
  *
- * Usage: sgemm_peak [--n 1024] [--threads 1,2] [--reps R]   -> one JSON object on stdout. */
+ * Build (links libdtrain for --gemm own):
+ *   gcc -O2 -Iinclude -Isrc bench/sgemm_peak.c -o sgemm_peak build/libdtrain.a -lopenblas -lz -lm -lpthread
+ * Usage: sgemm_peak [--n 1024] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes]
+ *   -> one JSON object on stdout. */
 #include <cblas.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "nn/nn.h"
 
 /* OpenBLAS's own entry point (declared in its cblas.h too; repeated so the intent is plain). */
 void openblas_set_num_threads(int num_threads);
@@ -21,8 +32,115 @@ static double now_s(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static bool g_own; /* --gemm own */
+
+static void product(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B,
+                    int ldb, float *C, int ldc) {
+  if (g_own)
+    dt__nn_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+  else
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
+/* --gemm own with T threads: thread t computes rows [t n / T, (t+1) n / T) of C. */
+typedef struct {
+  int n, t, T;
+  const float *a, *b;
+  float *c;
+} rows_job;
+
+static void *rows_main(void *arg) {
+  rows_job *j = arg;
+  int r0 = (int)((long)j->n * j->t / j->T), r1 = (int)((long)j->n * (j->t + 1) / j->T);
+  if (r1 > r0)
+    product(false, false, r1 - r0, j->n, j->n, j->a + (size_t)r0 * j->n, j->n, j->b, j->n,
+            j->c + (size_t)r0 * j->n, j->n);
+  return NULL;
+}
+
+static int square(int n, int T, const float *a, const float *b, float *c) {
+  if (!g_own || T == 1) {
+    product(false, false, n, n, n, a, n, b, n, c, n);
+    return 0;
+  }
+  pthread_t tid[256];
+  rows_job jobs[256];
+  for (int t = 0; t < T; t++) {
+    jobs[t] = (rows_job){n, t, T, a, b, c};
+    if (t > 0 && pthread_create(&tid[t], NULL, rows_main, &jobs[t]) != 0)
+      return -1;
+  }
+  rows_main(&jobs[0]);
+  for (int t = 1; t < T; t++)
+    pthread_join(tid[t], NULL);
+  return 0;
+}
+
+/* The products of one engine thread's training step at batch 128 (src/nn/layers.c): linear
+ * forward x W^T, dW = dy^T x, dx = dy W; conv forward col W^T, dW = dy^T col, dcol = dy W, for a
+ * 6-sample im2col chunk of conv2 and a 53-sample chunk of conv1 (one thread, batch 128). */
+static const struct {
+  const char *name;
+  bool ta, tb;
+  int M, N, K;
+} SHAPES[] = {
+    {"mlp fc1 forward", false, true, 128, 1024, 784},  {"mlp fc1 dW", true, false, 1024, 784, 128},
+    {"mlp fc2 forward", false, true, 128, 1024, 1024}, {"mlp fc2 dW", true, false, 1024, 1024, 128},
+    {"mlp fc2 dx", false, false, 128, 1024, 1024},     {"mlp fc3 forward", false, true, 128, 10, 1024},
+    {"cnn conv1 forward", false, true, 41552, 32, 25}, {"cnn conv1 dW", true, false, 32, 25, 41552},
+    {"cnn conv2 forward", false, true, 1176, 64, 800}, {"cnn conv2 dW", true, false, 64, 800, 1176},
+    {"cnn conv2 dcol", false, false, 1176, 800, 64},   {"cnn fc1 forward", false, true, 128, 512, 3136},
+    {"cnn fc1 dW", true, false, 512, 3136, 128},       {"cnn fc1 dx", false, false, 128, 3136, 512},
+};
+
+/* Best rate of each shape on the calling thread over about 0.3 s of calls; prints JSON rows. */
+static void shapes(int reps) {
+  size_t most = 0;
+  for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+    size_t m = (size_t)SHAPES[i].M, n = (size_t)SHAPES[i].N, k = (size_t)SHAPES[i].K;
+    size_t e = m * k > k * n ? m * k : k * n;
+    e = e > m * n ? e : m * n;
+    most = e > most ? e : most;
+  }
+  float *a = calloc(most, sizeof(float)), *b = calloc(most, sizeof(float)), *c = calloc(most, sizeof(float));
+  if (!a || !b || !c) {
+    fprintf(stderr, "sgemm_peak: cannot allocate the shape buffers\n");
+    exit(1);
+  }
+  for (size_t i = 0; i < most; i++) {
+    a[i] = (float)(i % 7) * 0.1f;
+    b[i] = (float)(i % 5) * 0.1f;
+  }
+  openblas_set_num_threads(1);
+  printf(", \"shapes\": [");
+  for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+    int M = SHAPES[i].M, N = SHAPES[i].N, K = SHAPES[i].K;
+    int lda = SHAPES[i].ta ? M : K, ldb = SHAPES[i].tb ? K : N;
+    double flop = 2.0 * M * N * K;
+    int calls = (int)(1e8 / flop) + 1;
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+      double t0 = now_s();
+      for (int q = 0; q < calls; q++)
+        product(SHAPES[i].ta, SHAPES[i].tb, M, N, K, a, lda, b, ldb, c, N);
+      double dt = (now_s() - t0) / calls;
+      if (r >= 1 && dt < best)
+        best = dt;
+    }
+    printf("%s{\"name\": \"%s\", \"trans\": \"%c%c\", \"M\": %d, \"N\": %d, \"K\": %d, "
+           "\"gflops\": %.2f}", i ? ", " : "", SHAPES[i].name, SHAPES[i].ta ? 'T' : 'N',
+           SHAPES[i].tb ? 'T' : 'N', M, N, K, flop / best / 1e9);
+  }
+  printf("]");
+  free(a);
+  free(b);
+  free(c);
+}
+
 int main(int argc, char **argv) {
   int n = 1024, reps = 10;
+  bool with_shapes = false;
   char threads_arg[64] = "1,2";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--n") && i + 1 < argc)
@@ -31,9 +149,20 @@ int main(int argc, char **argv) {
       reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
       snprintf(threads_arg, sizeof threads_arg, "%s", argv[++i]);
+    else if (!strcmp(argv[i], "--gemm") && i + 1 < argc && (!strcmp(argv[i + 1], "own") || !strcmp(argv[i + 1], "blas")))
+      g_own = !strcmp(argv[++i], "own");
+    else if (!strcmp(argv[i], "--shapes"))
+      with_shapes = true;
     else {
-      fprintf(stderr, "usage: sgemm_peak [--n N] [--threads 1,2] [--reps R]\n");
+      fprintf(stderr, "usage: sgemm_peak [--n N] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes]\n");
       return 2;
+    }
+  }
+  if (g_own) {
+    setenv("DTRAIN_GEMM", "own", 1); /* read once, at the first product below */
+    if (dt__nn_gemm_check() != DT_OK) {
+      fprintf(stderr, "sgemm_peak: --gemm own: %s\n", dt_last_error());
+      return 1;
     }
   }
   if (n < 16 || n > 8192 || reps < 1) {
@@ -51,7 +180,8 @@ int main(int argc, char **argv) {
     b[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
     c[i] = 0.0f;
   }
-  printf("{\"n\": %d, \"reps\": %d, \"results\": [", n, reps);
+  printf("{\"gemm\": \"%s\", \"n\": %d, \"reps\": %d, \"results\": [",
+         g_own ? "dtrain-avx512" : "openblas", n, reps);
   int first = 1;
   char *save = NULL;
   for (char *tok = strtok_r(threads_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -64,7 +194,10 @@ int main(int argc, char **argv) {
     double best = 1e30;
     for (int r = 0; r < reps + 2; r++) { /* two warm-up calls: thread pool start, page faults */
       double t0 = now_s();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+      if (square(n, nt, a, b, c) != 0) {
+        fprintf(stderr, "sgemm_peak: cannot start %d threads\n", nt);
+        return 1;
+      }
       double dt = now_s() - t0;
       if (r >= 2 && dt < best)
         best = dt;
@@ -79,7 +212,10 @@ int main(int argc, char **argv) {
     ref += (double)a[(size_t)3 * n + k] * b[(size_t)k * n + 5];
   double got = c[(size_t)3 * n + 5];
   int ok = (got - ref) * (got - ref) <= 1e-6 * (1.0 + ref * ref) * n;
-  printf("], \"check_ok\": %s}\n", ok ? "true" : "false");
+  printf("], \"check_ok\": %s", ok ? "true" : "false");
+  if (with_shapes)
+    shapes(reps);
+  printf("}\n");
   free(a);
   free(b);
   free(c);

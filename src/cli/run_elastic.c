@@ -8,10 +8,14 @@
  *   g<g>/join/<node>   "<addr>"   an agent that is ready for generation g (addr: its IP as seen
  *                                 on the route to the store)
  *   g<g>/members       "n:addr,n:addr,..." (original node numbers, ascending), or "abort:<why>"
- *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers
+ *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers;
+ *                      "grow <node>" when a host that is not a member asks to join
+ *   current            the newest generation whose members were decided
  *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
  *   g<g>/finished      count of agents whose generation ended well
- *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease)
+ *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease;
+ *                      the store's host reads the others' every 500 ms during a generation and
+ *                      reports one that stops; every agent reports a store that stops answering)
  * The agent of the first member decides the members: everyone who joined within the join window
  * (all previous members, or the window's end; a member whose lease lapsed is not waited for),
  * minus hosts blamed for FAILS_TO_EXCLUDE failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
@@ -21,8 +25,11 @@
  * When the host of the agent store dies, its workers die with it, the other agents see their
  * workers fail and the store vanish, and the store moves: every agent tries the last members in
  * order and the first that is alive hosts a new store (same port, its own address).
- * Not here: hosts joining a running job between failures (a new host is only taken at a
- * generation boundary, up to --max-nodes), or surviving the loss of a majority of hosts at once
+ * A host that is not a member of the running generation (it was lost and its agent started
+ * again, or it started late) joins the next one and asks the members to stop for it
+ * ("grow"): they re-form with it, resuming from the last checkpoint; that is not a failure and
+ * spends no restart. Not here: a host excluded for repeated failures coming back, joining while
+ * the agent store is away from --master, or surviving the loss of a majority of hosts at once
  * while the store moves (each agent tries each candidate once per window). */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -68,6 +75,13 @@ typedef struct elastic {
   int gen;
   int64_t window_ms;
   int store_lost_node; /* the member whose agent store vanished (-1): its agent is gone */
+  /* During a generation, the agent hosting the store watches the others' leases (by member
+   * index): last value, when it last changed, and whether it is reported as lapsed. */
+  int64_t lease_val[EL_MAX_NODES], lease_seen[EL_MAX_NODES], next_watch;
+  bool lapsed[EL_MAX_NODES];
+  bool store_silent; /* the agent store stopped answering during this generation (reported) */
+  int64_t store_ok_ns, store_retry_ns; /* its last answer; when to ask a silent one again */
+  int grow_node;     /* >= 0: the running generation was stopped for this host to join */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -170,6 +184,18 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     for (int k = 0; k < e->nmembers; k++)
       candidates[nc++] = e->members[k].node;
   }
+  /* Hosts that are not members but joined this generation already (a lost host whose agent
+   * started again, or a late one) come in too, up to --max-nodes. */
+  for (int n = 0; e->gen > 0 && n < e->base->nnodes && nc < e->base->max_nodes && nc < EL_MAX_NODES; n++) {
+    bool known = false;
+    for (int k = 0; k < nc; k++)
+      known |= candidates[k] == n;
+    char a[64];
+    size_t an;
+    snprintf(key, sizeof key, "g%d/join/%d", e->gen, n);
+    if (!known && dt__store_get(e->st, key, a, sizeof a - 1, &an, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK)
+      candidates[nc++] = n;
+  }
   /* Whoever failed too often is not waited for. */
   char blame[DT_STORE_MSG_MAX];
   size_t bn;
@@ -253,7 +279,45 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     snprintf(val, cap, "abort:only %d host%s left for generation %d, --min-nodes is %d", count, count == 1 ? "" : "s",
              e->gen, e->base->min_nodes);
   el_key(key, sizeof key, e->gen, "members");
-  return dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS));
+  DT_CHECK(dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS)));
+  char g[16];
+  snprintf(g, sizeof g, "%d", e->gen);
+  return dt__store_set(e->st, "current", g, strlen(g), dt__deadline_after_ms(EL_RPC_MS));
+}
+
+/* Is node a member of the members list v ("n:addr,n:addr")? */
+static bool el_listed(const char *v, int node) {
+  for (const char *p = v; p && *p; p = strchr(p, ','), p = p ? p + 1 : NULL)
+    if (atoi(p) == node && strchr(p, ':'))
+      return true;
+  return false;
+}
+
+/* An agent starting while the job already runs a generation it is not a member of: it joins
+ * the next generation and asks the members to stop for it. Sets e->gen. */
+static dt_status el_late_join(elastic *e) {
+  char cur[16], key[64], val[EL_MAX_NODES * 72];
+  size_t n;
+  if (dt__store_get(e->st, "current", cur, sizeof cur - 1, &n, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
+    return DT_OK; /* the job is still forming its first generation */
+  cur[n] = '\0';
+  int g = atoi(cur);
+  el_key(key, sizeof key, g, "members");
+  DT_CHECK(dt__store_get(e->st, key, val, sizeof val - 1, &n, dt__deadline_after_ms(EL_RPC_MS)));
+  val[n] = '\0';
+  if (strncmp(val, "abort:", 6) == 0 || el_listed(val, e->me))
+    return DT_OK;
+  e->gen = g + 1;
+  snprintf(key, sizeof key, "g%d/join/%d", e->gen, e->me);
+  DT_CHECK(dt__store_set(e->st, key, e->my_addr, strlen(e->my_addr), dt__deadline_after_ms(EL_RPC_MS)));
+  char grow[32];
+  snprintf(grow, sizeof grow, "grow %d", e->me);
+  el_key(key, sizeof key, g, "stop");
+  int swapped;
+  DT_CHECK(dt__store_cas(e->st, key, NULL, 0, grow, strlen(grow), &swapped, dt__deadline_after_ms(EL_RPC_MS)));
+  fprintf(stderr, "dtrain run: node %d: the job runs generation %d without this host; joining generation %d\n", e->me,
+          g, e->gen);
+  return DT_OK;
 }
 
 /* Joins generation e->gen and learns its members. DT_ERR_ABORTED when the job cannot go on. */
@@ -268,6 +332,8 @@ static dt_status el_join(elastic *e) {
           DT_CHECK(el_host_store(e));
         DT_CHECK(el_connect(e, e->me == 0 ? e->my_addr : e->base->master_addr,
                             dt__deadline_after_ms(e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)));
+        if (e->me != 0)
+          DT_CHECK(el_late_join(e));
       } else {
         DT_CHECK(el_move_store(e));
       }
@@ -299,18 +365,105 @@ static dt_status el_join(elastic *e) {
   return dt_set_error(DT_ERR_PEER, "could not reach any agent store for generation %d", e->gen);
 }
 
+/* Starts the lease watch of a generation: every member counts as seen now. */
+static void el_watch_start(elastic *e) {
+  int64_t now = dt_now_ns();
+  for (int k = 0; k < e->nmembers; k++) {
+    e->lease_val[k] = -1;
+    e->lease_seen[k] = now;
+    e->lapsed[k] = false;
+  }
+  e->next_watch = now;
+  e->store_silent = false;
+  e->store_ok_ns = now;
+  e->store_retry_ns = 0;
+}
+
+/* The store host's watch over the other agents while their workers run (every 500 ms): an
+ * agent whose lease stops moving for EL_LEASE_MS is hung or cut off from the store. Its
+ * workers may still be healthy, so the job goes on (they fail, and the job re-forms without
+ * that host, if anything breaks); it is reported at once and not waited for at the end. */
+static void el_watch_leases(elastic *e) {
+  int64_t now = dt_now_ns();
+  if (!e->server || now < e->next_watch)
+    return;
+  e->next_watch = now + 500 * 1000000LL;
+  for (int k = 0; k < e->nmembers; k++) {
+    int node = e->members[k].node;
+    if (node == e->me)
+      continue;
+    char key[64], v[32];
+    size_t vn;
+    snprintf(key, sizeof key, "alive/%d", node);
+    if (dt__store_get(e->st, key, v, sizeof v - 1, &vn, dt__deadline_after_ms(300)) != DT_OK)
+      continue;
+    v[vn] = '\0';
+    int64_t cur = atoll(v);
+    if (cur != e->lease_val[k]) {
+      if (e->lapsed[k])
+        fprintf(stderr, "dtrain run: node %d: the agent of node %d renews its lease again\n", e->me, node);
+      e->lease_val[k] = cur;
+      e->lease_seen[k] = now;
+      e->lapsed[k] = false;
+    } else if (!e->lapsed[k] && now - e->lease_seen[k] > (int64_t)EL_LEASE_MS * 1000000LL) {
+      e->lapsed[k] = true;
+      char what[200];
+      snprintf(what, sizeof what, "the agent of node %d shows no sign of life for %d ms (hung or cut off from the store)",
+               node, EL_LEASE_MS);
+      fprintf(stderr, "dtrain run: node %d: generation %d: %s; its workers go on, the job re-forms without it if "
+                      "anything fails\n", e->me, e->gen, what);
+      dt__run_event("agent-lost", e->me, e->gen, now, 0, what);
+    }
+  }
+}
+
+/* Reads g<gen>/stop: DT_OK if set (then, for "grow <node>", e->grow_node = node). */
+static dt_status el_stop_asked(elastic *e, int ms) {
+  char key[64], v[32];
+  size_t n;
+  el_key(key, sizeof key, e->gen, "stop");
+  dt_status st = dt__store_get(e->st, key, v, sizeof v - 1, &n, dt__deadline_after_ms(ms));
+  if (st == DT_OK) {
+    v[n] = '\0';
+    if (e->grow_node < 0 && !strncmp(v, "grow ", 5))
+      e->grow_node = atoi(v + 5);
+  }
+  return st;
+}
+
 /* Poll function during a generation: another host's failure, or the store gone. */
 static bool el_poll(void *ctx) {
   elastic *e = ctx;
-  if (!e->st || dt__store_broken(e->st))
-    return false; /* the workers see the failure themselves; nothing to ask */
-  char key[64], v[8];
-  size_t n;
+  int64_t now = dt_now_ns();
+  bool silent = now - e->store_ok_ns > (int64_t)EL_LEASE_MS * 1000000LL;
+  if (!e->st || dt__store_broken(e->st) || silent) {
+    /* The workers see a real failure themselves; the store's host may only be hung. Said once,
+     * so that a silent supervisor does not go unnoticed until the next failure. */
+    if (!e->store_silent) {
+      e->store_silent = true;
+      fprintf(stderr, "dtrain run: node %d: the agent store at %s:%d stopped answering during generation %d; "
+                      "the workers go on, and the store moves if the job re-forms\n", e->me, e->store_addr,
+              e->store_port, e->gen);
+      dt__run_event("store-lost", e->me, e->gen, dt_now_ns(), 0, e->store_addr);
+    }
+    /* A silent (not broken) store is asked again now and then, not at every tick: each
+     * unanswered call would hold up the supervision of the workers. */
+    if (!e->st || dt__store_broken(e->st) || now < e->store_retry_ns)
+      return false;
+    e->store_retry_ns = now + 1000 * 1000000LL;
+  }
+  char key[64];
   int64_t beat;
   snprintf(key, sizeof key, "alive/%d", e->me);
-  dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300));
-  el_key(key, sizeof key, e->gen, "stop");
-  dt_status st = dt__store_get(e->st, key, v, sizeof v, &n, dt__deadline_after_ms(500));
+  if (dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300)) == DT_OK) {
+    e->store_ok_ns = dt_now_ns();
+    if (e->store_silent)
+      fprintf(stderr, "dtrain run: node %d: the agent store answers again\n", e->me);
+    e->store_silent = false;
+  }
+  dt_status st = el_stop_asked(e, 500);
+  if (st != DT_OK && !dt__store_broken(e->st))
+    el_watch_leases(e);
   return st == DT_OK;
 }
 
@@ -387,6 +540,8 @@ int dt__run_elastic(dt_launch_opts *base) {
     if (nfails > 0 && fails[nfails - 1].gen == e.gen - 1)
       fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
     dt__run_event("start", e.me, e.gen, job.start_ns, e.nmembers * o.nproc, NULL);
+    el_watch_start(&e);
+    e.grow_node = -1;
     dt__launch_supervise_poll(&job, el_poll, &e);
     char key[64];
     if (job.outcome == DT_JOB_OK) {
@@ -394,8 +549,12 @@ int dt__run_elastic(dt_launch_opts *base) {
       int64_t fin = 0;
       if (e.st && !dt__store_broken(e.st))
         dt__store_add(e.st, key, 1, &fin, dt__deadline_after_ms(EL_RPC_MS));
-      /* The store's host stays until every member finished (bounded), so nobody loses it. */
-      for (int t = 0; e.server && fin < e.nmembers && t < 200; t++) {
+      /* The store's host stays until every member finished (bounded), so nobody loses it; an
+       * agent whose lease lapsed is not waited for. */
+      int lapsed = 0;
+      for (int k = 0; k < e.nmembers; k++)
+        lapsed += e.lapsed[k];
+      for (int t = 0; e.server && fin < e.nmembers - lapsed && t < 200; t++) {
         dt__sleep_ns(50 * 1000000LL);
         if (dt__store_add(e.st, key, 0, &fin, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
           break;
@@ -407,6 +566,20 @@ int dt__run_elastic(dt_launch_opts *base) {
       break;
     }
     bool failed = job.outcome == DT_JOB_FAILED;
+    /* Our workers may have failed only because another host stopped its own for a joining
+     * host before we saw the request: ask once more. */
+    if (failed && e.grow_node < 0 && e.st && !dt__store_broken(e.st))
+      (void)el_stop_asked(&e, EL_RPC_MS);
+    if (failed && e.grow_node >= 0) {
+      /* Stopped for a host to join, not by a failure: no blame, no restart spent. */
+      fprintf(stderr, "dtrain run: node %d: generation %d stopped for node %d to join; re-forming\n", e.me, e.gen,
+              e.grow_node);
+      dt__run_event("grow", e.me, e.gen, dt_now_ns(), e.nmembers * o.nproc, "");
+      dt__out_settle(out);
+      dt__launch_finish(&job);
+      dt__out_destroy(out);
+      continue;
+    }
     if (failed) {
       dt__run_failure *f = &fails[nfails < 64 ? nfails : 63];
       f->gen = e.gen;
@@ -419,7 +592,8 @@ int dt__run_elastic(dt_launch_opts *base) {
       dt__run_event("failure", e.me, e.gen, detect_ns, e.nmembers * o.nproc, f->what);
       if (e.st && !dt__store_broken(e.st)) {
         el_key(key, sizeof key, e.gen, "stop");
-        dt__store_set(e.st, key, "1", 1, dt__deadline_after_ms(EL_RPC_MS));
+        int set; /* compare-and-set: a "grow" request already there must stay readable */
+        dt__store_cas(e.st, key, NULL, 0, "1", 1, &set, dt__deadline_after_ms(EL_RPC_MS));
         int who = el_blame(&e, &job, f->what);
         if (who >= 0) {
           char b[700];
@@ -431,7 +605,7 @@ int dt__run_elastic(dt_launch_opts *base) {
         }
       }
     }
-    if (!failed || e.gen >= base->max_restarts) {
+    if (!failed || nfails > base->max_restarts) {
       rc = dt__run_report(&job);
       dt__launch_finish(&job);
       dt__out_destroy(out);
@@ -439,7 +613,7 @@ int dt__run_elastic(dt_launch_opts *base) {
     }
     dt__out_settle(out);
     fprintf(stderr, "dtrain run: node %d: generation %d failed: %s; re-forming (restart %d of %d)\n", e.me, e.gen,
-            fails[nfails - 1].what, e.gen + 1, base->max_restarts);
+            fails[nfails - 1].what, nfails, base->max_restarts);
     dt__launch_finish(&job);
     dt__out_destroy(out);
   }

@@ -69,6 +69,10 @@ typedef struct dt_transport_ops {
    * when the algorithm choice says so. */
   dt_status (*allreduce)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
                          const dt__fp *fp, int64_t deadline);
+  /* One-round allreduce for small buffers (shm: every rank reduces every rank's slot), same
+   * contract as allreduce; valid at any count (pieces). */
+  dt_status (*allreduce_flat)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
+                              const dt__fp *fp, int64_t deadline);
   dt_status (*broadcast)(dt_transport *t, void *buf, size_t count, dt_dtype dt, int root, const dt__fp *fp,
                          int64_t deadline);
   dt_status (*allgather)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,

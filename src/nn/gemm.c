@@ -27,13 +27,15 @@
 
 /* Register tile MR x NR: NR = 32 is two zmm vectors, so the conv layers' 32 and 64 output
  * channels fill whole tiles; MR = 14 gives 28 accumulators + 2 B vectors + 1 broadcast = 31 of
- * the 32 zmm registers.
- * Cache blocks chosen with bench/sgemm_peak --gemm on this machine (Zen 5, 48 KiB L1d, 1 MiB L2
- * per core): see the table at GEMM_KC below. */
+ * the 32 zmm registers. */
 #define MR 14
 #define NR 32
-/* KC x NC floats of packed B stay in L2 (KC 256 x NC 512 = 512 KiB); an MR x KC sliver of A
- * (14 KiB) and one KC x NR panel of B (32 KiB) are what the kernel touches per tile. */
+/* Cache blocks: KC x NC floats of packed B stay in L2 (256 x 512 = 512 KiB of the 1 MiB per
+ * core); an MR x KC sliver of A (14 KiB) and one KC x NR panel of B (32 KiB) share the 48 KiB L1.
+ * Chosen by measurement on this machine (AMD Zen 5, 2026-11-22): the FLOP-weighted rate over the
+ * engine's 15 layer shapes (the set in bench/sgemm_peak --gemm), thread CPU time, three
+ * interleaved rounds, median GFLOP/s: KC/NC 256/512 177, 384/512 175, 512/512 178 (spread
+ * 145-185), 256/1024 172, 192/1024 171, 384/768 163, 128/1024 156. 256/512 was the steadiest. */
 #define GEMM_KC 256
 #define GEMM_NC 512
 
@@ -208,24 +210,27 @@ AVX512 static void pack_b(bool tb, const float *B, int ldb, int k0, int kc, int 
 
 /* ---- micro-kernel ---- */
 
-/* C[0..mr) x [0..nr) = alpha * Ap^T Bp + beta * C over kc steps; mr is a compile-time constant
- * at each call site (see kern_dispatch) so the tile lives in registers. beta == 0 never reads C. */
-AVX512 static inline __attribute__((always_inline)) void kern(const int mr, int kc,
-                                                              const float *restrict Ap,
-                                                              const float *restrict Bp, float *C,
-                                                              int ldc, float alpha, float beta,
-                                                              int nr) {
+/* C[0..mr) x [0..nr) = alpha * op(A) Bp + beta * C over kc steps; mr and lda_direct's use are
+ * compile-time constants at each call site (see kern_dispatch) so the tile lives in registers.
+ * A is either a packed sliver (a[k * MR + i], lda == 0) or, when direct, rows of the caller's
+ * non-transposed matrix (a[i * lda + k]), read in place. beta == 0 never reads C. */
+AVX512 static inline __attribute__((always_inline)) void kern(const int mr, const bool direct,
+                                                              int kc, const float *restrict a,
+                                                              int lda, const float *restrict Bp,
+                                                              float *C, int ldc, float alpha,
+                                                              float beta, int nr) {
   __m512 c0[MR], c1[MR];
+  const size_t sa = direct ? (size_t)lda : 1, sk = direct ? 1 : MR;
   for (int i = 0; i < mr; i++)
     c0[i] = c1[i] = _mm512_setzero_ps();
   for (int k = 0; k < kc; k++) {
     __m512 b0 = _mm512_load_ps(Bp), b1 = _mm512_load_ps(Bp + 16);
     for (int i = 0; i < mr; i++) {
-      __m512 a = _mm512_set1_ps(Ap[i]);
-      c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-      c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+      __m512 av = _mm512_set1_ps(a[i * sa]);
+      c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
     }
-    Ap += MR;
+    a += sk;
     Bp += NR;
   }
   __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -260,10 +265,14 @@ AVX512 static inline __attribute__((always_inline)) void kern(const int mr, int 
 
 #define KERN_CASE(n)                                                                               \
   case n:                                                                                          \
-    kern(n, kc, Ap, Bp, C, ldc, alpha, beta, nr);                                                  \
+    if (lda)                                                                                       \
+      kern(n, true, kc, a, lda, Bp, C, ldc, alpha, beta, nr);                                      \
+    else                                                                                           \
+      kern(n, false, kc, a, 0, Bp, C, ldc, alpha, beta, nr);                                       \
     break;
 
-AVX512 static void kern_dispatch(int mr, int kc, const float *Ap, const float *Bp, float *C,
+/* lda == 0: a is a packed sliver; otherwise the top-left of mr rows of A read in place. */
+AVX512 static void kern_dispatch(int mr, int kc, const float *a, int lda, const float *Bp, float *C,
                                  int ldc, float alpha, float beta, int nr) {
   switch (mr) {
     KERN_CASE(14)
@@ -310,12 +319,21 @@ AVX512 static void gemm_own(bool ta, bool tb, int M, int N, int K, float alpha, 
       int kc = K - pc < GEMM_KC ? K - pc : GEMM_KC;
       float b = pc == 0 ? beta : 1.0f; /* later K blocks accumulate onto the first */
       pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
+      /* A read in place when packing it would cost about as much as the multiply: one or two
+       * B panels (the conv layers' 32 or 64 output channels; measured: conv1 forward 60 -> 125
+       * GFLOP/s, conv2 forward 175 -> 207). Short K runs (conv dX, K = 64) gained nothing.
+       * Not for rows 4 KiB apart: all 14 would fall into the same L1 sets. */
+      bool direct = !ta && nc <= 2 * NR && (size_t)lda * sizeof(float) % 4096 != 0;
       for (int ic = 0; ic < M; ic += MR) {
         int mr = M - ic < MR ? M - ic : MR;
-        pack_a(ta, A, lda, ic, mr, pc, kc, Ap);
+        const float *a = A + (size_t)ic * lda + pc;
+        if (!direct) {
+          pack_a(ta, A, lda, ic, mr, pc, kc, Ap);
+          a = Ap;
+        }
         float *Crow = C + (size_t)ic * ldc + jc;
         for (int jr = 0; jr < nc; jr += NR)
-          kern_dispatch(mr, kc, Ap, Bp + (size_t)jr * kc, Crow + jr, ldc, alpha, b,
+          kern_dispatch(mr, kc, a, direct ? lda : 0, Bp + (size_t)jr * kc, Crow + jr, ldc, alpha, b,
                         nc - jr < NR ? nc - jr : NR);
       }
     }

@@ -6,6 +6,9 @@
  * their one transfer doubles as the check, see comm/coll/tree.c); every rank must return DT_ERR_MISMATCH or
  * DT_ERR_ABORTED (never hang, never succeed), and its message must name both sides' calls, e.g.
  * "rank 1 called allreduce #3 with 8 x f32 sum" and "rank 0 called allreduce #3 with 4 x f32 sum".
+ * The mismatches run with the automatic algorithm choice and with each allreduce algorithm
+ * forced (flat, rd, shm, ring), plus one where the two counts take different algorithms (flat
+ * against the chunked shm allreduce), so every path's own detection is exercised.
  * Invalid arguments: DT_ERR_INVALID naming the call on the rank that made it, and the other
  * ranks stop with DT_ERR_ABORTED instead of waiting for it. */
 #include <stdio.h>
@@ -19,14 +22,16 @@
 
 typedef enum {
   MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3,
-  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_N
+  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_N
 } mm_kind;
 static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)",
-                                     "broadcast count", "reduce root", "gather root", "scatter root"};
+                                     "broadcast count", "reduce root", "gather root", "scatter root",
+                                     "count across algorithms"};
 
 typedef struct job {
   mm_kind kind;
   const char *transport;
+  const char *algo; /* DTRAIN_ALGO for every call, NULL: automatic */
 } job;
 
 static dt_comm *join(int rank) {
@@ -44,7 +49,11 @@ static int mismatch_body(int rank, int size, void *arg) {
   dt_comm *c = join(rank);
   if (!c)
     return 2;
-  float a[16] = {0}, b[16];
+  if (j->algo)
+    setenv("DTRAIN_ALGO", j->algo, 1);
+  else
+    unsetenv("DTRAIN_ALGO");
+  static float a[1 << 16], b[1 << 16];
   for (int i = 0; i < 2; i++)
     CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
   int odd = rank == 1;
@@ -76,6 +85,12 @@ static int mismatch_body(int rank, int size, void *arg) {
     st = dt_comm_broadcast(c, a, 4, DT_F32, odd ? 1 : 0);
     theirs = "rank 1 called broadcast #3 with 4 x f32 from root 1";
     mine = "rank 0 called broadcast #3 with 4 x f32 from root 0";
+    break;
+  case MM_PATHS:
+    /* 4 floats take the small-buffer algorithm, 65536 the large one (automatic choice) */
+    st = dt_comm_allreduce(c, a, b, odd ? 65536 : 4, DT_F32, DT_SUM);
+    theirs = "rank 1 called allreduce #3 with 65536 x f32 sum";
+    mine = "rank 0 called allreduce #3 with 4 x f32 sum";
     break;
   case MM_BCAST_COUNT:
     st = dt_comm_broadcast(c, a, odd ? 6 : 4, DT_F32, 0);
@@ -204,15 +219,25 @@ int main(void) {
   const char *tps[] = {"shm", "tcp"};
   for (int t = 0; t < 2; t++) {
     setenv("DTRAIN_TRANSPORT", tps[t], 1);
-    for (int k = 0; k < MM_N; k++) {
-      job j = {(mm_kind)k, tps[t]};
-      int f = mp_run(k == MM_COUNT_RD3 ? 3 : 2, mismatch_body, &j, 60);
-      ran++;
-      if (f) {
-        fprintf(stderr, "FAIL: %s mismatch on %s\n", mm_names[k], tps[t]);
-        bad++;
+    /* Each allreduce algorithm detects a mismatch itself: force each (collectives without
+     * them keep their automatic choice). */
+    const char *algos[] = {NULL, "flat", "rd", "shm", "ring"};
+    for (int a = 0; a < 5; a++)
+      for (int k = 0; k < MM_N; k++) {
+        int allreduce_kind = k <= MM_COUNT_RD3 && k != MM_ROOT;
+        if ((a > 0 && !allreduce_kind) || (t == 1 && (a == 1 || a == 3)))
+          continue; /* forced: only the allreduce mismatches; tcp has no flat or shm allreduce */
+        if (a == 4 && k == MM_COUNT_RD3)
+          continue; /* in a 3-rank ring rank 0 is a bystander too (it may see rank 2 leave) */
+        job j = {(mm_kind)k, tps[t], algos[a]};
+        int f = mp_run(k == MM_COUNT_RD3 ? 3 : 2, mismatch_body, &j, 60);
+        ran++;
+        if (f) {
+          fprintf(stderr, "FAIL: %s mismatch on %s, DTRAIN_ALGO=%s\n", mm_names[k], tps[t],
+                  algos[a] ? algos[a] : "(auto)");
+          bad++;
+        }
       }
-    }
     ran++;
     if (mp_run(2, invalid_body, NULL, 60)) {
       fprintf(stderr, "FAIL: invalid arguments on %s\n", tps[t]);

@@ -7,10 +7,12 @@
  *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
  *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
- *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd,
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/flat,
  *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
  *   transport's fast path ("shm") of each collective that has one, and auto. Small ring
- *   and chain pieces (4 KiB) make the pipelines run several pieces per step at count 4099.
+ *   and chain pieces and flat slots (4 KiB) make the pipelines run several pieces per step,
+ *   and the flat allreduce several rounds, at count 4099. Ranks above the machine's CPU count
+ *   run the shm transport's oversubscribed waiting (short spin, yield, futex sleep).
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
  * Out of place, DT_IN_PLACE and sendbuf == recvbuf rotate by (dtype + op + count). Allreduce results are also
@@ -215,6 +217,8 @@ static int body(int rank, int size, void *arg) {
       algos[nalgo++] = "rd";
       if (c->ops->allreduce)
         algos[nalgo++] = "shm";
+      if (c->ops->allreduce_flat)
+        algos[nalgo++] = "flat";
     } else if (k == DT_COLL_BROADCAST) {
       algos[nalgo++] = "broadcast=tree";
       algos[nalgo++] = "broadcast=chain";
@@ -300,6 +304,8 @@ int main(int argc, char **argv) {
     setenv("DTRAIN_RING_PIECE", "4096", 1);
   if (maxcount < 100000 && !getenv("DTRAIN_CHAIN_PIECE"))
     setenv("DTRAIN_CHAIN_PIECE", "4096", 1);
+  if (maxcount < 100000 && !getenv("DTRAIN_SHM_FLAT"))
+    setenv("DTRAIN_SHM_FLAT", "4096", 1);
   int bad = 0;
   for (int i = 0; i < nranks; i++) {
     printf("# %s, %d ranks\n", g.transport, ranks[i]);

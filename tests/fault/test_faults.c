@@ -196,6 +196,28 @@ static int free_port(void) {
   return ntohs(a.sin_port);
 }
 
+/* A base port P with P..P+n-1 free, below the kernel's ephemeral range (32768 and up by
+ * default), where no outgoing connection of the job can take P+1 between our check and its
+ * use: `dtrain run --nnodes` puts the agent store on P and generation g's workers on P+1+g. */
+static int free_port_block(int n) {
+  for (int attempt = 0; attempt < 500; attempt++) {
+    int base = 20000 + (int)(((unsigned)getpid() * 7919u + (unsigned)attempt * 104729u) % 12000u);
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+      int s = socket(AF_INET, SOCK_STREAM, 0);
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)(base + i))};
+      ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0;
+      if (s >= 0)
+        close(s);
+    }
+    if (ok)
+      return base;
+  }
+  fail_msg("no block of %d free ports below 32000", n);
+  return -1;
+}
+
 static void start_workers(int w, const char *faults, const char *transport, const char *steps, const char *step_ms,
                           pid_t *pids) {
   static char envs[16][12][128];
@@ -417,6 +439,119 @@ static void test_run_drop_restart(void **state) {
   free(err);
 }
 
+/* Starts the elastic agent of node r (--nnodes 3 --master 127.0.0.1:port, 150 steps of 30 ms,
+ * checkpoints every 3 steps in dir/ck), output to dir/<tag>.out/.err. */
+static pid_t start_agent(int r, int port, const char *tag) {
+  static char secret[64], portarg[32], noderank[3][12];
+  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=agents-%d", (int)getpid());
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
+  snprintf(noderank[r], sizeof noderank[r], "%d", r);
+  const char *env[] = {secret, NULL};
+  const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "3", "--node-rank", noderank[r], "--master", portarg,
+                        "--max-restarts", "1", "--min-nodes", "2", "--fault-timeout", "1.5", "--kill-after", "1", "--",
+                        worker, "--steps", "150", "--step-ms", "30", "--ckpt-dir", pathf("%s/ck", dir),
+                        "--ckpt-every", "3", NULL};
+  return spawn(argv, env, pathf("%s/%s.out", dir, tag), pathf("%s/%s.err", dir, tag));
+}
+
+/* Three elastic agents on this host (--nnodes 3 --master 127.0.0.1:P), one worker each; once
+ * the checkpoint of step 12 exists, the agent of node `hung` (not its worker) is stopped. Its
+ * workers are healthy, so the job must finish undisturbed in generation 0, and the agents that
+ * are left must say so: `expect` in agent `watcher`'s stderr. The stopped agent is then let go
+ * and must end too. */
+static void elastic_agent_hangs(int hung, int watcher, const char *expect) {
+  int port = free_port_block(4);
+  pid_t ag[3];
+  for (int r = 0; r < 3; r++)
+    ag[r] = start_agent(r, port, pathf("agent%d", r));
+  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
+  struct stat sb;
+  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
+    msleep(10);
+  assert_int_equal(stat(ck12, &sb), 0);
+  assert_int_equal(kill(ag[hung], SIGSTOP), 0);
+  for (int r = 0; r < 3; r++) {
+    if (r == hung)
+      continue;
+    int st = wait_bounded(ag[r], 30000);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      fail_msg("agent %d: status %d: %s", r, st, slurp(pathf("%s/agent%d.err", dir, r)));
+  }
+  char *err = slurp(pathf("%s/agent%d.err", dir, watcher));
+  if (!strstr(err, expect))
+    fail_msg("agent %d should say '%s': %s", watcher, expect, err);
+  free(err);
+  /* Rank 0's output passes through agent 0: read it once every agent is done. */
+  kill(ag[hung], SIGCONT);
+  int st = wait_bounded(ag[hung], 20000);
+  assert_true(st != -1);
+  char *out = slurp(pathf("%s/agent0.out", dir));
+  char *out0 = slurp(pathf("%s/agent0.err", dir));
+  if (!strstr(out, "done steps 150 x 11325 resumed 0 world 3 generation 0") &&
+      !strstr(out0, "done steps 150 x 11325 resumed 0 world 3 generation 0"))
+    fail_msg("the job should end undisturbed: %s %s\n-- agent 1: %s\n-- agent 2: %s", out, out0,
+             slurp(pathf("%s/agent1.err", dir)), slurp(pathf("%s/agent2.err", dir)));
+  free(out);
+  free(out0);
+}
+
+/* A hung agent between failures is noticed by the store's host within its lease (1.5 s). */
+static void test_run_elastic_agent_hangs(void **state) {
+  elastic_agent_hangs(2, 0, "generation 0: the agent of node 2 shows no sign of life for 1500 ms");
+}
+
+/* The agent hosting the agent store hangs: the others say the store stopped answering. */
+static void test_run_elastic_store_agent_hangs(void **state) {
+  elastic_agent_hangs(0, 1, "the agent store at 127.0.0.1:");
+}
+
+/* A host is lost (its agent killed: its worker follows, PR_SET_PDEATHSIG), the other two
+ * re-form without it; then its agent starts again and asks to join: the job re-forms with all
+ * three, spends no restart on that, and ends with the undisturbed state. */
+static void test_run_elastic_rejoin(void **state) {
+  int port = free_port_block(4);
+  pid_t ag[3];
+  for (int r = 0; r < 3; r++)
+    ag[r] = start_agent(r, port, pathf("agent%d", r));
+  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
+  struct stat sb;
+  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
+    msleep(10);
+  assert_int_equal(stat(ck12, &sb), 0);
+  kill(ag[2], SIGKILL);
+  wait_bounded(ag[2], 5000);
+  bool reformed = false;
+  for (int t = 0; t < 1500 && !reformed; t++) {
+    char *err = slurp(pathf("%s/agent0.err", dir));
+    reformed = strstr(err, "generation 1 with 2 hosts") != NULL;
+    free(err);
+    if (!reformed)
+      msleep(10);
+  }
+  assert_true(reformed);
+  pid_t back = start_agent(2, port, "agent2b");
+  int st[3];
+  st[0] = wait_bounded(ag[0], 40000);
+  st[1] = wait_bounded(ag[1], 40000);
+  st[2] = wait_bounded(back, 40000);
+  char *e0 = slurp(pathf("%s/agent0.err", dir)), *o0 = slurp(pathf("%s/agent0.out", dir));
+  for (int r = 0; r < 3; r++)
+    if (!(st[r] != -1 && WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0))
+      fail_msg("agent %d: status %d\n-- agent 0: %s\n-- agent 1: %s\n-- agent 2 again: %s", r, st[r], e0,
+               slurp(pathf("%s/agent1.err", dir)), slurp(pathf("%s/agent2b.err", dir)));
+  if (!strstr(o0, "done steps 150 x 11325 resumed") && !strstr(e0, "done steps 150 x 11325 resumed"))
+    fail_msg("wrong final state: %s %s", o0, e0);
+  if (!strstr(o0, "world 3 generation 2") && !strstr(e0, "world 3 generation 2"))
+    fail_msg("the job should end with 3 hosts in generation 2: %s %s", o0, e0);
+  assert_non_null(strstr(e0, "generation 1 stopped for node 2 to join"));
+  assert_non_null(strstr(e0, "1 failure, 1 restart"));
+  char *e2 = slurp(pathf("%s/agent2b.err", dir));
+  assert_non_null(strstr(e2, "joining generation 2"));
+  free(e0);
+  free(o0);
+  free(e2);
+}
+
 /* The newest checkpoint is corrupted, then a worker dies: the restart skips the corrupt file,
  * resumes from the one before, and still ends with the right state. */
 static void test_run_corrupt_ckpt_fallback(void **state) {
@@ -482,6 +617,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_restart_resumes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_corrupt_ckpt_fallback, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_drop_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_agent_hangs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_store_agent_hangs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_rejoin, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
   };
   if (!strcmp(group, "parse"))

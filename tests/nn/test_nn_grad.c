@@ -157,6 +157,7 @@ static void test_conv_stride_pad(void **s) {
 static void test_maxpool(void **s) {
   check("in=2x6x6,maxpool2,flatten,linear:3", 2, 13, 1.0);
   check("in=3x7x7,maxpool3:s2,flatten,linear:3", 2, 14, 1.0); /* overlapping windows */
+  check("in=35x4x4,maxpool2,flatten,linear:3", 2, 17, 1.0); /* two 16-channel blocks and a tail */
 }
 static void test_avgpool(void **s) {
   check("in=2x6x6,avgpool2,flatten,linear:3", 2, 15, 1.0);
@@ -233,11 +234,14 @@ static void test_conv_reference(void **s) {
 }
 
 static void test_pool_reference(void **s) {
-  const int B = 2, C = 3, H = 7, W = 7, K = 3, S = 2;
-  for (int avg = 0; avg < 2; avg++) {
+  const int B = 2, H = 7, W = 7, K = 3, S = 2;
+  /* 20 channels: max-pool's 16-channel vector blocks and a tail; 3: the tail only */
+  for (int avg = 0; avg < 4; avg++) {
+    const int C = avg < 2 ? 3 : 20;
+    char spec[64];
+    snprintf(spec, sizeof spec, "in=%dx7x7,%s3:s2,flatten", C, avg % 2 ? "avgpool" : "maxpool");
     float *x;
-    dt_model *m = ref_model(avg ? "in=3x7x7,avgpool3:s2,flatten" : "in=3x7x7,maxpool3:s2,flatten",
-                            B, 22, &x);
+    dt_model *m = ref_model(spec, B, 22, &x);
     const float *y;
     assert_int_equal(dt_model_forward(m, x, B, 0, &y), DT_OK);
     int OH = (H - K) / S + 1, OW = (W - K) / S + 1;
@@ -245,11 +249,11 @@ static void test_pool_reference(void **s) {
       for (int oh = 0; oh < OH; oh++)
         for (int ow = 0; ow < OW; ow++)
           for (int c = 0; c < C; c++) {
-            double acc = avg ? 0.0 : -INFINITY;
+            double acc = avg % 2 ? 0.0 : -INFINITY;
             for (int kh = 0; kh < K; kh++)
               for (int kw = 0; kw < K; kw++) {
                 double v = x[(((size_t)n * C + c) * H + oh * S + kh) * W + ow * S + kw];
-                acc = avg ? acc + v / (K * K) : fmax(acc, v);
+                acc = avg % 2 ? acc + v / (K * K) : fmax(acc, v);
               }
             assert_float_equal(y[(((size_t)n * OH + oh) * OW + ow) * C + c], acc, 1e-5);
           }

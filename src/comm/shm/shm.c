@@ -48,12 +48,26 @@
 /* Allreduce chunk: each rank reduces 1/n of it, so 512 KiB keeps a rank's working set (its
  * slice of every rank's chunk) in L2 for 2-4 ranks. DTRAIN_SHM_CHUNK overrides. */
 #define SHM_DEFAULT_CHUNK (512u << 10)
-/* Waiting: ~256 pauses (a few microseconds: the other side is usually that close when each
- * rank has a core), then yields (lets a rank sharing our core run), then futex sleeps.
- * DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS override. On the loaded 2-core guest, dropping the yield
- * phase made 4 B - 64 KiB allreduce 2-3x slower (60-85 us against 25-35 us). */
-#define SHM_SPINS 256
+/* Flat allreduce slot: the largest piece one round moves (per rank, two slots by parity).
+ * DTRAIN_SHM_FLAT overrides; choose() in collectives.c says up to where flat is used. */
+#define SHM_DEFAULT_FLAT (32u << 10)
+/* Waiting: spin (pause) for a while, then yield a number of times, then sleep on the bell futex.
+ * How long depends on whether this host runs more ranks than the CPUs we may use:
+ *   - not oversubscribed: every rank has a core, so spinning costs nobody and a peer that is
+ *     late was descheduled by someone else's process; keep spinning SHM_SPIN_NS so that both
+ *     ranks stay on their cores and the next rounds run back to back. (Measured: 2 ranks, 4 B,
+ *     with the other helpers' builds loading the 2-core guest to load average 9-14: with a 3 us
+ *     spin then yields, dtrain took 20 us a call against Open MPI's 0.24 us, which polls without
+ *     ever yielding. A 1 ms spin still fell into sleeps at 16-64 KiB, 0.7-4 ms a call, as a
+ *     descheduled peer returns only after another program's time slice; 10 ms kept every size
+ *     from 4 B to 64 KiB at 0.2-12 us in the same conditions.)
+ *   - oversubscribed: the rank we wait for may need our core: spin SHM_SPIN_OVER_NS only and
+ *     yield SHM_YIELDS_OVER times, then block on the futex.
+ * DTRAIN_SHM_SPIN_US / DTRAIN_SHM_YIELDS override both. */
+#define SHM_SPIN_NS 10000000
 #define SHM_YIELDS 64
+#define SHM_SPIN_OVER_NS 0
+#define SHM_YIELDS_OVER 4
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
 #define SHM_ALIVE_NS 50000000 /* liveness check of awaited ranks: 50 ms */
 
@@ -65,6 +79,7 @@ typedef struct shm_hdr {
   uint32_t n, nslots;
   uint64_t slot_bytes, chunk_bytes;
   uint64_t off_ranks, off_rings, off_stage, ring_bytes;
+  uint64_t off_flat, flat_bytes, flat_stride;
   alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t sleepers;
 } shm_hdr;
@@ -85,6 +100,18 @@ typedef struct shm_rank {
 } shm_rank;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
+
+/* One slot of the one-round ("flat") allreduce: rank r owns two (by round parity). The piece
+ * starts right after the 32-byte header, so an allreduce of up to 32 bytes moves one cache line
+ * per rank. g is the flat round the slot holds, 0 while it is being rewritten (so the call
+ * board can read fp consistently, as a seqlock); g is stored last. */
+typedef struct shm_flat {
+  _Atomic uint64_t g;
+  _Atomic uint64_t fp[3]; /* the dt__fp's 24 bytes, as words */
+  uint8_t data[];
+} shm_flat;
+#define SHM_FLAT_HDR 32
+_Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
 typedef struct shm_slot {
   dt__fp fp;
@@ -108,9 +135,12 @@ struct dt_transport {
   shm_rank *ranks;
   uint64_t chunks; /* allreduce chunks done on this communicator (same on every rank) */
   uint64_t bars;   /* barriers done */
+  uint64_t flats;  /* flat allreduce rounds done (same on every rank) */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
-  unsigned spins, yields; /* waiting policy: DTRAIN_SHM_SPINS / DTRAIN_SHM_YIELDS */
+  int64_t spin_ns;  /* waiting policy (see SHM_SPIN_NS) */
+  unsigned yields;
+  bool oversubscribed; /* more ranks on this host than CPUs this process may use */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
 
@@ -125,6 +155,9 @@ static shm_slot *shm_slot_of(dt_transport *t, shm_ring *r, uint64_t i) {
 static uint8_t *shm_stage(dt_transport *t, int rank, int buf) {
   return t->base + t->h->off_stage + ((size_t)rank * 2 + (size_t)buf) * t->h->chunk_bytes;
 }
+static shm_flat *shm_flat_of(dt_transport *t, int rank, int parity) {
+  return (shm_flat *)(t->base + t->h->off_flat + ((size_t)rank * 2 + (size_t)parity) * t->h->flat_stride);
+}
 
 static inline void shm_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -134,18 +167,42 @@ static inline void shm_relax(void) {
 #endif
 }
 
+/* Wakes the ranks asleep on the bell, after this rank published something. Only when some
+ * sleep: a bell rung on every publication is a contended read-modify-write per message (it cost
+ * the flat allreduce a cache-line round trip). The fence orders the publication before the
+ * sleepers load; shm_pause's waiter orders its sleepers increment before re-reading the
+ * condition (Dekker), so either the waiter sees the publication or we see the sleeper. */
 static void shm_ring_bell(dt_transport *t) {
-  atomic_fetch_add(&t->h->bell, 1);
-  if (atomic_load(&t->h->sleepers))
+#ifdef __SANITIZE_THREAD__
+  /* TSan models no fences: an RMW on sleepers pairs with the waiter's RMW the same way */
+  uint32_t sleepers = atomic_fetch_add(&t->h->sleepers, 0);
+#else
+  atomic_thread_fence(memory_order_seq_cst);
+  uint32_t sleepers = atomic_load_explicit(&t->h->sleepers, memory_order_relaxed);
+#endif
+  if (sleepers) {
+    atomic_fetch_add(&t->h->bell, 1);
     syscall(SYS_futex, &t->h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+  }
 }
 
 /* ---- waiting ---- */
 
+/* One wait of one caller. armed: this waiter counted itself in h->sleepers and must re-check
+ * its condition once before sleeping (and shm_unarm when it stops waiting). */
 typedef struct shm_wait {
-  unsigned iter;
-  int64_t next_alive;
+  unsigned iter, yields;
+  int phase; /* 0 spin, 1 yield, 2 sleep */
+  bool armed;
+  int64_t t0, next_alive;
 } shm_wait;
+
+/* Ends one wait (the condition held, or the caller gives up), so the next starts spinning. */
+static void shm_unarm(dt_transport *t, shm_wait *w) {
+  if (w->armed)
+    atomic_fetch_sub(&t->h->sleepers, 1);
+  *w = (shm_wait){.next_alive = w->next_alive};
+}
 
 static dt_status shm_dead(dt_transport *t, int peer, const dt__fp *fp, int pid) {
   char pn[64], what[160];
@@ -210,7 +267,23 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
       t->broken = true;
       return dt__comm_mismatch(t->c, peer, &theirs, fp);
     }
-    return DT_OK;
+    break;
+  }
+  /* The flat allreduce does not write the board: its slots carry the fingerprint instead. */
+  for (int p = 0; p < 2; p++) {
+    shm_flat *s = shm_flat_of(t, peer, p);
+    /* seqlock read: acquire loads keep the second read of g after the words */
+    uint64_t g1 = atomic_load_explicit(&s->g, memory_order_acquire), w[3];
+    for (int i = 0; i < 3; i++)
+      w[i] = atomic_load_explicit(&s->fp[i], memory_order_acquire);
+    if (!g1 || atomic_load_explicit(&s->g, memory_order_relaxed) != g1)
+      continue;
+    dt__fp theirs;
+    memcpy(&theirs, w, sizeof theirs);
+    if (theirs.seq == fp->seq && !dt__fp_equal(&theirs, fp)) {
+      t->broken = true;
+      return dt__comm_mismatch(t->c, peer, &theirs, fp);
+    }
   }
   return DT_OK;
 }
@@ -220,21 +293,36 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
 static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
-  if (w->iter < t->spins) {
+  if (w->phase == 0) {
+    /* 16 pauses between looks at the clock: the checks below cost ~100 ns */
     shm_relax();
-    if (w->iter & 63)
+    if (w->iter & 15)
       return DT_OK;
-  } else if (w->iter < t->spins + t->yields) {
+    int64_t now = dt_now_ns();
+    if (!w->t0)
+      w->t0 = now;
+    else if (now - w->t0 >= t->spin_ns)
+      w->phase = t->yields ? 1 : 2;
+  } else if (w->phase == 1) {
     sched_yield();
-  } else {
+    if (++w->yields >= t->yields)
+      w->phase = 2;
+  } else if (!w->armed) {
+    /* Count ourselves as a sleeper, then let the caller re-read the bell and its condition
+     * once more before the futex wait: a publisher that missed us in sleepers is seen there. */
     atomic_fetch_add(&t->h->sleepers, 1);
+#ifndef __SANITIZE_THREAD__
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with shm_ring_bell's */
+#endif
+    w->armed = true;
+    return DT_OK;
+  } else {
     struct timespec ts = {0, SHM_SLEEP_NS};
     syscall(SYS_futex, &t->h->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
-    atomic_fetch_sub(&t->h->sleepers, 1);
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
-  if (w->iter >= t->spins)
+  if (w->iter >= 64 || w->phase)
     DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
   if (now >= deadline) {
@@ -325,6 +413,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   if (nslots < 2 || nslots > 64)
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_SLOTS=%llu is outside 2..64", (unsigned long long)nslots);
   DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
+  uint64_t flat;
+  DT_CHECK(shm_env_size("DTRAIN_SHM_FLAT", SHM_DEFAULT_FLAT, 64, 16u << 20, &flat));
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
    * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
@@ -334,7 +424,9 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   size_t off_rings = shm_align(off_ranks + n * sizeof(shm_rank), 4096);
   size_t ring_bytes = shm_align(sizeof(shm_ring) + nslots * (SHM_SLOT_HDR + slot), 4096);
   size_t off_stage = shm_align(off_rings + n * n * ring_bytes, 4096);
-  size_t size = off_stage + n * 2 * chunk;
+  size_t flat_stride = shm_align(SHM_FLAT_HDR + flat, SHM_LINE);
+  size_t off_flat = shm_align(off_stage + n * 2 * chunk, 4096);
+  size_t size = off_flat + n * 2 * flat_stride;
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     return dt__errno(DT_ERR_SYSTEM, "shm_open(%s)", name);
@@ -356,7 +448,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   t->h = p;
   *t->h = (shm_hdr){.magic = SHM_MAGIC, .size = size, .n = (uint32_t)n, .nslots = (uint32_t)nslots,
                     .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
-                    .off_stage = off_stage, .ring_bytes = ring_bytes};
+                    .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
+                    .flat_bytes = flat, .flat_stride = flat_stride};
   return DT_OK;
 }
 
@@ -391,13 +484,18 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->c = c;
   t->n = c->size;
   t->rank = c->rank;
-  int64_t spins, yields;
-  if (dt__env_int("DTRAIN_SHM_SPINS", SHM_SPINS, &spins) != DT_OK ||
-      dt__env_int("DTRAIN_SHM_YIELDS", SHM_YIELDS, &yields) != DT_OK) {
+  /* Oversubscribed: more ranks of the job on this host than CPUs we may run on. */
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
+  t->oversubscribed = ncpu > 0 && on_host > ncpu;
+  int64_t spin_us, yields;
+  if (dt__env_int("DTRAIN_SHM_SPIN_US", (t->oversubscribed ? SHM_SPIN_OVER_NS : SHM_SPIN_NS) / 1000, &spin_us) != DT_OK ||
+      dt__env_int("DTRAIN_SHM_YIELDS", t->oversubscribed ? SHM_YIELDS_OVER : SHM_YIELDS, &yields) != DT_OK) {
     shm_destroy(t);
     return DT_ERR_INVALID;
   }
-  t->spins = (unsigned)DT_MIN(DT_MAX(spins, 0), 1 << 24);
+  t->spin_ns = DT_MIN(DT_MAX(spin_us, 0), 10000000) * 1000;
   t->yields = (unsigned)DT_MIN(DT_MAX(yields, 0), 1 << 24);
   if (t->n == 1) {
     *out = t;
@@ -458,8 +556,19 @@ fail:
 
 /* ---- sendrecv over the rings ---- */
 
+static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
+                                const dt__fp *fp, int64_t deadline, shm_wait *wp);
+
 static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
                               const dt__fp *fp, int64_t deadline) {
+  shm_wait w = {0};
+  dt_status st = shm_sendrecv_w(t, dst, sbuf, sn, src, rbuf, rn, fp, deadline, &w);
+  shm_unarm(t, &w);
+  return st;
+}
+
+static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
+                                const dt__fp *fp, int64_t deadline, shm_wait *wp) {
   dt_comm *c = t->c;
   if ((dst >= 0 && (dst >= t->n || dst == t->rank)) || (src >= 0 && (src >= t->n || src == t->rank)))
     return dt_set_error(DT_ERR_INVALID, "rank %d: shm sendrecv with dst %d src %d of %d ranks", t->rank, dst, src, t->n);
@@ -475,7 +584,6 @@ static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   bool s_pending = dst >= 0, r_pending = src >= 0;
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
-  shm_wait w = {0};
   for (;;) {
     uint32_t bell = atomic_load(&t->h->bell);
     bool moved = false;
@@ -548,7 +656,7 @@ static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
     if (!s_pending && !r_pending)
       return DT_OK;
     if (moved) {
-      w.iter = 0;
+      shm_unarm(t, wp);
       continue;
     }
     if (back && s_pending) {
@@ -564,7 +672,7 @@ static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       }
     }
     (void)r_first;
-    DT_CHECK(shm_pause(t, &w, bell, r_pending ? src : dst, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, bell, r_pending ? src : dst, fp, deadline));
   }
 }
 
@@ -573,9 +681,19 @@ static dt_status shm_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
 /* Waits until every rank's counter (at byte offset `field` of its record) reaches target. On
  * the way checks that each rank that got there was in the same call (fingerprint in its
  * record's fp[parity] when fps is non-NULL). */
+static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uint64_t target, size_t fp_field,
+                                int parity, const dt__fp *fp, int64_t deadline);
+
 static dt_status shm_wait_all(dt_transport *t, size_t field, uint64_t target, size_t fp_field, int parity,
                               const dt__fp *fp, int64_t deadline) {
   shm_wait w = {0};
+  dt_status st = shm_wait_all_w(t, &w, field, target, fp_field, parity, fp, deadline);
+  shm_unarm(t, &w);
+  return st;
+}
+
+static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uint64_t target, size_t fp_field,
+                                int parity, const dt__fp *fp, int64_t deadline) {
   int r = 0;
   while (r < t->n) {
     uint32_t bell = atomic_load(&t->h->bell);
@@ -590,10 +708,10 @@ static dt_status shm_wait_all(dt_transport *t, size_t field, uint64_t target, si
         }
       }
       r++;
-      w.iter = 0;
+      shm_unarm(t, wp);
       continue;
     }
-    DT_CHECK(shm_pause(t, &w, bell, r, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, bell, r, fp, deadline));
   }
   return DT_OK;
 }
@@ -602,6 +720,13 @@ static void shm_publish(dt_transport *t, size_t field, uint64_t v) {
   _Atomic uint64_t *ctr = (_Atomic uint64_t *)((uint8_t *)&t->ranks[t->rank] + field);
   atomic_store_explicit(ctr, v, memory_order_release);
   shm_ring_bell(t);
+}
+
+/* f32 accumulator for half-type sums, big enough for a staging chunk or a flat slot. */
+static float *shm_acc(dt_transport *t) {
+  if (!t->acc)
+    t->acc = dt__alloc(DT_MAX(t->h->chunk_bytes, t->h->flat_bytes) * 2 + SHM_LINE * 4);
+  return t->acc;
 }
 
 /* Elements [lo, hi) of a chunk of `len` elements that rank s reduces: slices are whole cache
@@ -655,11 +780,8 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, si
     dt__reduce_mix(dst, dt, own, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
     return DT_OK;
   }
-  if (!t->acc) {
-    t->acc = dt__alloc(t->h->chunk_bytes * 2 + SHM_LINE * 4);
-    if (!t->acc)
-      return DT_ERR_NOMEM;
-  }
+  if (!shm_acc(t))
+    return DT_ERR_NOMEM;
   dt__reduce_mix(t->acc, DT_F32, own, dt, shm_stage(t, first, b) + lo * es, dt, m, op, 1);
   for (int r = first + 1; r < last; r++)
     if (r != t->rank)
@@ -722,6 +844,112 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     shm_publish(t, offsetof(shm_rank, out_seq), g);
   }
   t->chunks = base + nchunks;
+  return DT_OK;
+fail:
+  t->broken = true;
+  return st;
+}
+
+/* Waits until rank r's flat slot holds round g (spinning, then as shm_pause says), and checks
+ * that r made the same call. */
+static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, const uint64_t *mine,
+                               const dt__fp *fp, int64_t *deadline) {
+  if (atomic_load_explicit(&s->g, memory_order_acquire) != g) {
+    if (!*deadline) /* the call's deadline starts at its first wait (collectives.c passes 0) */
+      *deadline = dt__comm_deadline(t->c);
+    shm_wait w = {0};
+    dt_status st = DT_OK;
+    for (;;) {
+      uint32_t bell = atomic_load_explicit(&t->h->bell, memory_order_relaxed);
+      if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
+        break;
+      if ((st = shm_pause(t, &w, bell, r, fp, *deadline)) != DT_OK)
+        break;
+    }
+    shm_unarm(t, &w);
+    if (st)
+      return st;
+  }
+  /* The slot cannot change under us: r rewrites it two rounds later, after it saw our slot of
+   * the round in between, which we publish only when done reading this one. */
+  for (int i = 0; i < 3; i++)
+    if (atomic_load_explicit(&s->fp[i], memory_order_relaxed) != mine[i]) {
+      uint64_t w[3];
+      for (int j = 0; j < 3; j++)
+        w[j] = atomic_load_explicit(&s->fp[j], memory_order_relaxed);
+      dt__fp theirs;
+      memcpy(&theirs, w, sizeof theirs);
+      t->broken = true;
+      return dt__comm_mismatch(t->c, r, &theirs, fp);
+    }
+  return DT_OK;
+}
+
+/* Flat allreduce for small buffers: one round per piece of up to flat_bytes. Every rank copies
+ * its piece into its own slot (parity of the round), publishes the round number with the call's
+ * fingerprint, waits for every other rank's slot of that round and reduces all slots in rank
+ * order itself, so every rank computes the same bits. Nothing else is waited for: a slot is
+ * reused two rounds later, and by then every rank has published the round in between, which it
+ * does only after it finished reading this one. No progress counters, no call board (the slot's
+ * fingerprint serves other waiters' mismatch checks), no bell unless someone sleeps. */
+static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
+                                    dt_op op, const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(dt);
+  const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
+  uint8_t *out = rbuf;
+  if (t->n == 1) {
+    if (in != out && count)
+      memmove(out, in, count * es);
+    dt__reduce_finish(out, count, dt, op, 1);
+    return DT_OK;
+  }
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(t->c))
+    return dt__comm_abort_status(t->c);
+  uint64_t mine[3];
+  memcpy(mine, fp, sizeof mine);
+  const size_t per = t->h->flat_bytes / es;
+  const size_t npieces = count ? (count + per - 1) / per : 1;
+  const bool wide = dt__coll_wide(dt, op);
+  const int n = t->n, div = op == DT_AVG ? n : 1;
+  if (wide && n > 2 && !shm_acc(t))
+    return dt_set_error(DT_ERR_NOMEM, "rank %d: f32 accumulator of the flat allreduce", t->rank);
+  dt_status st = DT_OK;
+  for (size_t k = 0; k < npieces; k++) {
+    uint64_t g = ++t->flats;
+    int p = (int)(g & 1);
+    size_t m = count ? DT_MIN(per, count - k * per) : 0;
+    shm_flat *own = shm_flat_of(t, t->rank, p);
+    /* g = 0 first (the release stores of the words order it before them), g = round last */
+    atomic_store_explicit(&own->g, 0, memory_order_relaxed);
+    for (int i = 0; i < 3; i++)
+      atomic_store_explicit(&own->fp[i], mine[i], memory_order_release);
+    if (m)
+      memcpy(own->data, in + k * per * es, m * es);
+    atomic_store_explicit(&own->g, g, memory_order_release);
+    shm_ring_bell(t);
+    for (int r = 0; r < n; r++)
+      if (r != t->rank)
+        DT_CHECK_GOTO(shm_flat_wait(t, r, shm_flat_of(t, r, p), g, mine, fp, &deadline), st, fail);
+    if (!m)
+      continue;
+    uint8_t *dst = out + k * per * es;
+    const uint8_t *s0 = shm_flat_of(t, 0, p)->data, *s1 = shm_flat_of(t, 1, p)->data;
+    if (!wide) {
+      dt__reduce2(dst, s0, s1, m, dt, op);
+      for (int r = 2; r < n; r++)
+        dt__reduce(dst, shm_flat_of(t, r, p)->data, m, dt, op);
+      dt__reduce_finish(dst, m, dt, op, n);
+    } else if (n == 2) {
+      dt__reduce_mix(dst, dt, s0, dt, s1, dt, m, op, div);
+    } else {
+      dt__reduce_mix(t->acc, DT_F32, s0, dt, s1, dt, m, op, 1);
+      for (int r = 2; r < n - 1; r++)
+        dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_flat_of(t, r, p)->data, dt, m, op, 1);
+      dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_flat_of(t, n - 1, p)->data, dt, m, op, div);
+    }
+  }
   return DT_OK;
 fail:
   t->broken = true;
@@ -851,7 +1079,7 @@ static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b
       dt__reduce_mix(dst, p->dt, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, div);
       return DT_OK;
     }
-    if (!t->acc && !(t->acc = dt__alloc(t->h->chunk_bytes * 2 + SHM_LINE * 4)))
+    if (!shm_acc(t))
       return DT_ERR_NOMEM;
     dt__reduce_mix(t->acc, DT_F32, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, 1);
     for (int s = 2; s < last; s++)
@@ -903,6 +1131,7 @@ const dt_transport_ops dt__transport_shm = {
     .create = shm_create,
     .sendrecv = shm_sendrecv,
     .allreduce = shm_allreduce,
+    .allreduce_flat = shm_allreduce_flat,
     .broadcast = shm_broadcast,
     .allgather = shm_allgather,
     .reduce_scatter = shm_reduce_scatter,
