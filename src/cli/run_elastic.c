@@ -8,7 +8,9 @@
  *   g<g>/join/<node>   "<addr>"   an agent that is ready for generation g (addr: its IP as seen
  *                                 on the route to the store)
  *   g<g>/members       "n:addr,n:addr,..." (original node numbers, ascending), or "abort:<why>"
- *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers
+ *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers;
+ *                      "grow <node>" when a host that is not a member asks to join
+ *   current            the newest generation whose members were decided
  *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
  *   g<g>/finished      count of agents whose generation ended well
  *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease;
@@ -23,8 +25,11 @@
  * When the host of the agent store dies, its workers die with it, the other agents see their
  * workers fail and the store vanish, and the store moves: every agent tries the last members in
  * order and the first that is alive hosts a new store (same port, its own address).
- * Not here: hosts joining a running job between failures (a new host is only taken at a
- * generation boundary, up to --max-nodes), or surviving the loss of a majority of hosts at once
+ * A host that is not a member of the running generation (it was lost and its agent started
+ * again, or it started late) joins the next one and asks the members to stop for it
+ * ("grow"): they re-form with it, resuming from the last checkpoint; that is not a failure and
+ * spends no restart. Not here: a host excluded for repeated failures coming back, joining while
+ * the agent store is away from --master, or surviving the loss of a majority of hosts at once
  * while the store moves (each agent tries each candidate once per window). */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -76,6 +81,7 @@ typedef struct elastic {
   bool lapsed[EL_MAX_NODES];
   bool store_silent; /* the agent store stopped answering during this generation (reported) */
   int64_t store_ok_ns, store_retry_ns; /* its last answer; when to ask a silent one again */
+  int grow_node;     /* >= 0: the running generation was stopped for this host to join */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -178,6 +184,18 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     for (int k = 0; k < e->nmembers; k++)
       candidates[nc++] = e->members[k].node;
   }
+  /* Hosts that are not members but joined this generation already (a lost host whose agent
+   * started again, or a late one) come in too, up to --max-nodes. */
+  for (int n = 0; e->gen > 0 && n < e->base->nnodes && nc < e->base->max_nodes && nc < EL_MAX_NODES; n++) {
+    bool known = false;
+    for (int k = 0; k < nc; k++)
+      known |= candidates[k] == n;
+    char a[64];
+    size_t an;
+    snprintf(key, sizeof key, "g%d/join/%d", e->gen, n);
+    if (!known && dt__store_get(e->st, key, a, sizeof a - 1, &an, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK)
+      candidates[nc++] = n;
+  }
   /* Whoever failed too often is not waited for. */
   char blame[DT_STORE_MSG_MAX];
   size_t bn;
@@ -261,7 +279,45 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     snprintf(val, cap, "abort:only %d host%s left for generation %d, --min-nodes is %d", count, count == 1 ? "" : "s",
              e->gen, e->base->min_nodes);
   el_key(key, sizeof key, e->gen, "members");
-  return dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS));
+  DT_CHECK(dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS)));
+  char g[16];
+  snprintf(g, sizeof g, "%d", e->gen);
+  return dt__store_set(e->st, "current", g, strlen(g), dt__deadline_after_ms(EL_RPC_MS));
+}
+
+/* Is node a member of the members list v ("n:addr,n:addr")? */
+static bool el_listed(const char *v, int node) {
+  for (const char *p = v; p && *p; p = strchr(p, ','), p = p ? p + 1 : NULL)
+    if (atoi(p) == node && strchr(p, ':'))
+      return true;
+  return false;
+}
+
+/* An agent starting while the job already runs a generation it is not a member of: it joins
+ * the next generation and asks the members to stop for it. Sets e->gen. */
+static dt_status el_late_join(elastic *e) {
+  char cur[16], key[64], val[EL_MAX_NODES * 72];
+  size_t n;
+  if (dt__store_get(e->st, "current", cur, sizeof cur - 1, &n, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK)
+    return DT_OK; /* the job is still forming its first generation */
+  cur[n] = '\0';
+  int g = atoi(cur);
+  el_key(key, sizeof key, g, "members");
+  DT_CHECK(dt__store_get(e->st, key, val, sizeof val - 1, &n, dt__deadline_after_ms(EL_RPC_MS)));
+  val[n] = '\0';
+  if (strncmp(val, "abort:", 6) == 0 || el_listed(val, e->me))
+    return DT_OK;
+  e->gen = g + 1;
+  snprintf(key, sizeof key, "g%d/join/%d", e->gen, e->me);
+  DT_CHECK(dt__store_set(e->st, key, e->my_addr, strlen(e->my_addr), dt__deadline_after_ms(EL_RPC_MS)));
+  char grow[32];
+  snprintf(grow, sizeof grow, "grow %d", e->me);
+  el_key(key, sizeof key, g, "stop");
+  int swapped;
+  DT_CHECK(dt__store_cas(e->st, key, NULL, 0, grow, strlen(grow), &swapped, dt__deadline_after_ms(EL_RPC_MS)));
+  fprintf(stderr, "dtrain run: node %d: the job runs generation %d without this host; joining generation %d\n", e->me,
+          g, e->gen);
+  return DT_OK;
 }
 
 /* Joins generation e->gen and learns its members. DT_ERR_ABORTED when the job cannot go on. */
@@ -276,6 +332,8 @@ static dt_status el_join(elastic *e) {
           DT_CHECK(el_host_store(e));
         DT_CHECK(el_connect(e, e->me == 0 ? e->my_addr : e->base->master_addr,
                             dt__deadline_after_ms(e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)));
+        if (e->me != 0)
+          DT_CHECK(el_late_join(e));
       } else {
         DT_CHECK(el_move_store(e));
       }
@@ -359,6 +417,20 @@ static void el_watch_leases(elastic *e) {
   }
 }
 
+/* Reads g<gen>/stop: DT_OK if set (then, for "grow <node>", e->grow_node = node). */
+static dt_status el_stop_asked(elastic *e, int ms) {
+  char key[64], v[32];
+  size_t n;
+  el_key(key, sizeof key, e->gen, "stop");
+  dt_status st = dt__store_get(e->st, key, v, sizeof v - 1, &n, dt__deadline_after_ms(ms));
+  if (st == DT_OK) {
+    v[n] = '\0';
+    if (e->grow_node < 0 && !strncmp(v, "grow ", 5))
+      e->grow_node = atoi(v + 5);
+  }
+  return st;
+}
+
 /* Poll function during a generation: another host's failure, or the store gone. */
 static bool el_poll(void *ctx) {
   elastic *e = ctx;
@@ -380,8 +452,7 @@ static bool el_poll(void *ctx) {
       return false;
     e->store_retry_ns = now + 1000 * 1000000LL;
   }
-  char key[64], v[8];
-  size_t n;
+  char key[64];
   int64_t beat;
   snprintf(key, sizeof key, "alive/%d", e->me);
   if (dt__store_add(e->st, key, 1, &beat, dt__deadline_after_ms(300)) == DT_OK) {
@@ -390,8 +461,7 @@ static bool el_poll(void *ctx) {
       fprintf(stderr, "dtrain run: node %d: the agent store answers again\n", e->me);
     e->store_silent = false;
   }
-  el_key(key, sizeof key, e->gen, "stop");
-  dt_status st = dt__store_get(e->st, key, v, sizeof v, &n, dt__deadline_after_ms(500));
+  dt_status st = el_stop_asked(e, 500);
   if (st != DT_OK && !dt__store_broken(e->st))
     el_watch_leases(e);
   return st == DT_OK;
@@ -471,6 +541,7 @@ int dt__run_elastic(dt_launch_opts *base) {
       fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
     dt__run_event("start", e.me, e.gen, job.start_ns, e.nmembers * o.nproc, NULL);
     el_watch_start(&e);
+    e.grow_node = -1;
     dt__launch_supervise_poll(&job, el_poll, &e);
     char key[64];
     if (job.outcome == DT_JOB_OK) {
@@ -495,6 +566,20 @@ int dt__run_elastic(dt_launch_opts *base) {
       break;
     }
     bool failed = job.outcome == DT_JOB_FAILED;
+    /* Our workers may have failed only because another host stopped its own for a joining
+     * host before we saw the request: ask once more. */
+    if (failed && e.grow_node < 0 && e.st && !dt__store_broken(e.st))
+      (void)el_stop_asked(&e, EL_RPC_MS);
+    if (failed && e.grow_node >= 0) {
+      /* Stopped for a host to join, not by a failure: no blame, no restart spent. */
+      fprintf(stderr, "dtrain run: node %d: generation %d stopped for node %d to join; re-forming\n", e.me, e.gen,
+              e.grow_node);
+      dt__run_event("grow", e.me, e.gen, dt_now_ns(), e.nmembers * o.nproc, "");
+      dt__out_settle(out);
+      dt__launch_finish(&job);
+      dt__out_destroy(out);
+      continue;
+    }
     if (failed) {
       dt__run_failure *f = &fails[nfails < 64 ? nfails : 63];
       f->gen = e.gen;
@@ -507,7 +592,8 @@ int dt__run_elastic(dt_launch_opts *base) {
       dt__run_event("failure", e.me, e.gen, detect_ns, e.nmembers * o.nproc, f->what);
       if (e.st && !dt__store_broken(e.st)) {
         el_key(key, sizeof key, e.gen, "stop");
-        dt__store_set(e.st, key, "1", 1, dt__deadline_after_ms(EL_RPC_MS));
+        int set; /* compare-and-set: a "grow" request already there must stay readable */
+        dt__store_cas(e.st, key, NULL, 0, "1", 1, &set, dt__deadline_after_ms(EL_RPC_MS));
         int who = el_blame(&e, &job, f->what);
         if (who >= 0) {
           char b[700];
@@ -519,7 +605,7 @@ int dt__run_elastic(dt_launch_opts *base) {
         }
       }
     }
-    if (!failed || e.gen >= base->max_restarts) {
+    if (!failed || nfails > base->max_restarts) {
       rc = dt__run_report(&job);
       dt__launch_finish(&job);
       dt__out_destroy(out);
@@ -527,7 +613,7 @@ int dt__run_elastic(dt_launch_opts *base) {
     }
     dt__out_settle(out);
     fprintf(stderr, "dtrain run: node %d: generation %d failed: %s; re-forming (restart %d of %d)\n", e.me, e.gen,
-            fails[nfails - 1].what, e.gen + 1, base->max_restarts);
+            fails[nfails - 1].what, nfails, base->max_restarts);
     dt__launch_finish(&job);
     dt__out_destroy(out);
   }

@@ -439,6 +439,21 @@ static void test_run_drop_restart(void **state) {
   free(err);
 }
 
+/* Starts the elastic agent of node r (--nnodes 3 --master 127.0.0.1:port, 150 steps of 30 ms,
+ * checkpoints every 3 steps in dir/ck), output to dir/<tag>.out/.err. */
+static pid_t start_agent(int r, int port, const char *tag) {
+  static char secret[64], portarg[32], noderank[3][4];
+  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=agents-%d", (int)getpid());
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
+  snprintf(noderank[r], sizeof noderank[r], "%d", r);
+  const char *env[] = {secret, NULL};
+  const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "3", "--node-rank", noderank[r], "--master", portarg,
+                        "--max-restarts", "1", "--min-nodes", "2", "--fault-timeout", "1.5", "--kill-after", "1", "--",
+                        worker, "--steps", "150", "--step-ms", "30", "--ckpt-dir", pathf("%s/ck", dir),
+                        "--ckpt-every", "3", NULL};
+  return spawn(argv, env, pathf("%s/%s.out", dir, tag), pathf("%s/%s.err", dir, tag));
+}
+
 /* Three elastic agents on this host (--nnodes 3 --master 127.0.0.1:P), one worker each; once
  * the checkpoint of step 12 exists, the agent of node `hung` (not its worker) is stopped. Its
  * workers are healthy, so the job must finish undisturbed in generation 0, and the agents that
@@ -446,20 +461,10 @@ static void test_run_drop_restart(void **state) {
  * and must end too. */
 static void elastic_agent_hangs(int hung, int watcher, const char *expect) {
   int port = free_port_block(4);
-  const char *ck = pathf("%s/ck", dir);
-  char secret[64], portarg[32], noderank[3][4];
-  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=agents-%d", (int)getpid());
-  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
-  const char *env[] = {secret, NULL};
   pid_t ag[3];
-  for (int r = 0; r < 3; r++) {
-    snprintf(noderank[r], sizeof noderank[r], "%d", r);
-    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "3", "--node-rank", noderank[r], "--master", portarg,
-                          "--max-restarts", "1", "--fault-timeout", "1.5", "--kill-after", "1", "--", worker,
-                          "--steps", "150", "--step-ms", "30", "--ckpt-dir", ck, "--ckpt-every", "3", NULL};
-    ag[r] = spawn(argv, env, pathf("%s/agent%d.out", dir, r), pathf("%s/agent%d.err", dir, r));
-  }
-  const char *ck12 = pathf("%s/ckpt-000000012.dtc", ck);
+  for (int r = 0; r < 3; r++)
+    ag[r] = start_agent(r, port, pathf("agent%d", r));
+  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
   struct stat sb;
   for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
     msleep(10);
@@ -498,6 +503,53 @@ static void test_run_elastic_agent_hangs(void **state) {
 /* The agent hosting the agent store hangs: the others say the store stopped answering. */
 static void test_run_elastic_store_agent_hangs(void **state) {
   elastic_agent_hangs(0, 1, "the agent store at 127.0.0.1:");
+}
+
+/* A host is lost (its agent killed: its worker follows, PR_SET_PDEATHSIG), the other two
+ * re-form without it; then its agent starts again and asks to join: the job re-forms with all
+ * three, spends no restart on that, and ends with the undisturbed state. */
+static void test_run_elastic_rejoin(void **state) {
+  int port = free_port_block(4);
+  pid_t ag[3];
+  for (int r = 0; r < 3; r++)
+    ag[r] = start_agent(r, port, pathf("agent%d", r));
+  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
+  struct stat sb;
+  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
+    msleep(10);
+  assert_int_equal(stat(ck12, &sb), 0);
+  kill(ag[2], SIGKILL);
+  wait_bounded(ag[2], 5000);
+  bool reformed = false;
+  for (int t = 0; t < 1500 && !reformed; t++) {
+    char *err = slurp(pathf("%s/agent0.err", dir));
+    reformed = strstr(err, "generation 1 with 2 hosts") != NULL;
+    free(err);
+    if (!reformed)
+      msleep(10);
+  }
+  assert_true(reformed);
+  pid_t back = start_agent(2, port, "agent2b");
+  int st[3];
+  st[0] = wait_bounded(ag[0], 40000);
+  st[1] = wait_bounded(ag[1], 40000);
+  st[2] = wait_bounded(back, 40000);
+  char *e0 = slurp(pathf("%s/agent0.err", dir)), *o0 = slurp(pathf("%s/agent0.out", dir));
+  for (int r = 0; r < 3; r++)
+    if (!(st[r] != -1 && WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0))
+      fail_msg("agent %d: status %d\n-- agent 0: %s\n-- agent 1: %s\n-- agent 2 again: %s", r, st[r], e0,
+               slurp(pathf("%s/agent1.err", dir)), slurp(pathf("%s/agent2b.err", dir)));
+  if (!strstr(o0, "done steps 150 x 11325 resumed") && !strstr(e0, "done steps 150 x 11325 resumed"))
+    fail_msg("wrong final state: %s %s", o0, e0);
+  if (!strstr(o0, "world 3 generation 2") && !strstr(e0, "world 3 generation 2"))
+    fail_msg("the job should end with 3 hosts in generation 2: %s %s", o0, e0);
+  assert_non_null(strstr(e0, "generation 1 stopped for node 2 to join"));
+  assert_non_null(strstr(e0, "1 failure, 1 restart"));
+  char *e2 = slurp(pathf("%s/agent2b.err", dir));
+  assert_non_null(strstr(e2, "joining generation 2"));
+  free(e0);
+  free(o0);
+  free(e2);
 }
 
 /* The newest checkpoint is corrupted, then a worker dies: the restart skips the corrupt file,
@@ -567,6 +619,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_drop_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_agent_hangs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_store_agent_hangs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_rejoin, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
   };
   if (!strcmp(group, "parse"))
