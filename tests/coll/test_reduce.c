@@ -152,6 +152,50 @@ static void check_kernels(int scalar) {
 }
 
 static void test_kernels_simd(void **s) { (void)s; check_kernels(0); }
+/* On a CPU with AVX-512 the half types take 512-bit kernels; this runs the AVX2 ones there. */
+static void test_kernels_avx2(void **s) { (void)s; check_kernels(2); }
+
+/* dt__reduce_mix over every (out, a, b) type triple of {f32, f16, bf16}, every op, with and
+ * without a divisor, at lengths around the vector widths, on each ISA level: bit-identical to
+ * the portable path (the kernel ranks on different CPUs must agree). Inputs include NaN, Inf,
+ * +-0, overflow and values that land on f16/bf16 subnormals. */
+static void test_mix_isa_agree(void **s) {
+  (void)s;
+  static const dt_dtype ty[3] = {DT_F32, DT_F16, DT_BF16};
+  static const size_t lens[] = {1, 7, 8, 15, 16, 17, 33, 100, 1027};
+  enum { MAXN = 1100 };
+  static char a[MAXN * 4], b[MAXN * 4], ref[MAXN * 4], got[MAXN * 4];
+  dt_rng rng;
+  dt_rng_seed(&rng, 11);
+  for (int ot = 0; ot < 3; ot++)
+    for (int at = 0; at < 3; at++)
+      for (int bt = 0; bt < 3; bt++)
+        for (int op = 0; op < DT_OP_COUNT; op++)
+          for (size_t li = 0; li < DT_ARRAY_LEN(lens); li++) {
+            size_t n = lens[li], oes = dt_dtype_size(ty[ot]);
+            fill(a, n, ty[at], &rng, 1);
+            fill(b, n, ty[bt], &rng, 1);
+            for (size_t i = 0; i < n; i += 5) /* tiny values: subnormal results in f16 and bf16 */
+              if (ty[at] == DT_F32) {
+                float f = (float)(i + 1) * 1e-39f;
+                memcpy(a + i * 4, &f, 4);
+              }
+            int div = op == DT_AVG ? 3 : 1;
+            dt__reduce_force_scalar(1);
+            dt__reduce_mix(ref, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
+            for (int lvl = 0; lvl <= 2; lvl += 2) { /* 0: widest available, 2: AVX2 */
+              dt__reduce_force_scalar(lvl);
+              memset(got, 0x5a, n * oes);
+              dt__reduce_mix(got, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
+              for (size_t i = 0; i < n; i++)
+                if (!same_bits_or_nan(got + i * oes, ref + i * oes, ty[ot]))
+                  fail_msg("mix %s = %s %s %s (div %d) n=%zu level %d: element %zu differs from the portable path",
+                           dt_dtype_name(ty[ot]), dt_dtype_name(ty[at]), dt_op_name((dt_op)op), dt_dtype_name(ty[bt]),
+                           div, n, lvl, i);
+            }
+          }
+  dt__reduce_force_scalar(0);
+}
 static void test_kernels_scalar(void **s) { (void)s; check_kernels(1); }
 
 static void test_f16_rounding(void **s) {
@@ -340,6 +384,7 @@ static void test_dtype_helpers(void **s) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
+      cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_mix_isa_agree),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
       cmocka_unit_test(test_dtype_helpers),

@@ -173,8 +173,14 @@ static inline void shm_relax(void) {
  * sleepers load; shm_pause's waiter orders its sleepers increment before re-reading the
  * condition (Dekker), so either the waiter sees the publication or we see the sleeper. */
 static void shm_ring_bell(dt_transport *t) {
+#ifdef __SANITIZE_THREAD__
+  /* TSan models no fences: an RMW on sleepers pairs with the waiter's RMW the same way */
+  uint32_t sleepers = atomic_fetch_add(&t->h->sleepers, 0);
+#else
   atomic_thread_fence(memory_order_seq_cst);
-  if (atomic_load_explicit(&t->h->sleepers, memory_order_relaxed)) {
+  uint32_t sleepers = atomic_load_explicit(&t->h->sleepers, memory_order_relaxed);
+#endif
+  if (sleepers) {
     atomic_fetch_add(&t->h->bell, 1);
     syscall(SYS_futex, &t->h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
   }
@@ -266,10 +272,10 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
   /* The flat allreduce does not write the board: its slots carry the fingerprint instead. */
   for (int p = 0; p < 2; p++) {
     shm_flat *s = shm_flat_of(t, peer, p);
+    /* seqlock read: acquire loads keep the second read of g after the words */
     uint64_t g1 = atomic_load_explicit(&s->g, memory_order_acquire), w[3];
     for (int i = 0; i < 3; i++)
-      w[i] = atomic_load_explicit(&s->fp[i], memory_order_relaxed);
-    atomic_thread_fence(memory_order_acquire);
+      w[i] = atomic_load_explicit(&s->fp[i], memory_order_acquire);
     if (!g1 || atomic_load_explicit(&s->g, memory_order_relaxed) != g1)
       continue;
     dt__fp theirs;
@@ -305,7 +311,9 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
     /* Count ourselves as a sleeper, then let the caller re-read the bell and its condition
      * once more before the futex wait: a publisher that missed us in sleepers is seen there. */
     atomic_fetch_add(&t->h->sleepers, 1);
-    atomic_thread_fence(memory_order_seq_cst);
+#ifndef __SANITIZE_THREAD__
+    atomic_thread_fence(memory_order_seq_cst); /* pairs with shm_ring_bell's */
+#endif
     w->armed = true;
     return DT_OK;
   } else {
@@ -913,10 +921,10 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
     int p = (int)(g & 1);
     size_t m = count ? DT_MIN(per, count - k * per) : 0;
     shm_flat *own = shm_flat_of(t, t->rank, p);
+    /* g = 0 first (the release stores of the words order it before them), g = round last */
     atomic_store_explicit(&own->g, 0, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
     for (int i = 0; i < 3; i++)
-      atomic_store_explicit(&own->fp[i], mine[i], memory_order_relaxed);
+      atomic_store_explicit(&own->fp[i], mine[i], memory_order_release);
     if (m)
       memcpy(own->data, in + k * per * es, m * es);
     atomic_store_explicit(&own->g, g, memory_order_release);
