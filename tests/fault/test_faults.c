@@ -442,7 +442,7 @@ static void test_run_drop_restart(void **state) {
 /* Starts the elastic agent of node r (--nnodes 3 --master 127.0.0.1:port, 150 steps of 30 ms,
  * checkpoints every 3 steps in dir/ck), output to dir/<tag>.out/.err. */
 static pid_t start_agent(int r, int port, const char *tag) {
-  static char secret[64], portarg[32], noderank[3][4];
+  static char secret[64], portarg[32], noderank[3][12];
   snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=agents-%d", (int)getpid());
   snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
   snprintf(noderank[r], sizeof noderank[r], "%d", r);
