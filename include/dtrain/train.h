@@ -13,9 +13,9 @@
  *     batch (a shard may be one sample larger than another's, or empty in a short last batch);
  *   - each rank scales its loss by (its samples / global batch samples) and the gradients are
  *     SUMMED, so the update is exactly the gradient of the global-batch mean loss, as one
- *     process would compute it; the sum runs in buckets of bucket_bytes, each started on the
- *     communicator's progress thread as soon as backward has finished the bucket's slice of the
- *     gradient buffer, overlapping the rest of backward;
+ *     process would compute it; the sum runs in buckets of whole layers holding at least
+ *     bucket_bytes, each started on the communicator's progress thread as soon as backward has
+ *     finished the bucket's layers, overlapping the rest of backward;
  *   - with accumulate = k each shard is split into k micro-batches; only the last one's backward
  *     starts buckets, so a step makes one gradient allreduce whatever k is;
  *   - evaluation is split across ranks and the sums combined.
@@ -68,7 +68,8 @@ typedef struct dt_train_config {
                                  end of each epoch only */
   int keep;                   /* checkpoints kept; 0: DT_CKPT_DEFAULT_KEEP */
   bool resume;                /* continue from the latest valid checkpoint in checkpoint_dir */
-  size_t bucket_bytes;        /* gradient allreduce bucket size; 0: DT_TRAIN_DEFAULT_BUCKET */
+  size_t bucket_bytes;        /* least bytes of a gradient allreduce bucket (whole layers are
+                                 added until it holds that much); 0: DT_TRAIN_DEFAULT_BUCKET */
   int64_t log_interval;       /* steps between observer on_step calls; 0: 10 */
 } dt_train_config;
 

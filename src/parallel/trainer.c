@@ -4,15 +4,22 @@
  * it into `accumulate` micro-batches, forward + backward each with loss scale
  * (micro-batch samples / global batch samples), so that the SUM over ranks and micro-batches of
  * the gradients is the gradient of the global-batch mean loss. During the last micro-batch's
- * backward the gradient hook starts each bucket's allreduce (SUM, in place) on the
- * communicator's progress thread as soon as backward has finished that prefix of the gradient
- * buffer (dtrain/nn.h lays parameters out in reverse layer order for exactly this). After
- * backward, the step waits for the buckets and the loss, clips, and takes the optimizer step.
- * Nothing is allocated inside a step (the communicator allocates its own request records).
+ * backward the gradient hook starts bucket allreduces (SUM, in place in the gradient arena, no
+ * bucket buffers) on the communicator's progress thread as soon as backward has finished that
+ * prefix of the gradient buffer (dtrain/nn.h lays parameters out in reverse layer order for
+ * exactly this). After backward, the step starts the rest, waits for the buckets and the loss,
+ * clips, and takes the optimizer step. Nothing is allocated inside a step (the communicator
+ * allocates its own request records).
  *
- * Bucket size: measured on the 2-core test machine with `dtrain run -n 2 -- dtrain train --model
- * mlp --threads 1` (shm transport): 256 KiB to 4 MiB all within noise of each other; 1 MiB keeps
- * the first bucket small enough to start while fc2's backward still runs.
+ * Buckets end only at layer ends, once they hold at least bucket_bytes (default 1 MiB): `mlp`
+ * makes two per step, fc3+fc2 (4.2 MB, started while fc1's backward runs) and fc1 (3.2 MB,
+ * after backward); `cnn` makes fc2+fc1 (6.4 MB) and conv2+conv1 (0.2 MB). The first version
+ * cut the buffer every 1 MiB instead: 8 gradient calls + the loss per `mlp` step, and with
+ * `dtrain run -n 2 -- dtrain train --model mlp --threads 1 --max-steps 300` on the 2-core guest
+ * the job made 27-30 k context switches against 17-19 k now (perf stat; the machine was too
+ * loaded by other jobs for the wall times to tell the two apart). Every call is one more
+ * rendezvous of the ranks, and when the progress thread shares a core with the compute thread
+ * each rendezvous costs a run-queue wait (perf sched: about 0.2 ms per wake-up).
  *
  * Not here: model files and checkpoints (train_io.c), metrics files and progress display
  * (monitor), process launching (cli/run.c). */
@@ -38,11 +45,12 @@ typedef struct trainer {
   dt_lr_schedule sched;
   dt_loader *loader, *eval_loader;
   int micro_max;               /* largest micro-batch a rank trains on */
-  /* buckets: bucket i covers grads[bucket_end[i-1] .. bucket_end[i]) */
-  size_t nbuckets;
-  size_t *bucket_end;
+  /* buckets of this step: request i sums grads[req_lo[i] .. req_lo[i+1]) (the last to the end) */
+  size_t bucket_min;           /* bytes a bucket holds at least before the hook starts it */
+  size_t maxreqs, nreqs;
   dt_request **reqs;
-  size_t next_bucket;          /* first bucket not started in this step */
+  size_t *req_lo;
+  size_t started;              /* grads[0 .. started) are in started buckets */
   int armed;                   /* the hook starts buckets (last micro-batch, world > 1) */
   dt_status hook_rc;           /* first failure inside the hook */
   int64_t first_start_ns;      /* when the step's first bucket started */
@@ -65,13 +73,23 @@ void dt_train_config_init(dt_train_config *cfg) {
   cfg->log_interval = 10;
 }
 
-/* ---- buckets ---------------------------------------------------------------------------- */
+/* ---- buckets ----------------------------------------------------------------------------
+ *
+ * A bucket is the gradient range backward finished since the previous bucket: the hook starts
+ * one at the end of a layer once the range holds at least bucket_bytes, and finish_allreduce
+ * starts the rest. Buckets never end inside a layer: a layer's gradient becomes final all at
+ * once (the hook runs per layer), so cutting it would only add calls, each one more rendezvous
+ * of the ranks and one more wake-up of the progress thread, while one call already pipelines
+ * its chunks inside the transport. Each bucket is summed in place in the gradient arena. */
 
-static void start_bucket(trainer *t, size_t i) {
+static void start_bucket(trainer *t, size_t hi) {
   float *g = dt_model_grads(t->model);
-  size_t lo = i ? t->bucket_end[i - 1] : 0, hi = t->bucket_end[i];
+  size_t lo = t->started, i = t->nreqs;
   if (i == 0)
     t->first_start_ns = dt_now_ns();
+  t->req_lo[i] = lo;
+  t->nreqs++;
+  t->started = hi;
   dt_status rc = dt_comm_iallreduce(t->comm, DT_IN_PLACE, g + lo, hi - lo, DT_F32, DT_SUM, &t->reqs[i]);
   if (rc != DT_OK) {
     t->reqs[i] = NULL;
@@ -83,47 +101,46 @@ static void start_bucket(trainer *t, size_t i) {
 /* Called by backward after each parameterized layer: [0, off + count) is final. */
 static void grad_hook(void *ctx, size_t off, size_t count) {
   trainer *t = ctx;
-  if (!t->armed)
+  if (!t->armed || t->hook_rc != DT_OK)
     return;
   size_t done = off + count;
-  while (t->next_bucket < t->nbuckets && t->bucket_end[t->next_bucket] <= done)
-    start_bucket(t, t->next_bucket++);
+  if ((done - t->started) * sizeof(float) >= t->bucket_min && t->nreqs + 1 < t->maxreqs)
+    start_bucket(t, done);
 }
 
 static dt_status setup_buckets(trainer *t) {
-  size_t n = dt_model_param_count(t->model);
-  size_t per = t->cfg->bucket_bytes / sizeof(float);
-  if (per < 1)
-    per = 1;
-  t->nbuckets = (n + per - 1) / per;
-  t->bucket_end = dt__calloc(t->nbuckets * sizeof(size_t) + 1);
-  t->reqs = dt__calloc(t->nbuckets * sizeof(dt_request *) + 1);
-  if (!t->bucket_end || !t->reqs)
+  t->bucket_min = t->cfg->bucket_bytes ? t->cfg->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
+  /* at most one bucket per parameter tensor (a layer has one or two) plus the remainder */
+  t->maxreqs = dt_model_tensor_count(t->model) + 1;
+  t->reqs = dt__calloc(t->maxreqs * sizeof(dt_request *));
+  t->req_lo = dt__calloc(t->maxreqs * sizeof(size_t));
+  if (!t->reqs || !t->req_lo)
     return DT_ERR_NOMEM;
-  for (size_t i = 0; i < t->nbuckets; i++)
-    t->bucket_end[i] = DT_MIN((i + 1) * per, n);
   return DT_OK;
 }
 
-/* Starts what the hook did not, then the loss sum, and waits for all of them in order. */
+/* Starts what the hook did not, then the loss sum, and waits for all of them. The progress
+ * thread runs calls in order, so waiting for them in order sleeps until each is done. */
 static dt_status finish_allreduce(trainer *t) {
   dt_status rc = t->hook_rc;
+  size_t n = dt_model_param_count(t->model);
   t->armed = 0;
-  while (rc == DT_OK && t->next_bucket < t->nbuckets) {
-    start_bucket(t, t->next_bucket++);
+  if (rc == DT_OK && t->started < n) {
+    start_bucket(t, n);
     rc = t->hook_rc;
   }
   if (rc == DT_OK)
     rc = dt_comm_iallreduce(t->comm, DT_IN_PLACE, t->loss_buf, 1, DT_F64, DT_SUM, &t->loss_req);
   else
     t->loss_req = NULL;
-  for (size_t i = 0; i < t->nbuckets; i++) {
+  for (size_t i = 0; i < t->nreqs; i++) {
     if (!t->reqs[i])
       continue;
     dt_status w = dt_request_wait(t->reqs[i]);
     t->reqs[i] = NULL;
     if (w != DT_OK && rc == DT_OK)
-      rc = dt__error_prefix(w, "gradient allreduce, bucket %zu of %zu", i, t->nbuckets);
+      rc = dt__error_prefix(w, "gradient allreduce, bucket %zu of %zu (floats %zu..%zu)", i,
+                            t->nreqs, t->req_lo[i], i + 1 < t->nreqs ? t->req_lo[i + 1] : n);
   }
   if (t->loss_req) {
     dt_status w = dt_request_wait(t->loss_req);
@@ -131,7 +148,8 @@ static dt_status finish_allreduce(trainer *t) {
     if (w != DT_OK && rc == DT_OK)
       rc = dt__error_prefix(w, "loss allreduce");
   }
-  t->next_bucket = 0;
+  t->nreqs = 0;
+  t->started = 0;
   t->hook_rc = DT_OK;
   return rc;
 }
@@ -478,7 +496,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     int64_t span = 0;
     if (t->world > 1) {
       t->loss_buf[0] = wloss;
-      if (t->next_bucket == 0)
+      if (t->nreqs == 0)
         t->first_start_ns = s2;
       DT_CHECK_GOTO(finish_allreduce(t), rc, fail);
       loss = t->loss_buf[0];
@@ -605,7 +623,7 @@ fail:
   if (t->world > 1) {
     /* collect requests still in flight so no buffer is borrowed past our return */
     t->armed = 0;
-    for (size_t i = 0; i < t->nbuckets; i++)
+    for (size_t i = 0; i < t->nreqs; i++)
       if (t->reqs[i]) {
         dt_request_wait(t->reqs[i]);
         t->reqs[i] = NULL;
@@ -660,7 +678,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt_model_destroy(t.model);
   dt_dataset_free(&t.train);
   dt_dataset_free(&t.test);
-  dt__free(t.bucket_end);
+  dt__free(t.req_lo);
   dt__free(t.reqs);
   dt_comm_destroy(t.comm);
   return rc;
