@@ -10,9 +10,10 @@
  * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
  * rank is SIGKILLed later.
  *
- * Waiting spins briefly, then yields, then sleeps on the bell futex with a short timeout (so
- * more ranks than cores still make progress); while waiting it watches the job's abort state,
- * the deadline, and every ~50 ms whether the awaited ranks' processes still exist.
+ * Waiting spins, then yields, then sleeps on a futex bell with a short timeout; with more ranks
+ * on the host than CPUs it yields at once instead of spinning (see SHM_SPIN_NS). While waiting
+ * it watches the job's abort state, the deadline, and every ~50 ms whether the awaited ranks'
+ * processes still exist.
  *
  * Not here: single-copy transfers. On the 2-core KVM guest, process_vm_readv of 64 MiB from a
  * forked child ran at 0.6 GB/s against 4 GB/s for memcpy of the same buffer in the same run, so
@@ -173,18 +174,17 @@ static inline void shm_relax(void) {
 #endif
 }
 
-/* Wakes the ranks asleep on the bell, after this rank published something. Only when some
- * sleep: a bell rung on every publication is a contended read-modify-write per message (it cost
- * the flat allreduce a cache-line round trip). The fence orders the publication before the
- * sleepers load; shm_pause's waiter orders its sleepers increment before re-reading the
- * condition (Dekker), so either the waiter sees the publication or we see the sleeper. */
 static _Atomic uint32_t *shm_bell(dt_transport *t, int r) { return r < 0 ? &t->h->bell : &t->ranks[r].bell; }
 static _Atomic uint32_t *shm_sleepers(dt_transport *t, int r) {
   return r < 0 ? &t->h->sleepers : &t->ranks[r].sleepers;
 }
 
-/* Rings this rank's bell and the shared one (sendrecv's waiters, who may wait for either of
- * two peers, sleep there). */
+/* Wakes the ranks asleep on this rank's bell and on the shared one (sendrecv's waiters, who may
+ * wait for either of two peers, sleep there), after this rank published something. Only when
+ * some sleep: a bell rung on every publication is a contended read-modify-write per message
+ * (it cost the flat allreduce a cache-line round trip). The fence orders the publication
+ * before the sleepers loads; shm_pause's waiter orders its sleepers increment before
+ * re-reading the condition (Dekker), so either the waiter sees the publication or we see it. */
 static void shm_ring_bell(dt_transport *t) {
   _Atomic uint32_t *mine = shm_sleepers(t, t->rank), *all = shm_sleepers(t, -1);
 #ifdef __SANITIZE_THREAD__
