@@ -495,6 +495,7 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     c->local_rank = env.local_rank;
     c->local_size = env.local_size;
   }
+  DT_CHECK_GOTO(dt__comm_bind(c->local_rank, c->local_size, NULL), st, fail); /* DTRAIN_BIND (bind.c) */
   DT_CHECK_GOTO(comm_connect_transport(c, ids), st, fail);
   dt__free(ids);
   DT_LOG_DEBUG("joined: rank %d of %d (local %d of %d), transport %s, store %s:%d (%s)", c->rank, c->size,
