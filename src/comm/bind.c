@@ -17,7 +17,9 @@
  * in place), or when the launcher did not say how many ranks share the host. It deliberately is
  * off by default: see above, and a rank running many compute threads may want every core.
  * Only the calling thread and the threads it starts later are bound (Linux semantics); threads
- * that already exist keep their mask. */
+ * that already exist keep their mask. It runs once the world communicator's transport exists
+ * (the shm transport reads the unbound CPU set to tell oversubscription); a transport created
+ * later by dt_comm_split sees the bound set. `dtrain bench` binds its ranks itself (bench.c). */
 #include <sched.h>
 #include <string.h>
 

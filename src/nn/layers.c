@@ -235,7 +235,53 @@ static void maxpool_forward(nn_layer *l, const nn_slice *s) {
   }
 }
 
+/* Stride == window with 4 | C (the cnn preset's pools): the windows tile the input, so each input
+ * position is written once, with its window's gradient where it was the arg-max and 0 elsewhere,
+ * instead of zeroing dx and scattering into it (two passes over dx, the second one scalar).
+ * Rows and columns past the last whole window get zeros. */
+static void maxpool_backward_tiled(nn_layer *l, const nn_slice *s) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k;
+  const int OH = l->out.h, OW = l->out.w;
+  const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
+  const v4i lane = {0, 1, 2, 3};
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
+    float *dx = l->dx + (size_t)n * in_sz;
+    const float *dy = l->dy + (size_t)n * out_sz;
+    const int32_t *ix = l->idx + (size_t)n * out_sz;
+    for (int ih = 0; ih < H; ih++) {
+      float *drow = dx + (size_t)ih * W * C;
+      int oh = ih / k;
+      if (oh >= OH) {
+        memset(drow, 0, (size_t)W * C * sizeof(float));
+        continue;
+      }
+      for (int iw = 0; iw < OW * k; iw++) {
+        int ow = iw / k;
+        const float *g = dy + ((size_t)oh * OW + ow) * C;
+        const int32_t *m = ix + ((size_t)oh * OW + ow) * C;
+        float *d = drow + (size_t)iw * C;
+        int32_t pos = (int32_t)(((size_t)ih * W + (size_t)iw) * C);
+        for (int c = 0; c < C; c += 4) {
+          v4f gv;
+          v4i mv;
+          memcpy(&gv, g + c, sizeof gv);
+          memcpy(&mv, m + c, sizeof mv);
+          v4i sel = mv == lane + (pos + c);
+          v4f out = (v4f)((v4i)gv & sel);
+          memcpy(d + c, &out, sizeof out);
+        }
+      }
+      if (OW * k < W)
+        memset(drow + (size_t)OW * k * C, 0, (size_t)(W - OW * k) * C * sizeof(float));
+    }
+  }
+}
+
 static void maxpool_backward(nn_layer *l, const nn_slice *s) {
+  if (l->stride == l->k && l->in.c % 4 == 0) {
+    maxpool_backward_tiled(l, s);
+    return;
+  }
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   memset(ROWS(l->dx, in_sz), 0, (size_t)s->nb * in_sz * sizeof(float));
   for (int n = s->b0; n < s->b0 + s->nb; n++) {

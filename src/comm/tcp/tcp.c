@@ -12,7 +12,11 @@
  * a NACK frame carrying its own fingerprint and the rejected one, so the sender reports both
  * sides too. The fingerprint's spare byte carries the message's number on its connection
  * (mod 256), so a message that never arrived is named as soon as a later one takes its place;
- * a peer that goes silent while it says it sent is named through tcp_loss.c.
+ * a peer that goes silent while it says it sent is named through tcp_loss.c. A small message
+ * thus costs one sendmsg and (once it is there) one recv on the calling thread.
+ *
+ * Waiting: small messages are polled for with nonblocking recv/send and sched_yield for a few
+ * tens of microseconds before the sendrecv sleeps in poll(2) (TCP_SPIN_US below says why).
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
