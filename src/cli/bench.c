@@ -5,8 +5,12 @@
  * failing rank stops the job and is named) with a hidden --worker flag and the DTRAIN_* job
  * environment (store on 127.0.0.1 at a free port, random job secret and id). The workers form a
  * communicator and, per size: fill inputs whose reductions are exact in every dtype, run
- * --warmup untimed and --iters timed calls, check each result against the value computed here,
- * and rank 0 prints one row.
+ * --warmup untimed and --iters timed calls, check results against the value computed here,
+ * and rank 0 prints one row. Checked are every warm-up call (the first follows poisoned
+ * outputs, so a call that writes nothing fails) and the last timed call, not every timed one:
+ * the check costs more CPU than the call, and with more ranks than cores that work between
+ * timed calls shifted the scheduler's fairness onto the timed ones (Open MPI's side,
+ * bench/mpi_coll.c, checks once after its timed loop).
  *
  * Timing: before every timed call a barrier lines the ranks up; each rank times its own call;
  * after the loop an allreduce(max) gives, per iteration, the slowest rank's time; the row shows
@@ -22,6 +26,7 @@
 #include <sys/socket.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,8 +92,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "Starts N local ranks and measures one collective at sizes lo, 2*lo, ... hi (bytes,\n"
              "K/M/G suffixes), printing nccl-tests' columns: size (B), count (elements), type,\n"
              "redop, time (us, median over --iters of the slowest rank), algbw and busbw (GB/s),\n"
-             "#wrong (elements that differ from the expected result, summed over ranks and\n"
-             "iterations; any wrong element makes the command exit 1). --json prints a JSON array\n"
+             "#wrong (elements that differ from the expected result, summed over ranks and the\n"
+             "checked calls: every warm-up call and the last timed one; any wrong element makes\n"
+             "the command exit 1). --json prints a JSON array\n"
              "of rows {bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong} instead.\n"
              "--algo names the algorithm of this collective (DTRAIN_ALGO), --transport sets\n"
              "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n",
@@ -318,11 +324,34 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* With no more ranks on this host than CPUs to run on, pins local rank i to the i-th of them,
+ * as mpirun does by default (--bind-to core for 2 ranks), so that the two sides are measured
+ * alike: two unbound ranks that land on one CPU's run queue wait a whole time slice for each
+ * other (2 ranks, 32 KiB, load average 13: a 10 ms median in one run of four). Done after the
+ * communicator exists, whose transport reads the unbound CPU set to tell oversubscription.
+ * Returns 1 when bound. */
+static int bench_bind(dt_comm *c) {
+  cpu_set_t all, one;
+  if (sched_getaffinity(0, sizeof all, &all) != 0)
+    return 0;
+  int lr = dt_comm_local_rank(c), ls = dt_comm_local_size(c), k = 0;
+  if (lr < 0 || ls > CPU_COUNT(&all))
+    return 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &all) && k++ == lr) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      return sched_setaffinity(0, sizeof one, &one) == 0;
+    }
+  return 0;
+}
+
 static int bench_worker(const bench_opts *o) {
   dt_comm *c = NULL;
   if (dt_comm_create(NULL, &c))
     return dt_cli_fail("bench", "cannot join the job");
   int r = dt_comm_rank(c), n = dt_comm_size(c), rc = 1;
+  int bound = bench_bind(c);
   size_t es = dt_dtype_size(o->dtype);
   size_t cap = (size_t)o->hi + (size_t)n * es + 64;
   char *sbuf = dt__alloc(cap), *rbuf = dt__alloc(cap);
@@ -340,6 +369,7 @@ static int bench_worker(const bench_opts *o) {
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
              dt_op_name(o->op), o->iters, o->warmup);
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
+      printf("# ranks %s\n", bound ? "bound one per CPU (as mpirun binds)" : "not bound (more ranks than CPUs)");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw",
              "busbw", "#wrong");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "");
@@ -362,7 +392,8 @@ static int bench_worker(const bench_opts *o) {
       int64_t t1 = dt_now_ns();
       if (it >= o->warmup)
         times[it - o->warmup] = (double)(t1 - t0) / 1e3;
-      wrong += count_wrong(o, r, n, &s, rbuf);
+      if (it < o->warmup || it == 0 || it == o->warmup + o->iters - 1)
+        wrong += count_wrong(o, r, n, &s, rbuf);
     }
     if (dt_comm_allreduce(c, DT_IN_PLACE, times, (size_t)o->iters, DT_F64, DT_MAX) ||
         dt_comm_allreduce(c, DT_IN_PLACE, &wrong, 1, DT_I64, DT_SUM))

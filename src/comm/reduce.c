@@ -451,8 +451,16 @@ TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
   TGT512 static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                             size_t n, int div) {                                                  \
     size_t i = 0;                                                                                 \
-    if (div > 1) {                                                                                \
-      __m512 vd = _mm512_set1_ps((float)div);                                                     \
+    __m512 vd = _mm512_set1_ps((float)div);                                                       \
+    if (div > 1 && at == bt && at == ot && at == DT_F16) {                                        \
+      for (; i + 16 <= n; i += 16)                                                                \
+        z_st_f16((uint16_t *)o + i,                                                               \
+                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
+    } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                                \
+      for (; i + 16 <= n; i += 16)                                                                \
+        z_st_bf16((uint16_t *)o + i,                                                              \
+                  _mm512_div_ps(ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i)), vd)); \
+    } else if (div > 1) {                                                                         \
       for (; i + 16 <= n; i += 16)                                                                \
         z_st(o, ot, i, _mm512_div_ps(ZOP(z_ld(a, at, i), z_ld(b, bt, i)), vd));                  \
     } else if (at == bt && at == ot && at == DT_F16) {                                            \

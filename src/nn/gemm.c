@@ -7,8 +7,9 @@
  * product itself, Goto/BLIS style: a KC x NC block of op(B) is packed into 32-column panels that
  * stay in L2, an MR x KC sliver of op(A) is packed (transposed to k-major) into L1, and an
  * AVX-512 micro-kernel keeps an MR x 32 tile of C in registers over the whole KC run. Packing
- * transposes with 16x16 in-register transposes, because the engine's conv shapes have N = 32 or
- * 64 columns, where a scalar packing loop costs as much as the multiply itself.
+ * transposes with 16x16 in-register transposes; when N is only one or two panels (the conv
+ * layers' 32 or 64 output channels) A is not packed at all but read in place, since there the
+ * packing would cost about as much as the multiply.
  *
  * It deliberately does not thread: the engine splits each product across its own pool and every
  * thread calls this on its slice. Without AVX-512F (or with DTRAIN_GEMM=blas) every call goes to
@@ -33,7 +34,7 @@
 /* Cache blocks: KC x NC floats of packed B stay in L2 (256 x 512 = 512 KiB of the 1 MiB per
  * core); an MR x KC sliver of A (14 KiB) and one KC x NR panel of B (32 KiB) share the 48 KiB L1.
  * Chosen by measurement on this machine (AMD Zen 5, 2026-11-22): the FLOP-weighted rate over the
- * engine's 15 layer shapes (the set in bench/sgemm_peak --gemm), thread CPU time, three
+ * engine's layer shapes (those of bench/sgemm_peak --shapes), thread CPU time, three
  * interleaved rounds, median GFLOP/s: KC/NC 256/512 177, 384/512 175, 512/512 178 (spread
  * 145-185), 256/1024 172, 192/1024 171, 384/768 163, 128/1024 156. 256/512 was the steadiest. */
 #define GEMM_KC 256

@@ -184,57 +184,104 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
 
 /* ---- pooling (no padding): windows k x k, stride S ---- */
 
-/* Max and arg-max over one window for 16 channels [c0, c0 + 16) in GCC vector types (SSE2 at
- * the baseline, 4 instructions per step): written as a plain loop over y and idx the compiler
- * kept it scalar, and it was a tenth of a cnn step. Channels past C (cw < 16) are computed on
- * copies and not stored. */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-#define MAXPOOL_CB 16
-
-/* cw floats into a zeroed vector (a macro: passing 64-byte vectors by value changes the ABI) */
-#define LOAD16(v, p, cw) (memset(&(v), 0, sizeof(v)), memcpy(&(v), (p), (size_t)(cw) * sizeof(float)))
-
-static inline __attribute__((always_inline)) void maxpool_window(const float *xs, int W, int C,
-                                                                 int k, int32_t base, int c0,
-                                                                 int cw, float *y, int32_t *ix) {
-  const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  v16f m, v;
-  LOAD16(m, xs + base + c0, cw);
-  v16i mi = lane + (base + c0);
-  for (int kh = 0; kh < k; kh++)
-    for (int kw = 0; kw < k; kw++) {
-      if (!kh && !kw)
-        continue;
-      int32_t off = base + (int32_t)(((size_t)kh * W + (size_t)kw) * C) + c0;
-      LOAD16(v, xs + off, cw);
-      v16i gt = v > m; /* all ones where the new value wins (strictly: first max kept) */
-      m = (v16f)(((v16i)v & gt) | ((v16i)m & ~gt));
-      mi = ((lane + off) & gt) | (mi & ~gt);
-    }
-  memcpy(y + c0, &m, (size_t)cw * sizeof(float));
-  memcpy(ix + c0, &mi, (size_t)cw * sizeof(int32_t));
-}
+/* Max and arg-max over one window, 4 channels at a time in SSE-sized GCC vectors (the baseline
+ * x86-64 target lowers them to single instructions; 64-byte vectors it split into spilled scalar
+ * code, and the plain loop over y and idx stayed scalar for fear of aliasing: it was a tenth of a
+ * cnn step). A last group of fewer than 4 channels runs the scalar loop. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
 
 static void maxpool_forward(nn_layer *l, const nn_slice *s) {
   const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
   const int OH = l->out.h, OW = l->out.w;
+  const v4i lane = {0, 1, 2, 3};
   for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *xs = l->x + (size_t)n * H * W * C;
     for (int oh = 0; oh < OH; oh++)
       for (int ow = 0; ow < OW; ow++) {
         size_t o = (((size_t)n * OH + oh) * OW + ow) * C;
+        float *y = l->y + o;
+        int32_t *ix = l->idx + o;
         int32_t base = (int32_t)(((size_t)(oh * S) * W + (size_t)(ow * S)) * C);
         int c0 = 0;
-        for (; c0 + MAXPOOL_CB <= C; c0 += MAXPOOL_CB) /* constant width: plain vector moves */
-          maxpool_window(xs, W, C, k, base, c0, MAXPOOL_CB, l->y + o, l->idx + o);
-        if (c0 < C)
-          maxpool_window(xs, W, C, k, base, c0, C - c0, l->y + o, l->idx + o);
+        for (; c0 + 4 <= C; c0 += 4) {
+          v4f m, v;
+          memcpy(&m, xs + base + c0, sizeof m);
+          v4i mi = lane + (base + c0);
+          for (int kh = 0; kh < k; kh++)
+            for (int kw = 0; kw < k; kw++) {
+              int32_t off = base + (int32_t)(((size_t)kh * W + (size_t)kw) * C) + c0;
+              memcpy(&v, xs + off, sizeof v);
+              v4i gt = v > m; /* all ones where strictly greater: the first maximum is kept */
+              m = (v4f)(((v4i)v & gt) | ((v4i)m & ~gt));
+              mi = ((lane + off) & gt) | (mi & ~gt);
+            }
+          memcpy(y + c0, &m, sizeof m);
+          memcpy(ix + c0, &mi, sizeof mi);
+        }
+        for (int c = c0; c < C; c++) {
+          y[c] = xs[base + c];
+          ix[c] = base + c;
+          for (int kh = 0; kh < k; kh++)
+            for (int kw = 0; kw < k; kw++) {
+              int32_t off = base + (int32_t)(((size_t)kh * W + (size_t)kw) * C) + c;
+              if (xs[off] > y[c]) {
+                y[c] = xs[off];
+                ix[c] = off;
+              }
+            }
+        }
       }
   }
 }
 
+/* Stride == window with 4 | C (the cnn preset's pools): the windows tile the input, so each input
+ * position is written once, with its window's gradient where it was the arg-max and 0 elsewhere,
+ * instead of zeroing dx and scattering into it (two passes over dx, the second one scalar).
+ * Rows and columns past the last whole window get zeros. */
+static void maxpool_backward_tiled(nn_layer *l, const nn_slice *s) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k;
+  const int OH = l->out.h, OW = l->out.w;
+  const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
+  const v4i lane = {0, 1, 2, 3};
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
+    float *dx = l->dx + (size_t)n * in_sz;
+    const float *dy = l->dy + (size_t)n * out_sz;
+    const int32_t *ix = l->idx + (size_t)n * out_sz;
+    for (int ih = 0; ih < H; ih++) {
+      float *drow = dx + (size_t)ih * W * C;
+      int oh = ih / k;
+      if (oh >= OH) {
+        memset(drow, 0, (size_t)W * C * sizeof(float));
+        continue;
+      }
+      for (int iw = 0; iw < OW * k; iw++) {
+        int ow = iw / k;
+        const float *g = dy + ((size_t)oh * OW + ow) * C;
+        const int32_t *m = ix + ((size_t)oh * OW + ow) * C;
+        float *d = drow + (size_t)iw * C;
+        int32_t pos = (int32_t)(((size_t)ih * W + (size_t)iw) * C);
+        for (int c = 0; c < C; c += 4) {
+          v4f gv;
+          v4i mv;
+          memcpy(&gv, g + c, sizeof gv);
+          memcpy(&mv, m + c, sizeof mv);
+          v4i sel = mv == lane + (pos + c);
+          v4f out = (v4f)((v4i)gv & sel);
+          memcpy(d + c, &out, sizeof out);
+        }
+      }
+      if (OW * k < W)
+        memset(drow + (size_t)OW * k * C, 0, (size_t)(W - OW * k) * C * sizeof(float));
+    }
+  }
+}
+
 static void maxpool_backward(nn_layer *l, const nn_slice *s) {
+  if (l->stride == l->k && l->in.c % 4 == 0) {
+    maxpool_backward_tiled(l, s);
+    return;
+  }
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   memset(ROWS(l->dx, in_sz), 0, (size_t)s->nb * in_sz * sizeof(float));
   for (int n = s->b0; n < s->b0 + s->nb; n++) {

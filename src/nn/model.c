@@ -9,11 +9,16 @@
 
 #include "nn/nn.h"
 
-/* Target size of one conv im2col chunk in floats: 1 Mi floats (4 MiB) keeps the chunk and its
- * gradient near L2/L3 while the sgemm still sees >= ~1000 rows on the cnn preset's layers
- * (measured: 6-sample chunks of conv2 run sgemm at ~100 GFLOP/s on one core, the whole batch at
- * ~80). DTRAIN_CONV_CHUNK overrides it (floats), for tuning and for tests of the chunking. */
+/* Target size of one conv im2col chunk in floats. With OpenBLAS: 1 Mi floats (4 MiB) keeps the
+ * chunk and its gradient near L2/L3 while the sgemm still sees >= ~1000 rows on the cnn preset's
+ * layers (measured: 6-sample chunks of conv2 run sgemm at ~100 GFLOP/s on one core, the whole
+ * batch at ~80). With dtrain's AVX-512 product (gemm.c), whose packing costs little on few rows,
+ * 160 Ki floats (625 KiB, in the 1 MiB L2 with its packed panels: one conv2 sample, 8 of conv1)
+ * is better: cnn step CPU time 1 thread, median of 4 interleaved runs, 1 Mi 100 ms, 160 Ki 86-89
+ * ms, 80 Ki and 40 Ki about the same as 160 Ki. DTRAIN_CONV_CHUNK overrides it (floats), for
+ * tuning and for tests of the chunking. */
 #define CONV_CHUNK_FLOATS ((size_t)1 << 20)
+#define CONV_CHUNK_FLOATS_OWN_GEMM ((size_t)160000)
 
 /* Models split batches over their own threads (dt_nn_set_threads), so OpenBLAS runs
  * single-threaded inside each: two thread pools on the same cores would fight (PEERS.md saw
@@ -231,8 +236,10 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     if (l->kind == NN_CONV) {
       size_t rowf = (size_t)l->k * l->k * l->in.c * l->out.h * l->out.w; /* per sample */
       int64_t target;
-      if (dt__env_int("DTRAIN_CONV_CHUNK", (int64_t)CONV_CHUNK_FLOATS, &target) != DT_OK || target < 1)
-        target = (int64_t)CONV_CHUNK_FLOATS;
+      int64_t def = (int64_t)(strcmp(dt__nn_gemm_name(), "avx512") == 0 ? CONV_CHUNK_FLOATS_OWN_GEMM
+                                                                          : CONV_CHUNK_FLOATS);
+      if (dt__env_int("DTRAIN_CONV_CHUNK", def, &target) != DT_OK || target < 1)
+        target = def;
       size_t ch = (size_t)target / rowf;
       l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
       colf = DT_MAX(colf, (size_t)l->chunk * rowf);

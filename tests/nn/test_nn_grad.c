@@ -157,7 +157,8 @@ static void test_conv_stride_pad(void **s) {
 static void test_maxpool(void **s) {
   check("in=2x6x6,maxpool2,flatten,linear:3", 2, 13, 1.0);
   check("in=3x7x7,maxpool3:s2,flatten,linear:3", 2, 14, 1.0); /* overlapping windows */
-  check("in=35x4x4,maxpool2,flatten,linear:3", 2, 17, 1.0); /* two 16-channel blocks and a tail */
+  check("in=35x4x4,maxpool2,flatten,linear:3", 2, 17, 1.0); /* 4-channel vectors and a tail */
+  check("in=8x7x5,maxpool2,flatten,linear:3", 2, 18, 1.0);  /* tiled backward, uncovered edges */
 }
 static void test_avgpool(void **s) {
   check("in=2x6x6,avgpool2,flatten,linear:3", 2, 15, 1.0);

@@ -123,7 +123,9 @@ dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline);
 /* One zero-byte message to rank+1 and from rank-1 carrying fp: if any two ranks disagree on the
  * call, at least one of them gets DT_ERR_MISMATCH (and the abort stops the rest). Rooted
  * collectives start with it because their data flow alone can leave a mismatch unseen (two
- * ranks that both believe they are the root only send). */
+ * ranks that both believe they are the root only send). With two ranks the tree and linear
+ * algorithms do without it: their one transfer is an exchange with a zero-byte message back,
+ * which checks in the same round trip (tree.c). */
 dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline);
 
 #endif

@@ -10,9 +10,10 @@
  * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
  * rank is SIGKILLed later.
  *
- * Waiting spins briefly, then yields, then sleeps on the bell futex with a short timeout (so
- * more ranks than cores still make progress); while waiting it watches the job's abort state,
- * the deadline, and every ~50 ms whether the awaited ranks' processes still exist.
+ * Waiting spins, then yields, then sleeps on a futex bell with a short timeout; with more ranks
+ * on the host than CPUs it yields at once instead of spinning (see SHM_SPIN_NS). While waiting
+ * it watches the job's abort state, the deadline, and every ~50 ms whether the awaited ranks'
+ * processes still exist.
  *
  * Not here: single-copy transfers. On the 2-core KVM guest, process_vm_readv of 64 MiB from a
  * forked child ran at 0.6 GB/s against 4 GB/s for memcpy of the same buffer in the same run, so
@@ -51,7 +52,7 @@
 /* Flat allreduce slot: the largest piece one round moves (per rank, two slots by parity).
  * DTRAIN_SHM_FLAT overrides; choose() in collectives.c says up to where flat is used. */
 #define SHM_DEFAULT_FLAT (32u << 10)
-/* Waiting: spin (pause) for a while, then yield a number of times, then sleep on the bell futex.
+/* Waiting: spin (pause) for a while, then yield for a while, then sleep on a futex bell.
  * How long depends on whether this host runs more ranks than the CPUs we may use:
  *   - not oversubscribed: every rank has a core, so spinning costs nobody and a peer that is
  *     late was descheduled by someone else's process; keep spinning SHM_SPIN_NS so that both
@@ -61,13 +62,16 @@
  *     ever yielding. A 1 ms spin still fell into sleeps at 16-64 KiB, 0.7-4 ms a call, as a
  *     descheduled peer returns only after another program's time slice; 10 ms kept every size
  *     from 4 B to 64 KiB at 0.2-12 us in the same conditions.)
- *   - oversubscribed: the rank we wait for may need our core: spin SHM_SPIN_OVER_NS only and
- *     yield SHM_YIELDS_OVER times, then block on the futex.
- * DTRAIN_SHM_SPIN_US / DTRAIN_SHM_YIELDS override both. */
+ *   - oversubscribed: the rank we wait for may need our core: no spinning; sched_yield hands
+ *     the core to it at once, for up to SHM_YIELD_OVER_NS, then the futex. (Measured: 4 ranks,
+ *     4 B, `dtrain bench allreduce -n 4 --transport shm --iters 500`, five alternating runs at
+ *     load average 13: medians 15.0 us when sleeping after 4 yields, 13.0 after 64, 10.5 when
+ *     only yielding; Open MPI, which only yields, 7-13 us in the same hour.)
+ * DTRAIN_SHM_SPIN_US / DTRAIN_SHM_YIELD_US override both. */
 #define SHM_SPIN_NS 10000000
-#define SHM_YIELDS 64
+#define SHM_YIELD_NS 1000000
 #define SHM_SPIN_OVER_NS 0
-#define SHM_YIELDS_OVER 4
+#define SHM_YIELD_OVER_NS 5000000
 #define SHM_SLEEP_NS 2000000 /* futex sleep: 2 ms bounds any missed wake-up */
 #define SHM_ALIVE_NS 50000000 /* liveness check of awaited ranks: 50 ms */
 
@@ -91,6 +95,10 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t red_seq; /* allreduce chunks whose slice is reduced */
   alignas(SHM_LINE) _Atomic uint64_t out_seq; /* allreduce chunks copied out */
   alignas(SHM_LINE) _Atomic uint64_t bar_seq; /* barriers entered */
+  /* This rank's own futex bell, rung when it publishes and someone sleeps on it: a waiter for
+   * one rank's progress sleeps here, so a publication wakes only the ranks waiting for it. */
+  alignas(SHM_LINE) _Atomic uint32_t bell;
+  _Atomic uint32_t sleepers;
   alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer / barrier parity */
   dt__fp bar_fp[2];
   /* The call this rank is in (seqlock: odd version = being written), so a rank waiting for it
@@ -138,8 +146,7 @@ struct dt_transport {
   uint64_t flats;  /* flat allreduce rounds done (same on every rank) */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
-  int64_t spin_ns;  /* waiting policy (see SHM_SPIN_NS) */
-  unsigned yields;
+  int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
   bool oversubscribed; /* more ranks on this host than CPUs this process may use */
   float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
 };
@@ -167,40 +174,50 @@ static inline void shm_relax(void) {
 #endif
 }
 
-/* Wakes the ranks asleep on the bell, after this rank published something. Only when some
- * sleep: a bell rung on every publication is a contended read-modify-write per message (it cost
- * the flat allreduce a cache-line round trip). The fence orders the publication before the
- * sleepers load; shm_pause's waiter orders its sleepers increment before re-reading the
- * condition (Dekker), so either the waiter sees the publication or we see the sleeper. */
+static _Atomic uint32_t *shm_bell(dt_transport *t, int r) { return r < 0 ? &t->h->bell : &t->ranks[r].bell; }
+static _Atomic uint32_t *shm_sleepers(dt_transport *t, int r) {
+  return r < 0 ? &t->h->sleepers : &t->ranks[r].sleepers;
+}
+
+/* Wakes the ranks asleep on this rank's bell and on the shared one (sendrecv's waiters, who may
+ * wait for either of two peers, sleep there), after this rank published something. Only when
+ * some sleep: a bell rung on every publication is a contended read-modify-write per message
+ * (it cost the flat allreduce a cache-line round trip). The fence orders the publication
+ * before the sleepers loads; shm_pause's waiter orders its sleepers increment before
+ * re-reading the condition (Dekker), so either the waiter sees the publication or we see it. */
 static void shm_ring_bell(dt_transport *t) {
+  _Atomic uint32_t *mine = shm_sleepers(t, t->rank), *all = shm_sleepers(t, -1);
 #ifdef __SANITIZE_THREAD__
   /* TSan models no fences: an RMW on sleepers pairs with the waiter's RMW the same way */
-  uint32_t sleepers = atomic_fetch_add(&t->h->sleepers, 0);
+  uint32_t s_mine = atomic_fetch_add(mine, 0), s_all = atomic_fetch_add(all, 0);
 #else
   atomic_thread_fence(memory_order_seq_cst);
-  uint32_t sleepers = atomic_load_explicit(&t->h->sleepers, memory_order_relaxed);
+  uint32_t s_mine = atomic_load_explicit(mine, memory_order_relaxed), s_all = atomic_load_explicit(all, memory_order_relaxed);
 #endif
-  if (sleepers) {
-    atomic_fetch_add(&t->h->bell, 1);
-    syscall(SYS_futex, &t->h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-  }
+  for (int i = 0; i < 2; i++)
+    if (i ? s_all : s_mine) {
+      _Atomic uint32_t *b = shm_bell(t, i ? -1 : t->rank);
+      atomic_fetch_add(b, 1);
+      syscall(SYS_futex, b, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
 }
 
 /* ---- waiting ---- */
 
-/* One wait of one caller. armed: this waiter counted itself in h->sleepers and must re-check
- * its condition once before sleeping (and shm_unarm when it stops waiting). */
+/* One wait of one caller. armed: the sleepers count this waiter added itself to; it must
+ * re-check its condition once before sleeping (and shm_unarm when it stops waiting). */
 typedef struct shm_wait {
-  unsigned iter, yields;
+  unsigned iter;
   int phase; /* 0 spin, 1 yield, 2 sleep */
-  bool armed;
+  _Atomic uint32_t *armed;
   int64_t t0, next_alive;
 } shm_wait;
 
 /* Ends one wait (the condition held, or the caller gives up), so the next starts spinning. */
 static void shm_unarm(dt_transport *t, shm_wait *w) {
+  (void)t;
   if (w->armed)
-    atomic_fetch_sub(&t->h->sleepers, 1);
+    atomic_fetch_sub(w->armed, 1);
   *w = (shm_wait){.next_alive = w->next_alive};
 }
 
@@ -290,9 +307,16 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
 
 /* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
  * for liveness). bell is the bell value read before the condition was found false. */
-static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer, const dt__fp *fp, int64_t deadline) {
+/* bell_rank: whose bell the caller read (`bell`) before finding its condition false: the
+ * awaited rank's, or -1 for the shared one. */
+static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t bell, int peer, const dt__fp *fp,
+                           int64_t deadline) {
   dt_comm *c = t->c;
   w->iter++;
+  if (w->iter == 1 && !t->spin_ns) { /* no spinning: yield from the first pause */
+    w->t0 = dt_now_ns();
+    w->phase = 1;
+  }
   if (w->phase == 0) {
     /* 16 pauses between looks at the clock: the checks below cost ~100 ns */
     shm_relax();
@@ -302,23 +326,23 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, uint32_t bell, int peer
     if (!w->t0)
       w->t0 = now;
     else if (now - w->t0 >= t->spin_ns)
-      w->phase = t->yields ? 1 : 2;
+      w->phase = 1;
   } else if (w->phase == 1) {
     sched_yield();
-    if (++w->yields >= t->yields)
+    if (dt_now_ns() - w->t0 >= t->spin_ns + t->yield_ns)
       w->phase = 2;
   } else if (!w->armed) {
     /* Count ourselves as a sleeper, then let the caller re-read the bell and its condition
      * once more before the futex wait: a publisher that missed us in sleepers is seen there. */
-    atomic_fetch_add(&t->h->sleepers, 1);
+    w->armed = shm_sleepers(t, bell_rank);
+    atomic_fetch_add(w->armed, 1);
 #ifndef __SANITIZE_THREAD__
     atomic_thread_fence(memory_order_seq_cst); /* pairs with shm_ring_bell's */
 #endif
-    w->armed = true;
     return DT_OK;
   } else {
     struct timespec ts = {0, SHM_SLEEP_NS};
-    syscall(SYS_futex, &t->h->bell, FUTEX_WAIT, bell, &ts, NULL, 0);
+    syscall(SYS_futex, shm_bell(t, bell_rank), FUTEX_WAIT, bell, &ts, NULL, 0);
   }
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
@@ -489,14 +513,14 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
   t->oversubscribed = ncpu > 0 && on_host > ncpu;
-  int64_t spin_us, yields;
+  int64_t spin_us, yield_us;
   if (dt__env_int("DTRAIN_SHM_SPIN_US", (t->oversubscribed ? SHM_SPIN_OVER_NS : SHM_SPIN_NS) / 1000, &spin_us) != DT_OK ||
-      dt__env_int("DTRAIN_SHM_YIELDS", t->oversubscribed ? SHM_YIELDS_OVER : SHM_YIELDS, &yields) != DT_OK) {
+      dt__env_int("DTRAIN_SHM_YIELD_US", (t->oversubscribed ? SHM_YIELD_OVER_NS : SHM_YIELD_NS) / 1000, &yield_us) != DT_OK) {
     shm_destroy(t);
     return DT_ERR_INVALID;
   }
   t->spin_ns = DT_MIN(DT_MAX(spin_us, 0), 10000000) * 1000;
-  t->yields = (unsigned)DT_MIN(DT_MAX(yields, 0), 1 << 24);
+  t->yield_ns = DT_MIN(DT_MAX(yield_us, 0), 10000000) * 1000;
   if (t->n == 1) {
     *out = t;
     return DT_OK;
@@ -585,7 +609,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
   for (;;) {
-    uint32_t bell = atomic_load(&t->h->bell);
+    uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
     while (s_pending) {
       uint64_t head = atomic_load_explicit(&sr->head, memory_order_relaxed);
@@ -672,7 +696,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       }
     }
     (void)r_first;
-    DT_CHECK(shm_pause(t, wp, bell, r_pending ? src : dst, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
   }
 }
 
@@ -696,7 +720,7 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
                                 int parity, const dt__fp *fp, int64_t deadline) {
   int r = 0;
   while (r < t->n) {
-    uint32_t bell = atomic_load(&t->h->bell);
+    uint32_t bell = atomic_load(shm_bell(t, r));
     _Atomic uint64_t *ctr = (_Atomic uint64_t *)((uint8_t *)&t->ranks[r] + field);
     if (atomic_load_explicit(ctr, memory_order_acquire) >= target) {
       if (fp_field) {
@@ -711,7 +735,7 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
       shm_unarm(t, wp);
       continue;
     }
-    DT_CHECK(shm_pause(t, wp, bell, r, fp, deadline));
+    DT_CHECK(shm_pause(t, wp, r, bell, r, fp, deadline));
   }
   return DT_OK;
 }
@@ -860,10 +884,10 @@ static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, 
     shm_wait w = {0};
     dt_status st = DT_OK;
     for (;;) {
-      uint32_t bell = atomic_load_explicit(&t->h->bell, memory_order_relaxed);
+      uint32_t bell = atomic_load_explicit(shm_bell(t, r), memory_order_relaxed);
       if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
         break;
-      if ((st = shm_pause(t, &w, bell, r, fp, *deadline)) != DT_OK)
+      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK)
         break;
     }
     shm_unarm(t, &w);

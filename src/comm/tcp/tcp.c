@@ -12,7 +12,11 @@
  * a NACK frame carrying its own fingerprint and the rejected one, so the sender reports both
  * sides too. The fingerprint's spare byte carries the message's number on its connection
  * (mod 256), so a message that never arrived is named as soon as a later one takes its place;
- * a peer that goes silent while it says it sent is named through tcp_loss.c.
+ * a peer that goes silent while it says it sent is named through tcp_loss.c. A small message
+ * thus costs one sendmsg and (once it is there) one recv on the calling thread.
+ *
+ * Waiting: small messages are polled for with nonblocking recv/send and sched_yield for a few
+ * tens of microseconds before the sendrecv sleeps in poll(2) (TCP_SPIN_US below says why).
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
@@ -48,18 +52,23 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
 
-/* Waiting for a small message: before sleeping in poll(2), a sendrecv whose two messages add up
- * to at most TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
+/* Waiting for a small message: before sleeping in poll(2), a sendrecv whose messages (each way)
+ * have at most TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
  * microseconds (default TCP_SPIN_US), calling sched_yield(2) between tries so a rank sharing
  * our core (more ranks than cores, or a loaded machine) runs instead of waiting for our time
  * slice to end. Why: on the 2-core KVM guest a poll(2) sleep costs a wake-up of 10-20 us per
- * message (halt, IPI, schedule), which made a 2-rank allreduce of <= 1 KiB take 20-45 us
- * against Open MPI-over-TCP's 8-9 us (it busy-polls). Measured with
- *   dtrain bench allreduce -n 2 --transport tcp --sizes 8:4K --iters 2000
- * (see the numbers below at TCP_SPIN_US). Without the yield, two ranks the scheduler had put
- * on one core took 125-130 us per call (each spun away the other's turn). Large messages
- * keep the plain poll: they wait for the socket buffers, which spinning does not fill faster,
- * and with more ranks than cores the spinning cost them up to 2x. */
+ * message (halt, IPI, schedule), most of a small message's time. Measured with
+ *   dtrain bench allreduce -n {2,4} --transport tcp --sizes 8:4K --iters 1000..2000
+ * alternating with Open MPI over TCP (bench/mpi_coll.c, mpirun binds its ranks):
+ *   2 ranks, each on its own core: no spin 20-45 us, spin 6.6-8.8 us, Open MPI 7.3-9.8 us;
+ *   pure spinning without the yield: 125-130 us whenever the scheduler had put both ranks on one
+ *     core (each spun away the other's turn); with the yield the same placement costs ~20 us,
+ *     as much as not spinning at all (DTRAIN_BIND, comm/bind.c, avoids that placement);
+ *   4 ranks on 2 cores (load ~10): 89-100 us spinning, 92-106 us not, Open MPI 99-101 us.
+ * TCP_SPIN_MAX: a 64 KiB allreduce (2 ranks bound to their cores, load ~11) took 51-55 us
+ * spinning against 189 us not (Open MPI 49 us); larger messages keep the plain poll: with 4
+ * ranks on 2 cores spinning made a 1 MiB allreduce about 2x slower (11-19 ms against 7-9.5 ms)
+ * and unbound 2-rank runs gained nothing from it. */
 #define TCP_SPIN_US 50
 #define TCP_SPIN_MAX (64u << 10)
 
@@ -69,7 +78,7 @@ struct dt_transport {
   int *fd;       /* [n]: connection to each peer, -1 for self */
   bool *nacked;  /* [n]: a NACK or a broken stream: the connection carries no more messages */
   int64_t spin_ns; /* DTRAIN_TCP_SPIN_US in ns: how long a small sendrecv polls before poll(2) */
-  size_t spin_max; /* messages up to this many bytes (both directions) spin */
+  size_t spin_max; /* sendrecvs whose messages each have up to this many bytes spin */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
   dt__tcp_loss *loss;
 };
@@ -487,7 +496,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
   /* spin_until: 0 until the first try that moved nothing, then the end of the spin phase */
-  const bool spin = t->spin_ns > 0 && (dst >= 0 ? sn : 0) + (src >= 0 ? rn : 0) <= t->spin_max;
+  const bool spin = t->spin_ns > 0 && (dst < 0 || sn <= t->spin_max) && (src < 0 || rn <= t->spin_max);
   int64_t spin_until = 0;
   tcp_wait w = {0};
   if (dst >= 0) {

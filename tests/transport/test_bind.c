@@ -1,0 +1,141 @@
+/* test_bind.c - DTRAIN_BIND (src/comm/bind.c): each local rank gets its own equal, consecutive
+ * share of the CPUs it was allowed; nothing changes with one rank, with more ranks than CPUs, or
+ * with DTRAIN_BIND unset / none; any other value is DT_ERR_INVALID naming it. Then a real
+ * 2-rank tcp job with DTRAIN_BIND=auto: each rank's mask is the expected share (disjoint from
+ * the other's when there are 2 CPUs or more) and an allreduce still gives the right sum.
+ * Each case runs in its own child process, so masks never leak between cases. */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "common/check.h"
+#include "common/mp.h"
+
+static cpu_set_t start_mask; /* what the test process was allowed at start */
+
+/* The expected share of local rank lr of ls in `have` (the policy stated in bind.c). */
+static void share_of(const cpu_set_t *have, int lr, int ls, cpu_set_t *out) {
+  int ncpu = CPU_COUNT(have), per = ncpu / ls, k = 0;
+  CPU_ZERO(out);
+  for (int i = 0; i < CPU_SETSIZE; i++)
+    if (CPU_ISSET(i, have)) {
+      if (k >= lr * per && k < (lr + 1) * per)
+        CPU_SET(i, out);
+      k++;
+    }
+}
+
+static int in_child(int (*fn)(void *), void *arg) {
+  fflush(NULL);
+  pid_t p = fork();
+  if (p == 0)
+    _exit(fn(arg));
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+typedef struct unit { const char *env; int lr, ls, one_cpu; } unit;
+
+static int unit_body(void *arg) {
+  const unit *u = arg;
+  int rank = u->lr;
+  cpu_set_t have, got, want;
+  if (u->one_cpu) { /* a launcher that gave us one CPU: two ranks cannot be split further */
+    int first = 0;
+    while (!CPU_ISSET(first, &start_mask))
+      first++;
+    CPU_ZERO(&have);
+    CPU_SET(first, &have);
+    CHECK(sched_setaffinity(0, sizeof have, &have) == 0, "restricting to one CPU");
+  }
+  CHECK(sched_getaffinity(0, sizeof have, &have) == 0, "sched_getaffinity");
+  if (u->env)
+    setenv("DTRAIN_BIND", u->env, 1);
+  else
+    unsetenv("DTRAIN_BIND");
+  int bound = -1;
+  dt_status st = dt__comm_bind(u->lr, u->ls, &bound);
+  CHECK(sched_getaffinity(0, sizeof got, &got) == 0, "sched_getaffinity after");
+  if (u->env && strcmp(u->env, "auto") && strcmp(u->env, "none")) {
+    CHECK(st == DT_ERR_INVALID && strstr(dt_last_error(), u->env), "DTRAIN_BIND=%s: got %s '%s'", u->env,
+          dt_strerror(st), dt_last_error());
+    CHECK(CPU_EQUAL(&got, &have), "a refused DTRAIN_BIND changed the mask");
+    return 0;
+  }
+  CHECK(st == DT_OK, "DTRAIN_BIND=%s: %s", u->env ? u->env : "(unset)", dt_last_error());
+  int ncpu = CPU_COUNT(&have);
+  if (!u->env || !strcmp(u->env, "none") || u->ls <= 1 || u->ls > ncpu) {
+    CHECK(bound == 0 && CPU_EQUAL(&got, &have), "DTRAIN_BIND=%s, local rank %d of %d, %d CPUs: mask changed (%d bound)",
+          u->env ? u->env : "(unset)", u->lr, u->ls, ncpu, bound);
+    return 0;
+  }
+  share_of(&have, u->lr, u->ls, &want);
+  CHECK(CPU_EQUAL(&got, &want) && bound == ncpu / u->ls && CPU_COUNT(&got) == bound,
+        "local rank %d of %d: bound to %d CPUs, expected the %d-CPU share of %d", u->lr, u->ls, CPU_COUNT(&got),
+        ncpu / u->ls, ncpu);
+  return 0;
+}
+
+static int job_body(int rank, int size, void *arg) {
+  (void)arg;
+  setenv("DTRAIN_TRANSPORT", "tcp", 1);
+  setenv("DTRAIN_BIND", "auto", 1);
+  dt_comm *c = NULL;
+  CHECK(dt_comm_create(NULL, &c) == DT_OK, "create: %s", dt_last_error());
+  cpu_set_t got, want;
+  CHECK(sched_getaffinity(0, sizeof got, &got) == 0, "sched_getaffinity");
+  int ncpu = CPU_COUNT(&start_mask);
+  if (size <= ncpu)
+    share_of(&start_mask, rank, size, &want);
+  else
+    want = start_mask;
+  CHECK(CPU_EQUAL(&got, &want), "rank %d of %d on %d CPUs: not bound to its share", rank, size, ncpu);
+  /* the ranks' masks (first 64 CPUs) side by side: disjoint when each got a share */
+  int64_t bits = 0, all[2] = {0, 0};
+  for (int i = 0; i < 64; i++)
+    if (CPU_ISSET(i, &got))
+      bits |= (int64_t)(1ull << i);
+  CHECK(dt_comm_allgather(c, &bits, all, 1, DT_I64) == DT_OK, "allgather: %s", dt_last_error());
+  if (size <= ncpu)
+    CHECK((all[0] & all[1]) == 0 && all[0] && all[1], "masks overlap: %#llx %#llx", (unsigned long long)all[0],
+          (unsigned long long)all[1]);
+  float x[3] = {1.0f + (float)rank, 2, 3}, y[3];
+  CHECK(dt_comm_allreduce(c, x, y, 3, DT_F32, DT_SUM) == DT_OK && y[0] == 3.0f && y[2] == 6.0f, "allreduce: %s",
+        dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+int main(void) {
+  if (sched_getaffinity(0, sizeof start_mask, &start_mask) != 0) {
+    perror("sched_getaffinity");
+    return 1;
+  }
+  int ncpu = CPU_COUNT(&start_mask);
+  printf("# %d CPU(s) allowed\n", ncpu);
+  unit cases[] = {
+      {NULL, 0, 2, 0},     {"none", 1, 2, 0},  {"auto", 0, 1, 0},  {"auto", 0, 2, 0},
+      {"auto", 1, 2, 0},   {"auto", 0, ncpu + 1, 0}, {"auto", 1, 2, 1}, {"core", 0, 2, 0},
+  };
+  int bad = 0, ran = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ran++;
+    if (in_child(unit_body, &cases[i])) {
+      fprintf(stderr, "FAIL: DTRAIN_BIND=%s local rank %d of %d%s\n", cases[i].env ? cases[i].env : "(unset)",
+              cases[i].lr, cases[i].ls, cases[i].one_cpu ? " on one CPU" : "");
+      bad++;
+    }
+  }
+  ran++;
+  if (mp_run(2, job_body, NULL, 60)) {
+    fprintf(stderr, "FAIL: 2-rank tcp job with DTRAIN_BIND=auto\n");
+    bad++;
+  }
+  printf("%d passed, %d failed\n", ran - bad, bad);
+  return bad ? 1 : 0;
+}
