@@ -73,7 +73,16 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     size. reduce_scatter: the fast path won up to 128 KiB in total, i.e. 32 KiB blocks at n=4
  *     (44-63 us vs 107-127 us),
  *     above the runs disagreed: ring. broadcast: no consistent winner: tree/chain as above.
- *   barrier: the transport's own when present (one shared counter beats log2(n) messages). */
+ *   barrier: the transport's own when present (one shared counter beats log2(n) messages).
+ *   allreduce, flat (one round through per-rank slots, shm): measured 2026-11-22 with ranks bound
+ *     one per CPU, `DTRAIN_ALGO={flat,rd,shm} dtrain bench allreduce -n {2,4} --transport shm
+ *     --sizes 4:256K --iters 100..200`, three alternating runs, load average ~10 from other jobs:
+ *     n=2: flat 0.21-0.22 us at 4-64 B, 0.31 at 1 KiB, 0.50-0.52 at 4 KiB against rd's 0.30,
+ *     0.34-0.38, 0.58 and the shm path's 0.37, 0.44, 0.64-0.71; at 8 KiB rd leads (0.78 against
+ *     0.84), at 16-32 KiB rd 1.25-1.35 / 2.3-2.4 against flat 1.55 / 2.95: flat up to 4 KiB.
+ *     n=4 (oversubscribed on 2 cores): flat 9-15 us at 4 B - 16 KiB, 14-19 at 32 KiB, against
+ *     rd 13-34 / 13-41 and shm 10-34 / 14-35; from 64 KiB shm leads (20-42 against flat 24-40,
+ *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2. */
 static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -81,7 +90,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *
   case DT_COLL_ALLREDUCE:
     if (n <= 1)
       return DT_ALGO_RD;
-    if (ops->allreduce_flat && bytes <= (32u << 10))
+    if (ops->allreduce_flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
     if (has_fast(ops, k))
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_SHM;
