@@ -59,6 +59,9 @@ typedef struct dt__comm_env {
 dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env);
 
 struct dt__progress; /* nonblocking operation queue and its thread (comm/progress.c) */
+/* True on a progress thread: the collective it runs overlaps its caller's computation, so a
+ * transport waiting there must not spin the caller's core away (comm/progress.c). */
+bool dt__on_progress_thread(void);
 
 struct dt_comm {
   int rank, size;

@@ -90,8 +90,13 @@ void dt__progress_drain(dt_comm *c) {
   pthread_mutex_unlock(&p->mu);
 }
 
+static _Thread_local bool on_progress_thread;
+
+bool dt__on_progress_thread(void) { return on_progress_thread; }
+
 static void *progress_main(void *arg) {
   dt_comm *c = arg;
+  on_progress_thread = true;
   struct dt__progress *p = c->progress;
   pthread_mutex_lock(&p->mu);
   for (;;) {
