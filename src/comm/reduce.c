@@ -372,8 +372,16 @@ TGT static inline void st_any(void *p, dt_dtype t, size_t i, __m256 v) {
   TGT static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                          size_t n, int div) {                                                    \
     size_t i = 0;                                                                                \
-    if (div > 1) {                                                                               \
-      __m256 vd = _mm256_set1_ps((float)div);                                                    \
+    __m256 vd = _mm256_set1_ps((float)div);                                                      \
+    if (div > 1 && at == bt && at == ot && at == DT_F16) {                                       \
+      for (; i + 8 <= n; i += 8)                                                                 \
+        st_f16((uint16_t *)o + i,                                                                \
+               _mm256_div_ps(VOP(ld_f16((const uint16_t *)a + i), ld_f16((const uint16_t *)b + i)), vd)); \
+    } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                               \
+      for (; i + 8 <= n; i += 8)                                                                 \
+        st_bf16((uint16_t *)o + i,                                                               \
+                _mm256_div_ps(VOP(ld_bf16((const uint16_t *)a + i), ld_bf16((const uint16_t *)b + i)), vd)); \
+    } else if (div > 1) {                                                                        \
       for (; i + 8 <= n; i += 8)                                                                 \
         st_any(o, ot, i, _mm256_div_ps(VOP(ld_any(a, at, i), ld_any(b, bt, i)), vd));          \
     } else if (at == bt && at == ot && at != DT_F32) {                                           \
@@ -446,9 +454,10 @@ TGT512 static inline __m512 z_min(__m512 x, __m512 y) {
 TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
   return _mm512_mask_mov_ps(_mm512_max_ps(x, y), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
-/* out = (a op b) [/ div] over types (f32, f16, bf16), 16 at a time; returns elements done. */
-#define ZMIX(name, ZOP)                                                                           \
-  TGT512 static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
+/* out = (a op b) [/ div] over types (f32, f16, bf16), 16 at a time; returns elements done.
+ * ZMIX: AVX-512F/BW; ZMIXB also rounds bf16 with AVX-512 BF16 where that is exact. */
+#define ZMIX_T(name, ZOP, TGTX, ST_BF16, ST_ANY)                                                                           \
+  TGTX static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                             size_t n, int div) {                                                  \
     size_t i = 0;                                                                                 \
     __m512 vd = _mm512_set1_ps((float)div);                                                       \
@@ -458,27 +467,54 @@ TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
                  _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
     } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                                \
       for (; i + 16 <= n; i += 16)                                                                \
-        z_st_bf16((uint16_t *)o + i,                                                              \
+        ST_BF16((uint16_t *)o + i,                                                              \
                   _mm512_div_ps(ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i)), vd)); \
     } else if (div > 1) {                                                                         \
       for (; i + 16 <= n; i += 16)                                                                \
-        z_st(o, ot, i, _mm512_div_ps(ZOP(z_ld(a, at, i), z_ld(b, bt, i)), vd));                  \
+        ST_ANY(o, ot, i, _mm512_div_ps(ZOP(z_ld(a, at, i), z_ld(b, bt, i)), vd));                  \
     } else if (at == bt && at == ot && at == DT_F16) {                                            \
       for (; i + 16 <= n; i += 16)                                                                \
         z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i))); \
     } else if (at == bt && at == ot && at == DT_BF16) {                                           \
       for (; i + 16 <= n; i += 16)                                                                \
-        z_st_bf16((uint16_t *)o + i, ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i))); \
+        ST_BF16((uint16_t *)o + i, ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i))); \
     } else {                                                                                      \
       for (; i + 16 <= n; i += 16)                                                                \
-        z_st(o, ot, i, ZOP(z_ld(a, at, i), z_ld(b, bt, i)));                                      \
+        ST_ANY(o, ot, i, ZOP(z_ld(a, at, i), z_ld(b, bt, i)));                                      \
     }                                                                                             \
     return i;                                                                                     \
   }
+#define ZMIX(name, ZOP) ZMIX_T(name, ZOP, TGT512, z_st_bf16, z_st)
+
+/* AVX-512 BF16's VCVTNEPS2BF16 rounds to nearest even and quiets NaN exactly as the integer
+ * rounding does, but treats subnormal inputs as zero: vectors with a subnormal lane take the
+ * integer path (a normal f32 never rounds to a bf16 subnormal: they share the exponent range). */
+#define TGTBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c,fma")))
+TGTBF static inline void b_st_bf16(uint16_t *p, __m512 v) {
+  __m512i b = _mm512_castps_si512(v);
+  __mmask16 sub = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f800000)) &
+                  _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x007fffff));
+  if (sub) {
+    z_st_bf16(p, v);
+    return;
+  }
+  _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(v));
+}
+TGTBF static inline void b_st(void *p, dt_dtype t, size_t i, __m512 v) {
+  if (t == DT_BF16)
+    b_st_bf16((uint16_t *)p + i, v);
+  else
+    z_st(p, t, i, v);
+}
+#define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, b_st)
 ZMIX(z_mix_sum, z_sum)
 ZMIX(z_mix_prod, z_prod)
 ZMIX(z_mix_min, z_min)
 ZMIX(z_mix_max, z_max)
+ZMIXB(b_mix_sum, z_sum)
+ZMIXB(b_mix_prod, z_prod)
+ZMIXB(b_mix_min, z_min)
+ZMIXB(b_mix_max, z_max)
 
 TGT static void v_div_f32(float *p, size_t n, float d) {
   size_t i = 0;
@@ -492,7 +528,7 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 
 /* ---------- dispatch ---------- */
 
-static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2, 3 avx2 + avx512 half kernels */
+static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16 */
 static atomic_int force_scalar; /* 1 scalar, 2 no avx512 (tests) */
 
 static bool use_avx2(void) {
@@ -508,7 +544,7 @@ static bool use_avx2(void) {
     s = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) ? 2 : 1;
     if (s == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && !dt__env_str("DTRAIN_NO_AVX512"))
-      s = 3;
+      s = __builtin_cpu_supports("avx512bf16") ? 4 : 3;
     if (dt__env_str("DTRAIN_NO_SIMD"))
       s = 1;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
@@ -522,8 +558,18 @@ static bool use_avx2(void) {
 /* AVX-512 for the half-type kernels (implies use_avx2). */
 static bool use_avx512(void) {
 #ifdef RED_X86
-  return use_avx2() && atomic_load_explicit(&simd_state, memory_order_relaxed) == 3 &&
-         atomic_load_explicit(&force_scalar, memory_order_relaxed) != 2;
+  return use_avx2() && atomic_load_explicit(&simd_state, memory_order_relaxed) >= 3 &&
+         atomic_load_explicit(&force_scalar, memory_order_relaxed) < 2;
+#else
+  return false;
+#endif
+}
+
+/* AVX-512 BF16 for rounding to bf16 (implies use_avx512). */
+static bool use_avx512bf16(void) {
+#ifdef RED_X86
+  return use_avx512() && atomic_load_explicit(&simd_state, memory_order_relaxed) == 4 &&
+         atomic_load_explicit(&force_scalar, memory_order_relaxed) != 3;
 #else
   return false;
 #endif
@@ -534,6 +580,8 @@ typedef size_t (*mix_fn)(void *, dt_dtype, const void *, dt_dtype, const void *,
 /* The widest fused mixed-type kernel for op, NULL when only the scalar one applies. */
 static mix_fn mix_kernel(dt_op op) {
 #ifdef RED_X86
+  if (use_avx512bf16())
+    return op == DT_PROD ? b_mix_prod : op == DT_MIN ? b_mix_min : op == DT_MAX ? b_mix_max : b_mix_sum;
   if (use_avx512())
     return op == DT_PROD ? z_mix_prod : op == DT_MIN ? z_mix_min : op == DT_MAX ? z_mix_max : z_mix_sum;
   if (use_avx2())
@@ -543,9 +591,11 @@ static mix_fn mix_kernel(dt_op op) {
   return NULL;
 }
 
-void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on == 1 ? 1 : on == 2 ? 2 : 0); }
+void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 3 ? on : 0); }
 
-const char *dt__reduce_isa(void) { return use_avx512() ? "avx2+avx512" : use_avx2() ? "avx2" : "scalar"; }
+const char *dt__reduce_isa(void) {
+  return use_avx512bf16() ? "avx2+avx512+bf16" : use_avx512() ? "avx2+avx512" : use_avx2() ? "avx2" : "scalar";
+}
 
 static red_fn pick(dt_dtype t, dt_op op) {
   int o = op == DT_AVG ? 0 : (int)op; /* avg sums; finish divides */

@@ -154,6 +154,7 @@ static void check_kernels(int scalar) {
 static void test_kernels_simd(void **s) { (void)s; check_kernels(0); }
 /* On a CPU with AVX-512 the half types take 512-bit kernels; this runs the AVX2 ones there. */
 static void test_kernels_avx2(void **s) { (void)s; check_kernels(2); }
+static void test_kernels_avx512_nobf16(void **s) { (void)s; check_kernels(3); }
 
 /* dt__reduce_mix over every (out, a, b) type triple of {f32, f16, bf16}, every op, with and
  * without a divisor, at lengths around the vector widths, on each ISA level: bit-identical to
@@ -183,7 +184,7 @@ static void test_mix_isa_agree(void **s) {
             int div = op == DT_AVG ? 3 : 1;
             dt__reduce_force_scalar(1);
             dt__reduce_mix(ref, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
-            for (int lvl = 0; lvl <= 2; lvl += 2) { /* 0: widest available, 2: AVX2 */
+            for (int lvl = 0; lvl <= 3; lvl += lvl ? 1 : 2) { /* 0 widest, 2 AVX2, 3 no BF16 insns */
               dt__reduce_force_scalar(lvl);
               memset(got, 0x5a, n * oes);
               dt__reduce_mix(got, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
@@ -384,7 +385,8 @@ static void test_dtype_helpers(void **s) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
-      cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_mix_isa_agree),
+      cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
+      cmocka_unit_test(test_mix_isa_agree),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
       cmocka_unit_test(test_dtype_helpers),

@@ -25,10 +25,10 @@ void dt__from_f32(void *dst, const float *src, size_t n, dt_dtype t);
  * exactly. avg sums (pass div to finish it). */
 void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, size_t n,
                     dt_op op, int div);
-/* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), or back
- * to run-time selection (0). */
+/* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), AVX-512
+ * without its BF16 rounding (3), or back to run-time selection (0). */
 void dt__reduce_force_scalar(int on);
-/* "avx2+avx512", "avx2" or "scalar": what dt__reduce uses now. */
+/* "avx2+avx512+bf16", "avx2+avx512", "avx2" or "scalar": what dt__reduce uses now. */
 const char *dt__reduce_isa(void);
 
 /* True when a reduction of type t with op needs an f32 accumulator to round only once. */
