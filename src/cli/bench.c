@@ -324,34 +324,24 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* With no more ranks on this host than CPUs to run on, pins local rank i to the i-th of them,
- * as mpirun does by default (--bind-to core for 2 ranks), so that the two sides are measured
- * alike: two unbound ranks that land on one CPU's run queue wait a whole time slice for each
- * other (2 ranks, 32 KiB, load average 13: a 10 ms median in one run of four). Done after the
- * communicator exists, whose transport reads the unbound CPU set to tell oversubscription.
- * Returns 1 when bound. */
-static int bench_bind(dt_comm *c) {
-  cpu_set_t all, one;
-  if (sched_getaffinity(0, sizeof all, &all) != 0)
-    return 0;
-  int lr = dt_comm_local_rank(c), ls = dt_comm_local_size(c), k = 0;
-  if (lr < 0 || ls > CPU_COUNT(&all))
-    return 0;
-  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
-    if (CPU_ISSET(cpu, &all) && k++ == lr) {
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      return sched_setaffinity(0, sizeof one, &one) == 0;
-    }
-  return 0;
+/* The ranks are bound to their share of the CPUs (DTRAIN_BIND=auto unless the user set
+ * DTRAIN_BIND, see comm/bind.c), as mpirun binds its ranks by default (--bind-to core for 2
+ * ranks), so that the two sides are measured alike: two unbound ranks that land on one CPU's
+ * run queue wait a whole time slice for each other (2 ranks, 32 KiB, load average 13: a 10 ms
+ * median in one run of four). Returns the number of CPUs this process may use. */
+static int bench_cpus(void) {
+  cpu_set_t s;
+  return sched_getaffinity(0, sizeof s, &s) == 0 ? CPU_COUNT(&s) : 0;
 }
 
 static int bench_worker(const bench_opts *o) {
   dt_comm *c = NULL;
+  setenv("DTRAIN_BIND", "auto", 0);
+  int cpus_before = bench_cpus();
   if (dt_comm_create(NULL, &c))
     return dt_cli_fail("bench", "cannot join the job");
   int r = dt_comm_rank(c), n = dt_comm_size(c), rc = 1;
-  int bound = bench_bind(c);
+  int bound = bench_cpus() < cpus_before;
   size_t es = dt_dtype_size(o->dtype);
   size_t cap = (size_t)o->hi + (size_t)n * es + 64;
   char *sbuf = dt__alloc(cap), *rbuf = dt__alloc(cap);
@@ -369,7 +359,7 @@ static int bench_worker(const bench_opts *o) {
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
              dt_op_name(o->op), o->iters, o->warmup);
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
-      printf("# ranks %s\n", bound ? "bound one per CPU (as mpirun binds)" : "not bound (more ranks than CPUs)");
+      printf("# ranks %s\n", bound ? "bound to their share of the CPUs (DTRAIN_BIND=auto, as mpirun binds)" : "not bound (one rank, more ranks than CPUs, or DTRAIN_BIND=none)");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw",
              "busbw", "#wrong");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "");

@@ -19,7 +19,7 @@
  * Only the calling thread and the threads it starts later are bound (Linux semantics); threads
  * that already exist keep their mask. It runs once the world communicator's transport exists
  * (the shm transport reads the unbound CPU set to tell oversubscription); a transport created
- * later by dt_comm_split sees the bound set. `dtrain bench` binds its ranks itself (bench.c). */
+ * later by dt_comm_split sees the bound set. `dtrain bench` turns it on for its ranks (bench.c). */
 #include <sched.h>
 #include <string.h>
 
