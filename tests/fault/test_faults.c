@@ -460,6 +460,18 @@ static pid_t start_agent(int r, int port, const char *tag) {
   return spawn(argv, env, pathf("%s/%s.out", dir, tag), pathf("%s/%s.err", dir, tag));
 }
 
+/* Starts agents 0-2 of a 3-host job on port.. and waits (at most 20 s) until the job has
+ * written its step-12 checkpoint, so a fault that follows hits a running generation. */
+static void start_three_agents(pid_t ag[3], int port) {
+  for (int r = 0; r < 3; r++)
+    ag[r] = start_agent(r, port, pathf("agent%d", r));
+  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
+  struct stat sb;
+  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
+    msleep(10);
+  assert_int_equal(stat(ck12, &sb), 0);
+}
+
 /* Three elastic agents on this host (--nnodes 3 --master 127.0.0.1:P), one worker each; once
  * the checkpoint of step 12 exists, the agent of node `hung` (not its worker) is stopped. Its
  * workers are healthy, so the job must finish undisturbed in generation 0, and the agents that
@@ -468,13 +480,7 @@ static pid_t start_agent(int r, int port, const char *tag) {
 static void elastic_agent_hangs(int hung, int watcher, const char *expect) {
   int port = free_port_block(4);
   pid_t ag[3];
-  for (int r = 0; r < 3; r++)
-    ag[r] = start_agent(r, port, pathf("agent%d", r));
-  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
-  struct stat sb;
-  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
-    msleep(10);
-  assert_int_equal(stat(ck12, &sb), 0);
+  start_three_agents(ag, port);
   assert_int_equal(kill(ag[hung], SIGSTOP), 0);
   for (int r = 0; r < 3; r++) {
     if (r == hung)
@@ -517,13 +523,7 @@ static void test_run_elastic_store_agent_hangs(void **state) {
 static void test_run_elastic_rejoin(void **state) {
   int port = free_port_block(4);
   pid_t ag[3];
-  for (int r = 0; r < 3; r++)
-    ag[r] = start_agent(r, port, pathf("agent%d", r));
-  const char *ck12 = pathf("%s/ck/ckpt-000000012.dtc", dir);
-  struct stat sb;
-  for (int t = 0; t < 2000 && stat(ck12, &sb) != 0; t++)
-    msleep(10);
-  assert_int_equal(stat(ck12, &sb), 0);
+  start_three_agents(ag, port);
   kill(ag[2], SIGKILL);
   wait_bounded(ag[2], 5000);
   bool reformed = false;

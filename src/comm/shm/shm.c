@@ -826,6 +826,25 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, si
   return DT_OK;
 }
 
+/* What both allreduce paths do first: a world of one copies (and finishes the op, e.g. the
+ * average's division); a transport broken by a mismatch or an aborted job refuses. *done is
+ * true when nothing is left to do. */
+static dt_status shm_allreduce_prelude(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
+                                       dt_op op, bool *done) {
+  *done = t->n == 1;
+  if (*done) {
+    if (in != out && count)
+      memmove(out, in, count * dt_dtype_size(dt));
+    dt__reduce_finish(out, count, dt, op, 1);
+    return DT_OK;
+  }
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(t->c))
+    return dt__comm_abort_status(t->c);
+  return DT_OK;
+}
+
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
  * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
  * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
@@ -835,20 +854,13 @@ static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, si
  * bit-identical results. */
 static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
                                const dt__fp *fp, int64_t deadline) {
-  dt_comm *c = t->c;
   size_t es = dt_dtype_size(dt);
   const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
   uint8_t *out = rbuf;
-  if (t->n == 1) {
-    if (in != out && count)
-      memmove(out, in, count * es);
-    dt__reduce_finish(out, count, dt, op, 1);
-    return DT_OK;
-  }
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(c))
-    return dt__comm_abort_status(c);
+  bool done;
+  dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
+  if (pre != DT_OK || done)
+    return pre;
   shm_board_set(t, fp);
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
@@ -949,16 +961,10 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
   size_t es = dt_dtype_size(dt);
   const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
   uint8_t *out = rbuf;
-  if (t->n == 1) {
-    if (in != out && count)
-      memmove(out, in, count * es);
-    dt__reduce_finish(out, count, dt, op, 1);
-    return DT_OK;
-  }
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(t->c))
-    return dt__comm_abort_status(t->c);
+  bool done;
+  dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
+  if (pre != DT_OK || done)
+    return pre;
   uint64_t mine[3];
   memcpy(mine, fp, sizeof mine);
   const size_t per = t->h->flat_bytes / es;
