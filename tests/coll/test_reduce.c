@@ -14,8 +14,10 @@
 
 #include "comm/coll/coll.h"
 
-/* ---- independent references: f16 via the compiler's _Float16, bf16 by picking the nearer
- * of the two neighbours in double precision ---- */
+/* ---- independent references: f16 via the compiler's _Float16 where it has one (GCC 12;
+ * clang 14 on x86 has none: there, by decoding exactly and picking the nearer neighbour), bf16
+ * by picking the nearer of the two neighbours in double precision ---- */
+#ifdef __FLT16_MAX__
 static uint16_t ref_f16(float f) {
   _Float16 h = (_Float16)f;
   uint16_t u;
@@ -27,6 +29,34 @@ static float ref_f16_to_f32(uint16_t u) {
   memcpy(&h, &u, 2);
   return (float)h;
 }
+#else
+static float ref_f16_to_f32(uint16_t u) {
+  int e = (u >> 10) & 0x1f, m = u & 0x3ff;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+  return (float)((u & 0x8000) ? -v : v);
+}
+static uint16_t ref_f16(float f) {
+  uint16_t sign = signbit(f) ? 0x8000 : 0;
+  double a = fabs((double)f);
+  if (isnan(f))
+    return (uint16_t)(sign | 0x7e00);
+  if (a >= 65520.0) /* halfway between the largest finite (65504) and the next step: rounds to inf */
+    return (uint16_t)(sign | 0x7c00);
+  unsigned lo = 0, hi = 0x7bff; /* positive finite patterns are ordered by value */
+  while (lo < hi) {             /* largest pattern whose value is <= a */
+    unsigned mid = (lo + hi + 1) / 2;
+    if (ref_f16_to_f32((uint16_t)mid) <= a)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  double below = ref_f16_to_f32((uint16_t)lo), above = ref_f16_to_f32((uint16_t)(lo + 1));
+  unsigned u = lo;
+  if (a - below > above - a || (a - below == above - a && (lo & 1)))
+    u = lo + 1;
+  return (uint16_t)(sign | u);
+}
+#endif
 static float bf_val(uint16_t u) {
   uint32_t x = (uint32_t)u << 16;
   float f;
