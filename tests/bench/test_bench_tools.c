@@ -141,6 +141,9 @@ static void test_harness_usage(void) {
       "bench/compare-peers --sides nccl",
       "bench/train-vs-pytorch --models resnet",
       "bench/train-vs-pytorch --threads 0",
+      "bench/train-vs-pytorch --reps 0",
+      "bench/train-vs-pytorch --models mlp --reps cnn=2",
+      "bench/train-vs-pytorch --reps mlp=x",
       "bench/ddp-vs-pytorch --workers 1",
   };
   char cmd[2048];
