@@ -789,6 +789,41 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
   }
 }
 
+/* Elements per block of dt__reduce_many: the f32 partials (4 KiB) or the output block stay in
+ * L1 while each source streams through once. */
+#define MANY_BLOCK 1024
+
+void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div) {
+  size_t es = dt_dtype_size(t);
+  if (n == 0 || k < 1 || es == 0)
+    return;
+  if (k == 1) {
+    if (out != src[0])
+      memmove(out, src[0], n * es);
+    dt__reduce_finish(out, n, t, op, div);
+    return;
+  }
+  if (dt__coll_wide(t, op) && k == 2) {
+    dt__reduce_mix(out, t, src[0], t, src[1], t, n, op, div); /* one fused pass, no partials */
+    return;
+  }
+  float acc[MANY_BLOCK];
+  for (size_t off = 0; off < n; off += MANY_BLOCK) {
+    size_t m = DT_MIN((size_t)MANY_BLOCK, n - off), b = off * es;
+    if (dt__coll_wide(t, op)) {
+      dt__reduce_mix(acc, DT_F32, (const char *)src[0] + b, t, (const char *)src[1] + b, t, m, op, 1);
+      for (int j = 2; j < k - 1; j++)
+        dt__reduce_mix(acc, DT_F32, acc, DT_F32, (const char *)src[j] + b, t, m, op, 1);
+      dt__reduce_mix((char *)out + b, t, acc, DT_F32, (const char *)src[k - 1] + b, t, m, op, div);
+    } else {
+      dt__reduce2((char *)out + b, (const char *)src[0] + b, (const char *)src[1] + b, m, t, op);
+      for (int j = 2; j < k; j++)
+        dt__reduce((char *)out + b, (const char *)src[j] + b, m, t, op);
+      dt__reduce_finish((char *)out + b, m, t, op, div);
+    }
+  }
+}
+
 void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
   if (op != DT_AVG || n <= 1 || count == 0)
     return;

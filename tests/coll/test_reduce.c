@@ -229,6 +229,59 @@ static void test_mix_isa_agree(void **s) {
 }
 static void test_kernels_scalar(void **s) { (void)s; check_kernels(1); }
 
+/* dt__reduce_many against the pairwise chain it replaces (an f32 accumulator the size of the
+ * operands for half-type sums; reduce2 + reduce + finish otherwise), bit for bit: k = 1..5
+ * sources, every dtype and op, lengths across its 1024-element blocks, out aliasing src[0]. */
+static void test_reduce_many(void **s) {
+  (void)s;
+  enum { MAXN = 2600, K = 5 };
+  static const size_t lens[] = {1, 17, 1023, 1024, 1025, 2600};
+  static char src[K][MAXN * 8], ref[MAXN * 8], got[MAXN * 8];
+  static float acc[MAXN];
+  dt_rng rng;
+  dt_rng_seed(&rng, 9);
+  for (int t = 0; t < DT_DTYPE_COUNT; t++)
+    for (int op = 0; op < DT_OP_COUNT; op++)
+      for (int k = 1; k <= K; k++)
+        for (size_t li = 0; li < DT_ARRAY_LEN(lens); li++) {
+          dt_dtype ty = (dt_dtype)t;
+          size_t n = lens[li], es = dt_dtype_size(ty);
+          int div = op == DT_AVG ? k : 1;
+          const void *sp[K];
+          for (int j = 0; j < k; j++) {
+            fill(src[j], n, ty, &rng, 1);
+            sp[j] = src[j];
+          }
+          if (k == 1) {
+            memcpy(ref, src[0], n * es);
+            dt__reduce_finish(ref, n, ty, (dt_op)op, div);
+          } else if (dt__coll_wide(ty, (dt_op)op)) {
+            if (k == 2) {
+              dt__reduce_mix(ref, ty, src[0], ty, src[1], ty, n, (dt_op)op, div);
+            } else {
+              dt__reduce_mix(acc, DT_F32, src[0], ty, src[1], ty, n, (dt_op)op, 1);
+              for (int j = 2; j < k - 1; j++)
+                dt__reduce_mix(acc, DT_F32, acc, DT_F32, src[j], ty, n, (dt_op)op, 1);
+              dt__reduce_mix(ref, ty, acc, DT_F32, src[k - 1], ty, n, (dt_op)op, div);
+            }
+          } else {
+            dt__reduce2(ref, src[0], src[1], n, ty, (dt_op)op);
+            for (int j = 2; j < k; j++)
+              dt__reduce(ref, src[j], n, ty, (dt_op)op);
+            dt__reduce_finish(ref, n, ty, (dt_op)op, div);
+          }
+          dt__reduce_many(got, sp, k, n, ty, (dt_op)op, div);
+          for (size_t i = 0; i < n; i++)
+            if (!same_bits_or_nan(got + i * es, ref + i * es, ty))
+              fail_msg("reduce_many %s %s k=%d n=%zu: element %zu differs from the pairwise chain", dt_dtype_name(ty),
+                       dt_op_name((dt_op)op), k, n, i);
+          /* in place over the first source */
+          dt__reduce_many(src[0], sp, k, n, ty, (dt_op)op, div);
+          for (size_t i = 0; i < n; i++)
+            assert_true(same_bits_or_nan(src[0] + i * es, ref + i * es, ty));
+        }
+}
+
 /* The half-type kernels on bit patterns chosen for their edges, at every ISA level, bit for bit
  * against the portable path (any NaN for a NaN: which of two NaN operands an add returns is the
  * compiler's choice of operand order, on every path): subnormal operands, normal operands that cancel to
@@ -482,6 +535,7 @@ int main(void) {
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
       cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
       cmocka_unit_test(test_mix_isa_agree),  cmocka_unit_test(test_half_patterns_isa_agree),
+      cmocka_unit_test(test_reduce_many),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
       cmocka_unit_test(test_dtype_helpers),
