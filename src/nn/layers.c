@@ -146,6 +146,10 @@ static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
+  if (dt__nn_conv_direct()) {
+    dt__nn_conv_forward_direct(l, P, s, s->col);
+    return;
+  }
   const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
   for (int ci = 0; ci < nchunks; ci++) {
     int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
@@ -162,16 +166,26 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
+  /* short windows: the weight gradient without im2col, then only the input gradient below */
+  const bool dw_direct = dt__nn_conv_direct() && dt__nn_conv_dweight_direct_ok(l);
+  if (dw_direct) {
+    dt__nn_conv_dweight_direct(l, s, s->col);
+    bias_grad(s->grads + l->b_off, ROWS(l->dy, out_sz), (size_t)s->nb * pix, OC);
+    if (!need_dx)
+      return;
+  }
   const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
   for (int ci = 0; ci < nchunks; ci++) {
     int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
     size_t b = (size_t)s->b0 + (size_t)c0;
     int rows = nb * pix;
     const float *dy = l->dy + b * out_sz;
-    im2col(l, l->x + b * in_sz, nb, s->col);
-    dt__nn_sgemm(true, false, OC, K, rows, 1.0f, dy, OC, s->col, K,
-                1.0f, s->grads + l->w_off, K);
-    bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
+    if (!dw_direct) {
+      im2col(l, l->x + b * in_sz, nb, s->col);
+      dt__nn_sgemm(true, false, OC, K, rows, 1.0f, dy, OC, s->col, K,
+                  1.0f, s->grads + l->w_off, K);
+      bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
+    }
     if (need_dx) {
       dt__nn_sgemm(false, false, rows, K, OC, 1.0f, dy, OC,
                   P + l->w_off, K, 0.0f, s->dcol, K);
