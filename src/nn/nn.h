@@ -153,10 +153,13 @@ size_t dt__nn_conv_ws_floats(const nn_layer *l);
 /* l->y of the slice's samples from l->x, with bias and (l->relu_fused) relu; ws as above. */
 void dt__nn_conv_forward_direct(const nn_layer *l, const float *params, const nn_slice *s,
                                 float *ws);
-/* Whether dt__nn_conv_dweight_direct is used for l (short windows, K <= 64). */
-bool dt__nn_conv_dweight_direct_ok(const nn_layer *l);
-/* s->grads' weight part of l += dW of the slice's samples (from l->x and l->dy); not the bias. */
+/* s->grads' weight and bias parts of l += their gradients over the slice's samples (from l->x
+ * and l->dy); ws as above. */
 void dt__nn_conv_dweight_direct(const nn_layer *l, const nn_slice *s, float *ws);
+/* Whether dt__nn_conv_dx_direct can compute l's input gradient (stride 1, pad <= k-1). */
+bool dt__nn_conv_dx_direct_ok(const nn_layer *l);
+/* l->dx of the slice's samples (overwritten) from l->dy and the weights; ws as above. */
+void dt__nn_conv_dx_direct(const nn_layer *l, const float *params, const nn_slice *s, float *ws);
 
 /* ---- kernels (layers.c) ---- */
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);
