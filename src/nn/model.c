@@ -243,6 +243,8 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       size_t ch = (size_t)target / rowf;
       l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
       colf = DT_MAX(colf, (size_t)l->chunk * rowf);
+      if (dt__nn_conv_direct())
+        colf = DT_MAX(colf, dt__nn_conv_ws_floats(l));
     } else if (l->kind == NN_MAXPOOL) {
       total += align16(osz); /* int32 arg-max, same size as a float */
     } else if (l->kind == NN_DROPOUT) {
