@@ -92,6 +92,8 @@ struct dt_model {
   dt_rng rng;
   uint64_t fwd_key;         /* dropout key of the last forward */
   int nthreads;
+  int stem;                 /* layers [0, stem) come before the first linear layer */
+  int stem_nb;              /* > 0: they run stem_nb samples at a time (see model.c) */
   nn_slice *slices;         /* per thread */
   float *priv_grads;        /* (nthreads - 1) private gradient buffers, nparams each */
   float *col_arena;         /* per-thread conv workspaces */
