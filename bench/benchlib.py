@@ -361,3 +361,60 @@ def wait_ranks(procs, timeout, who):
                 p.kill()
         sys.exit(f"{who}: rank exit codes {codes}")
     return out.decode()
+
+
+# Repetitions with seeds, as bench/train-vs-pytorch and bench/ddp-vs-pytorch run them: one
+# epoch's test accuracy moves by about half a point from seed to seed, so an accuracy comparison
+# needs several seeds; repetition k (from 1) uses seed k on both sides.
+REPS_HELP = ("repeat every configuration: N, or per model as mlp=3,cnn=1; repetition k uses seed k on both sides "
+             "(speeds: medians; accuracy: mean over the seeds, with min-max)")
+
+
+def parse_reps(text, models):
+    """--reps N (every model) or a per-model list like mlp=3,cnn=1 (models not named: 1).
+    Returns {model: repetitions}. Raises ValueError with a message for a usage error: not a
+    count, a count below 1, or a model that is not in models."""
+    try:
+        if "=" in text:
+            reps = {m: 1 for m in models}
+            reps.update({k: int(v) for k, v in (p.split("=", 1) for p in text.split(",") if p)})
+        else:
+            reps = {m: int(text) for m in models}
+    except ValueError:
+        raise ValueError("--reps is a count or a list like mlp=3,cnn=1")
+    if set(reps) - set(models):
+        raise ValueError(f"--reps names {sorted(set(reps) - set(models))}, not in --models {models}")
+    if reps and min(reps.values()) < 1:
+        raise ValueError("--reps counts must be >= 1")
+    return reps
+
+
+def reps_text(reps, models):
+    return ", ".join(f"{m} {reps[m]}" for m in models)
+
+
+def rep_schedule(reps, models):
+    """(repetition from 0, seed, model) in run order: repetition k of every model that has one
+    before repetition k+1 of any, so a slow drift of the machine's load spreads over all models."""
+    for rep in range(max(reps.values(), default=0)):
+        for model in models:
+            if rep < reps[model]:
+                yield rep, rep + 1, model
+
+
+def accuracy_over_seeds(runs):
+    """(mean, text) of the runs' test_accuracy: the mean over the seeds, and with several runs
+    their min-max in parentheses; (None, "-") without any."""
+    accs = [s["test_accuracy"] for s in runs if isinstance(s.get("test_accuracy"), (int, float))]
+    if not accs:
+        return None, "-"
+    acc = sum(accs) / len(accs)
+    txt = f"{acc * 100:.2f}%"
+    if len(accs) > 1:
+        txt += f" ({min(accs) * 100:.2f}-{max(accs) * 100:.2f})"
+    return acc, txt
+
+
+ACCURACY_NOTE = ("Accuracy after one epoch moves by about half a point from seed to seed, so with several "
+                 "repetitions each uses another seed (the same on both sides) and 'test acc' is the mean "
+                 "(min-max over the seeds).")

@@ -10,6 +10,9 @@ The processes are this script again with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
 would (GLOO_SOCKET_IFNAME=lo). Rank 0 measures throughput as torch_train.py does (10-step intervals;
 its steps are in lock-step with the others through the gradient allreduce) and, after training, evaluates the model on the whole test set.
 
+The model is initialized as dtrain initializes it (torch_train.init_like_dtrain: He/Kaiming normal,
+fan_in, ReLU gain for a linear or conv layer followed by a ReLU, Glorot uniform for the last
+linear layer, zero biases), not with PyTorch's default, so that accuracy compares the engines.
 It deliberately keeps DDP's defaults (25 MB buckets, overlap of allreduce with backward).
 """
 import argparse

@@ -6,8 +6,11 @@
                  [--threads T] [--seed 1] [--data DIR] [--max-steps N]
 
 Models: mlp = 784-1024-1024-10 with ReLU; cnn = conv5x5 1->32 pad 2, ReLU, maxpool 2, conv5x5
-32->64 pad 2, ReLU, maxpool 2, linear 3136->512, ReLU, linear 512->10 (PyTorch's default
-initialization). Data: Fashion-MNIST IDX files (gzip) parsed here with gzip+struct+numpy, pixels
+32->64 pad 2, ReLU, maxpool 2, linear 3136->512, ReLU, linear 512->10. Initialization is
+dtrain's (src/nn/model.c), not PyTorch's default, so that the comparison measures the engines and
+not the starting point: a linear or conv layer followed by a ReLU gets He/Kaiming normal weights
+(kaiming_normal_, mode fan_in, ReLU gain: std sqrt(2 / fan_in)), the last linear layer (no ReLU
+after it) Glorot/Xavier uniform weights (xavier_uniform_, gain 1), and every bias is zero. Data: Fashion-MNIST IDX files (gzip) parsed here with gzip+struct+numpy, pixels
 scaled to [0,1], no normalization, a seeded shuffle each epoch, the last partial batch kept.
 Loss: softmax cross-entropy; optimizer: SGD with momentum. Throughput is measured the way
 `dtrain train` measures it: the wall time of every interval of 10 steps (and of the last, shorter
@@ -103,15 +106,36 @@ def to_tensors(torch, x, y, model):
     return xt.contiguous(), torch.from_numpy(y.astype("int64"))
 
 
+def init_like_dtrain(torch, model):
+    """Initializes a Sequential as dtrain's init_params does (src/nn/model.c): weights of a linear
+    or conv layer followed by a ReLU He normal (std sqrt(2 / fan_in), fan_in = in features, or
+    in channels x k x k), other weights Glorot uniform (bound sqrt(6 / (fan_in + fan_out))), biases
+    zero. Draws from torch's global generator (seeded by --seed)."""
+    nn = torch.nn
+    mods = list(model)
+    for i, m in enumerate(mods):
+        if not isinstance(m, (nn.Linear, nn.Conv2d)):
+            continue
+        if i + 1 < len(mods) and isinstance(mods[i + 1], nn.ReLU):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+        else:
+            nn.init.xavier_uniform_(m.weight, gain=1.0)
+        nn.init.zeros_(m.bias)
+    return model
+
+
 def build_model(torch, name):
+    """The model with dtrain's initialization (init_like_dtrain)."""
     nn = torch.nn
     if name == "mlp":
-        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    if name == "cnn":
-        return nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 10))
-    sys.exit(f"torch_train: unknown model '{name}' (mlp or cnn)")
+        model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    elif name == "cnn":
+        model = nn.Sequential(nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                              nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 10))
+    else:
+        sys.exit(f"torch_train: unknown model '{name}' (mlp or cnn)")
+    return init_like_dtrain(torch, model)
 
 
 def evaluate(torch, model, xt, yt):

@@ -10,6 +10,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
 #endif
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -146,6 +147,10 @@ static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
+  if (dt__nn_conv_direct()) {
+    dt__nn_conv_forward_direct(l, P, s, s->col);
+    return;
+  }
   const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
   for (int ci = 0; ci < nchunks; ci++) {
     int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
@@ -162,16 +167,29 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
+  /* AVX-512: gradients without im2col (conv.c); the im2col input gradient only for strides > 1 */
+  const bool dw_direct = dt__nn_conv_direct();
+  if (dw_direct) {
+    dt__nn_conv_dweight_direct(l, s, s->col);
+    if (!need_dx)
+      return;
+    if (dt__nn_conv_dx_direct_ok(l)) {
+      dt__nn_conv_dx_direct(l, P, s, s->col);
+      return;
+    }
+  }
   const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
   for (int ci = 0; ci < nchunks; ci++) {
     int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
     size_t b = (size_t)s->b0 + (size_t)c0;
     int rows = nb * pix;
     const float *dy = l->dy + b * out_sz;
-    im2col(l, l->x + b * in_sz, nb, s->col);
-    dt__nn_sgemm(true, false, OC, K, rows, 1.0f, dy, OC, s->col, K,
-                1.0f, s->grads + l->w_off, K);
-    bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
+    if (!dw_direct) {
+      im2col(l, l->x + b * in_sz, nb, s->col);
+      dt__nn_sgemm(true, false, OC, K, rows, 1.0f, dy, OC, s->col, K,
+                  1.0f, s->grads + l->w_off, K);
+      bias_grad(s->grads + l->b_off, dy, (size_t)rows, OC);
+    }
     if (need_dx) {
       dt__nn_sgemm(false, false, rows, K, OC, 1.0f, dy, OC,
                   P + l->w_off, K, 0.0f, s->dcol, K);
@@ -191,10 +209,46 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 
+/* 16 channels per step where the CPU has AVX-512F (what dt__nn_conv_direct() also means) and
+ * 16 | C: the same comparisons (strictly greater, so the first maximum wins and NaN never does)
+ * on four times the lanes. cnn preset, 128 samples, 1 thread: pool1 forward 4.0 -> 1.0 ms, pool2
+ * 1.3 -> 0.4 ms (two interleaved runs on a busy machine). */
+__attribute__((target("avx512f"))) static void maxpool_forward16(nn_layer *l, const nn_slice *s) {
+  const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
+  const int OH = l->out.h, OW = l->out.w;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int n = s->b0; n < s->b0 + s->nb; n++) {
+    const float *xs = l->x + (size_t)n * H * W * C;
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++) {
+        size_t o = (((size_t)n * OH + oh) * OW + ow) * C;
+        int32_t base = (int32_t)(((size_t)(oh * S) * W + (size_t)(ow * S)) * C);
+        for (int c0 = 0; c0 < C; c0 += 16) {
+          __m512 m = _mm512_loadu_ps(xs + base + c0);
+          __m512i mi = _mm512_add_epi32(lane, _mm512_set1_epi32(base + c0));
+          for (int kh = 0; kh < k; kh++)
+            for (int kw = 0; kw < k; kw++) {
+              int32_t off = base + (int32_t)(((size_t)kh * W + (size_t)kw) * C) + c0;
+              __m512 v = _mm512_loadu_ps(xs + off);
+              __mmask16 gt = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ);
+              m = _mm512_mask_mov_ps(m, gt, v);
+              mi = _mm512_mask_mov_epi32(mi, gt, _mm512_add_epi32(lane, _mm512_set1_epi32(off)));
+            }
+          _mm512_storeu_ps(l->y + o + c0, m);
+          _mm512_storeu_si512((void *)(l->idx + o + c0), mi);
+        }
+      }
+  }
+}
+
 static void maxpool_forward(nn_layer *l, const nn_slice *s) {
   const int H = l->in.h, W = l->in.w, C = l->in.c, k = l->k, S = l->stride;
   const int OH = l->out.h, OW = l->out.w;
   const v4i lane = {0, 1, 2, 3};
+  if (C % 16 == 0 && dt__nn_conv_direct()) {
+    maxpool_forward16(l, s);
+    return;
+  }
   for (int n = s->b0; n < s->b0 + s->nb; n++) {
     const float *xs = l->x + (size_t)n * H * W * C;
     for (int oh = 0; oh < OH; oh++)

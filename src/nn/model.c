@@ -20,6 +20,15 @@
 #define CONV_CHUNK_FLOATS ((size_t)1 << 20)
 #define CONV_CHUNK_FLOATS_OWN_GEMM ((size_t)160000)
 
+/* The layers before the first linear one (convolutions, pools, activations: all per sample)
+ * run a few samples at a time, forward and backward, so that what one layer writes is still in
+ * L2 when the next reads it: the cnn preset's conv1 output and its gradient are 12.8 MB per 128
+ * samples, and conv1's weight gradient waited on memory for dy. Linear layers keep the whole
+ * slice (their product wants the rows). Only with conv.c's kernels, which handle any sample
+ * count alike; the im2col path's chunks would change with it. Each sample's results and the
+ * order of every sum over samples are unchanged. */
+#define STEM_SAMPLES 4
+
 /* Models split batches over their own threads (dt_nn_set_threads), so OpenBLAS runs
  * single-threaded inside each: two thread pools on the same cores would fight (PEERS.md saw
  * 2.3x from that with PyTorch). */
@@ -220,6 +229,14 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
     }
   }
 
+  m->stem = n;
+  for (int i = 0; i < n; i++)
+    if (m->layers[i].kind == NN_LINEAR) {
+      m->stem = i;
+      break;
+    }
+  m->stem_nb = dt__nn_conv_direct() ? STEM_SAMPLES : 0;
+
   /* activation arena: plan sizes first, then carve. Conv workspaces are per thread and shared
    * by all conv layers (they run one after another), sized for the largest. */
   const int T = m->nthreads = g_threads;
@@ -243,6 +260,8 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       size_t ch = (size_t)target / rowf;
       l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
       colf = DT_MAX(colf, (size_t)l->chunk * rowf);
+      if (dt__nn_conv_direct())
+        colf = DT_MAX(colf, dt__nn_conv_ws_floats(l));
     } else if (l->kind == NN_MAXPOOL) {
       total += align16(osz); /* int32 arg-max, same size as a float */
     } else if (l->kind == NN_DROPOUT) {
@@ -407,7 +426,18 @@ static void forward_job(void *arg, int t) {
   fwd_job *j = arg;
   dt_model *m = j->m;
   const nn_slice *s = &m->slices[t];
-  for (int i = 0; i < m->nlayers; i++)
+  int i0 = 0;
+  if (m->stem_nb > 0 && m->stem > 0) {
+    nn_slice sub = *s;
+    for (int b = 0; b < s->nb; b += m->stem_nb) {
+      sub.b0 = s->b0 + b;
+      sub.nb = DT_MIN(m->stem_nb, s->nb - b);
+      for (int i = 0; i < m->stem; i++)
+        dt__nn_forward_layer(&m->layers[i], m->params, &sub, j->train);
+    }
+    i0 = m->stem;
+  }
+  for (int i = i0; i < m->nlayers; i++)
     dt__nn_forward_layer(&m->layers[i], m->params, s, j->train);
   if (j->labels && s->nb > 0) {
     m->correct_part[t] = 0;
@@ -481,6 +511,33 @@ typedef struct {
  *    and thread 0 adds the others in once they are done with the layer.
  * Thread 0 calls the hook when a layer's gradient is complete in the model's buffer, so the
  * hook still sees final gradients in reverse layer order. */
+/* After layer ly's backward on every thread's samples: thread t > 0 reports it; thread 0 adds
+ * the others' private sums (or, for a split linear layer, waits for their row blocks) and calls
+ * the hook. *done counts the parameter layers finished so far. */
+static void layer_done(dt_model *m, const bwd_job *j, int t, const nn_layer *ly, bool split,
+                       int *done) {
+  if (!ly->nparams)
+    return;
+  (*done)++;
+  if (t > 0) {
+    dt__nn_pool_progress(m->pool, t, *done);
+    return;
+  }
+  for (int u = 1; u < m->nthreads; u++) {
+    if (!split && m->slices[u].nb <= 0)
+      continue;
+    dt__nn_pool_wait_progress(m->pool, u, *done);
+    if (split)
+      continue;
+    const float *src = m->slices[u].grads + ly->p_off;
+    float *dst = m->grads + ly->p_off;
+    for (size_t k = 0; k < ly->nparams; k++)
+      dst[k] += src[k];
+  }
+  if (j->hook)
+    j->hook(j->ctx, ly->p_off, ly->nparams);
+}
+
 static void backward_job(void *arg, int t) {
   bwd_job *j = arg;
   dt_model *m = j->m;
@@ -499,8 +556,10 @@ static void backward_job(void *arg, int t) {
       break;
     }
   int stop = m->want_dinput ? 0 : first;
+  /* the stem in sub-slices (see STEM_SAMPLES) once the layers after it are done */
+  int sub_end = m->stem_nb > 0 && m->stem > stop ? m->stem : stop;
   int done = 0;
-  for (int i = m->nlayers - 1; i >= stop; i--) {
+  for (int i = m->nlayers - 1; i >= sub_end; i--) {
     nn_layer *ly = &m->layers[i];
     bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
     if (split)
@@ -508,27 +567,22 @@ static void backward_job(void *arg, int t) {
     else if (ly->nparams && t > 0)
       memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float));
     dt__nn_backward_layer(ly, m->params, s, m->want_dinput || i > first);
-    if (!ly->nparams)
-      continue;
-    done++;
-    if (t > 0) {
-      dt__nn_pool_progress(m->pool, t, done);
-      continue;
-    }
-    for (int u = 1; u < m->nthreads; u++) {
-      if (!split && m->slices[u].nb <= 0)
-        continue;
-      dt__nn_pool_wait_progress(m->pool, u, done);
-      if (split)
-        continue;
-      const float *src = m->slices[u].grads + ly->p_off;
-      float *dst = m->grads + ly->p_off;
-      for (size_t k = 0; k < ly->nparams; k++)
-        dst[k] += src[k];
-    }
-    if (j->hook)
-      j->hook(j->ctx, ly->p_off, ly->nparams);
+    layer_done(m, j, t, ly, split, &done);
   }
+  if (sub_end == stop)
+    return;
+  for (int i = sub_end - 1; i >= stop; i--)
+    if (m->layers[i].nparams && t > 0)
+      memset(s->grads + m->layers[i].p_off, 0, m->layers[i].nparams * sizeof(float));
+  nn_slice sub = *s;
+  for (int b = 0; b < s->nb; b += m->stem_nb) {
+    sub.b0 = s->b0 + b;
+    sub.nb = DT_MIN(m->stem_nb, s->nb - b);
+    for (int i = sub_end - 1; i >= stop; i--)
+      dt__nn_backward_layer(&m->layers[i], m->params, &sub, m->want_dinput || i > first);
+  }
+  for (int i = sub_end - 1; i >= stop; i--)
+    layer_done(m, j, t, &m->layers[i], false, &done);
 }
 
 dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,

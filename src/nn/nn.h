@@ -92,6 +92,8 @@ struct dt_model {
   dt_rng rng;
   uint64_t fwd_key;         /* dropout key of the last forward */
   int nthreads;
+  int stem;                 /* layers [0, stem) come before the first linear layer */
+  int stem_nb;              /* > 0: they run stem_nb samples at a time (see model.c) */
   nn_slice *slices;         /* per thread */
   float *priv_grads;        /* (nthreads - 1) private gradient buffers, nparams each */
   float *col_arena;         /* per-thread conv workspaces */
@@ -143,6 +145,23 @@ dt_status dt__nn_gemm_check(void);
 const char *dt__nn_gemm_name(void);
 /* Allocates the calling thread's packing buffers now, so that its first product does not. */
 void dt__nn_gemm_reserve(void);
+
+/* ---- convolution without im2col (conv.c), only where dt__nn_conv_direct() ---- */
+/* True when dtrain's AVX-512 product runs (dt__nn_gemm_name() is "avx512"). */
+bool dt__nn_conv_direct(void);
+/* Floats of per-thread workspace the functions below need for layer l (the model sizes each
+ * thread's s->col to at least this when dt__nn_conv_direct()). */
+size_t dt__nn_conv_ws_floats(const nn_layer *l);
+/* l->y of the slice's samples from l->x, with bias and (l->relu_fused) relu; ws as above. */
+void dt__nn_conv_forward_direct(const nn_layer *l, const float *params, const nn_slice *s,
+                                float *ws);
+/* s->grads' weight and bias parts of l += their gradients over the slice's samples (from l->x
+ * and l->dy); ws as above. */
+void dt__nn_conv_dweight_direct(const nn_layer *l, const nn_slice *s, float *ws);
+/* Whether dt__nn_conv_dx_direct can compute l's input gradient (stride 1, pad <= k-1). */
+bool dt__nn_conv_dx_direct_ok(const nn_layer *l);
+/* l->dx of the slice's samples (overwritten) from l->dy and the weights; ws as above. */
+void dt__nn_conv_dx_direct(const nn_layer *l, const float *params, const nn_slice *s, float *ws);
 
 /* ---- kernels (layers.c) ---- */
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);

@@ -145,6 +145,11 @@ static void test_harness_usage(void) {
       "bench/train-vs-pytorch --models mlp --reps cnn=2",
       "bench/train-vs-pytorch --reps mlp=x",
       "bench/ddp-vs-pytorch --workers 1",
+      "bench/ddp-vs-pytorch --reps 0",
+      "bench/ddp-vs-pytorch --models mlp --reps cnn=2",
+      "bench/ddp-vs-pytorch --reps mlp=x",
+      "bench/ddp-vs-pytorch --reps mlp=0,cnn=1",
+      "bench/ddp-vs-pytorch --max-steps -1",
   };
   char cmd[2048];
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -154,6 +159,23 @@ static void test_harness_usage(void) {
   }
   snprintf(cmd, sizeof cmd, "cd %s && timeout 60 /usr/bin/python3 bench/compare-peers --help >/dev/null 2>&1", src_dir);
   CHECK(run(cmd, NULL, 0) == 0, "compare-peers --help failed");
+  /* --reps as both training benchmarks read it (bench/benchlib.py): repetition k uses seed k, all
+   * models' repetition k before any repetition k+1, accuracy the mean over the seeds. */
+  snprintf(cmd, sizeof cmd,
+           "cd %s/bench && timeout 60 /usr/bin/python3 -c '"
+           "import benchlib as b\n"
+           "r = b.parse_reps(\"mlp=3,cnn=1\", [\"mlp\", \"cnn\"])\n"
+           "assert r == {\"mlp\": 3, \"cnn\": 1}, r\n"
+           "assert b.parse_reps(\"2\", [\"mlp\", \"cnn\"]) == {\"mlp\": 2, \"cnn\": 2}\n"
+           "s = list(b.rep_schedule(r, [\"mlp\", \"cnn\"]))\n"
+           "assert s == [(0, 1, \"mlp\"), (0, 1, \"cnn\"), (1, 2, \"mlp\"), (2, 3, \"mlp\")], s\n"
+           "a, t = b.accuracy_over_seeds([{\"test_accuracy\": 0.8}, {\"test_accuracy\": 0.9}])\n"
+           "assert abs(a - 0.85) < 1e-12 and t == \"85.00%% (80.00-90.00)\", t\n"
+           "print(\"reps ok\")' 2>&1",
+           src_dir);
+  char out[4096];
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "reps ok"), "benchlib --reps helpers: exit %d: %s", rc, out);
 }
 
 int main(void) {

@@ -159,6 +159,7 @@ static void test_maxpool(void **s) {
   check("in=3x7x7,maxpool3:s2,flatten,linear:3", 2, 14, 1.0); /* overlapping windows */
   check("in=35x4x4,maxpool2,flatten,linear:3", 2, 17, 1.0); /* 4-channel vectors and a tail */
   check("in=8x7x5,maxpool2,flatten,linear:3", 2, 18, 1.0);  /* tiled backward, uncovered edges */
+  check("in=16x5x4,maxpool2,flatten,linear:3", 2, 19, 1.0); /* 16-channel AVX-512 forward */
 }
 static void test_avgpool(void **s) {
   check("in=2x6x6,avgpool2,flatten,linear:3", 2, 15, 1.0);
@@ -234,11 +235,98 @@ static void test_conv_reference(void **s) {
   dt_model_destroy(m);
 }
 
+/* Convolution gradients (weight, bias, input) against float64 sums from the definition, on the
+ * shapes that take each path of conv.c (where the CPU has AVX-512) and of the im2col code: the
+ * cnn preset's two layers, a weight gradient by channel tiles with a masked last tap panel
+ * (k*C = 33), more than one 32-channel panel and uneven channel tiles (OC = 35), stride 2 (input
+ * gradient through col2im), 1x1 windows, and output rows wider than one 14-pixel tile. The loss is
+ * softmax cross-entropy over the flattened output, so dy is known exactly in double. Bound per
+ * value: 1e-4 times the sum of the absolute terms (float rounding of a few thousand terms stays
+ * far below; a wrong tap, channel or border is of the order of the sum itself). */
+static void test_conv_grad_reference(void **s) {
+  static const struct { int C, H, W, k, OC, S, P; } cases[] = {
+      {1, 28, 28, 5, 32, 1, 2}, {32, 14, 14, 5, 64, 1, 2}, {11, 3, 4, 3, 3, 1, 1},
+      {12, 3, 4, 3, 35, 1, 1},  {16, 5, 5, 3, 4, 2, 1},    {2, 3, 3, 1, 3, 1, 0},
+      {1, 3, 30, 3, 2, 1, 1},   {3, 6, 5, 5, 2, 1, 2},    {2, 7, 7, 3, 3, 2, 1},
+  };
+  const int B = 2;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int C = cases[ci].C, H = cases[ci].H, W = cases[ci].W, K = cases[ci].k;
+    const int OC = cases[ci].OC, S = cases[ci].S, P = cases[ci].P;
+    char spec[96];
+    snprintf(spec, sizeof spec, "in=%dx%dx%d,conv%dx%d:%d:s%d:p%d,flatten", C, H, W, K, K, OC, S, P);
+    float *x;
+    dt_model *m = ref_model(spec, B, 40 + ci, &x);
+    m->want_dinput = true;
+    const int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, NO = OH * OW * OC;
+    assert_int_equal(dt_model_output_size(m), (size_t)NO);
+    int32_t lab[2] = {(int32_t)(ci % (size_t)NO), (int32_t)((7 * ci + 3) % (size_t)NO)};
+    const float *logits;
+    dt_model_zero_grad(m);
+    assert_int_equal(dt_model_forward(m, x, B, 1, &logits), DT_OK);
+    double *g = malloc((size_t)B * NO * sizeof(double));
+    for (int n = 0; n < B; n++) { /* d(mean loss)/d(logit) */
+      double mx = -INFINITY, sum = 0;
+      for (int j = 0; j < NO; j++)
+        mx = fmax(mx, logits[(size_t)n * NO + j]);
+      for (int j = 0; j < NO; j++)
+        sum += exp(logits[(size_t)n * NO + j] - mx);
+      for (int j = 0; j < NO; j++)
+        g[(size_t)n * NO + j] = (exp(logits[(size_t)n * NO + j] - mx) / sum - (j == lab[n])) / B;
+    }
+    float loss;
+    assert_int_equal(dt_model_backward(m, lab, 1.0f, NULL, NULL, &loss), DT_OK);
+    const dt_tensor *tw = dt_model_find_tensor(m, "conv1.weight");
+    const dt_tensor *tb = dt_model_find_tensor(m, "conv1.bias");
+    const float *dw = dt_model_grads(m) + tw->offset, *db = dt_model_grads(m) + tb->offset;
+    const float *w = dt_model_params(m) + tw->offset;
+    const size_t nx = (size_t)B * C * H * W, nw = (size_t)OC * K * K * C;
+    double *rw = calloc(nw, sizeof(double)), *aw = calloc(nw, sizeof(double));
+    double *rx = calloc(nx, sizeof(double)), *ax = calloc(nx, sizeof(double));
+    double *rb = calloc((size_t)OC, sizeof(double)), *ab = calloc((size_t)OC, sizeof(double));
+    for (int n = 0; n < B; n++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++)
+          for (int oc = 0; oc < OC; oc++) {
+            double gy = g[(size_t)n * NO + ((size_t)oh * OW + ow) * OC + oc];
+            rb[oc] += gy;
+            ab[oc] += fabs(gy);
+            for (int kh = 0; kh < K; kh++)
+              for (int kw = 0; kw < K; kw++) {
+                int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                  continue;
+                for (int c = 0; c < C; c++) {
+                  size_t wi = (((size_t)oc * K + kh) * K + kw) * C + c;
+                  size_t xi = (((size_t)n * H + ih) * W + iw) * C + c; /* channels-last */
+                  double xv = x[(((size_t)n * C + c) * H + ih) * W + iw];
+                  rw[wi] += gy * xv;
+                  aw[wi] += fabs(gy * xv);
+                  rx[xi] += gy * w[wi];
+                  ax[xi] += fabs(gy * w[wi]);
+                }
+              }
+          }
+    double worst = 0; /* |error| / bound, <= 1 passes */
+    for (size_t i = 0; i < nw; i++)
+      worst = fmax(worst, fabs(dw[i] - rw[i]) / (1e-4 * aw[i] + 1e-7));
+    for (int i = 0; i < OC; i++)
+      worst = fmax(worst, fabs(db[i] - rb[i]) / (1e-4 * ab[i] + 1e-7));
+    for (size_t i = 0; i < nx; i++)
+      worst = fmax(worst, fabs(m->dinput[i] - rx[i]) / (1e-4 * ax[i] + 1e-7));
+    if (worst > 1.0)
+      fail_msg("%s: gradient off the float64 reference (worst ratio %.3g)", spec, worst);
+    free(rw), free(aw), free(rx), free(ax), free(rb), free(ab), free(g), free(x);
+    dt_model_destroy(m);
+  }
+}
+
 static void test_pool_reference(void **s) {
   const int B = 2, H = 7, W = 7, K = 3, S = 2;
-  /* 20 channels: max-pool's 16-channel vector blocks and a tail; 3: the tail only */
-  for (int avg = 0; avg < 4; avg++) {
-    const int C = avg < 2 ? 3 : 20;
+  /* 20 channels: max-pool's 4-channel vector blocks; 3: the scalar tail only; 32: the AVX-512
+   * path's 16-channel blocks (where the CPU has it) */
+  for (int avg = 0; avg < 6; avg++) {
+    const int C = avg < 2 ? 3 : avg < 4 ? 20 : 32;
     char spec[64];
     snprintf(spec, sizeof spec, "in=%dx7x7,%s3:s2,flatten", C, avg % 2 ? "avgpool" : "maxpool");
     float *x;
@@ -316,6 +404,7 @@ int main(void) {
       cmocka_unit_test(test_stack),
       cmocka_unit_test(test_negative_control),
       cmocka_unit_test(test_conv_reference),
+      cmocka_unit_test(test_conv_grad_reference),
       cmocka_unit_test(test_pool_reference),
       cmocka_unit_test(test_layernorm_gelu_reference),
       cmocka_unit_test(test_loss_reference),
