@@ -10,7 +10,12 @@
  *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
  *             workers they match within 1e-5
  *   kill      a 2-worker job whose rank 1 is SIGKILLed at step 130 resumes from the step-100
- *             checkpoint and repeats the uninterrupted losses and parameters exactly */
+ *             checkpoint and repeats the uninterrupted losses and parameters exactly
+ *   bind      2 workers whose compute threads fit the CPUs are pinned to their shares of them
+ *             by default (DTRAIN_BIND=auto, comm/bind.c's debug line from both ranks); not with
+ *             DTRAIN_BIND=none, nor when their threads would not fit */
+#include <sched.h>
+
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -184,6 +189,34 @@ static void group_kill(void) {
   CHECK(model_diff("res", "full") == 0, "parameters differ");
 }
 
+/* Number of "bound to" lines (comm/bind.c's debug message) a 2-worker run logs. */
+static int bound_lines(const char *env, int threads) {
+  tt_result r = tt_run(dir, 300, "env DTRAIN_LOG=debug %s %s run -n 2 -- %s train --data %s --model '" TINY_MODEL
+                       "' --batch 30 --threads %d --max-steps 2 --out %s/bind",
+                       env, tt_bin(), tt_bin(), data, threads, dir);
+  CHECK(r.code == 0, "exit %d: %s", r.code, r.err);
+  int n = 0;
+  for (const char *p = strstr(r.err, "DTRAIN_BIND=auto: local rank"); p; p = strstr(p + 1, "DTRAIN_BIND=auto: local rank"))
+    n++;
+  tt_result_free(&r);
+  return n;
+}
+
+static void group_bind(void) {
+  cpu_set_t have;
+  CHECK(sched_getaffinity(0, sizeof have, &have) == 0, "sched_getaffinity");
+  int ncpu = CPU_COUNT(&have);
+  fprintf(stderr, "%d CPU(s) available\n", ncpu);
+  /* 2 workers x 1 thread fit whenever there are 2 CPUs */
+  int n = bound_lines("", 1);
+  CHECK(n == (ncpu >= 2 ? 2 : 0), "--threads 1 on %d CPU(s): %d rank(s) bound", ncpu, n);
+  n = bound_lines("DTRAIN_BIND=none", 1);
+  CHECK(n == 0, "DTRAIN_BIND=none: %d rank(s) bound anyway", n);
+  /* 2 workers x ncpu threads never fit in ncpu CPUs */
+  n = bound_lines("", ncpu);
+  CHECK(n == 0, "--threads %d on %d CPU(s): %d rank(s) bound", ncpu, ncpu, n);
+}
+
 int main(int argc, char **argv) {
   const char *g = argc > 1 ? argv[1] : "equiv";
   tt_scratch(dir, sizeof dir, g);
@@ -198,6 +231,8 @@ int main(int argc, char **argv) {
     group_resume();
   else if (!strcmp(g, "kill"))
     group_kill();
+  else if (!strcmp(g, "bind"))
+    group_bind();
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);
