@@ -178,6 +178,17 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   for (int i = 0; i + 1 < n; i++)
     if (m->layers[i].relu_fused)
       m->layers[i + 1].fused_away = true;
+  /* A max-pool whose windows tile its input (layers.c's tiled backward) writes a gradient only at
+   * each window's arg-max, where the relu before it let through exactly when the pooled value is
+   * > 0: it applies that mask itself and the relu's backward pass over the (large) map goes. */
+  for (int i = 1; i < n; i++) {
+    nn_layer *p = &m->layers[i];
+    if (p->kind == NN_MAXPOOL && p->stride == p->k && p->in.c % 4 == 0 &&
+        m->layers[i - 1].kind == NN_RELU) {
+      p->relu_mask = true;
+      m->layers[i - 1].bwd_fused_away = true;
+    }
+  }
   m->nout = nn_shape_size(s);
 
   /* parameters in reverse layer order, weight then bias */

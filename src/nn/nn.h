@@ -39,6 +39,8 @@ typedef struct nn_layer {
   float p;                  /* dropout probability */
   bool relu_fused;          /* linear/conv: applies relu in its epilogue (next layer is relu) */
   bool fused_away;          /* relu whose forward the previous layer already did */
+  bool relu_mask;           /* maxpool after a relu: its backward also applies the relu's mask */
+  bool bwd_fused_away;      /* relu whose backward the next layer (maxpool) already does */
   bool init_kaiming;        /* followed by relu/gelu */
   int index;                /* 1-based number among layers of the same family, for names */
   /* parameters: offsets into params/grads (floats); nparams = 0 for parameter-free layers */
