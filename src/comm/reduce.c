@@ -248,6 +248,16 @@ TGT static inline void st2_f16(uint16_t *p, __m256 v0, __m256 v1) {
   _mm256_storeu_si256((__m256i *)p, _mm256_inserti128_si256(lo, _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT), 1));
 }
 
+/* One line of each operand RED_PF bytes ahead, per 64 bytes the loop consumes: with one operand
+ * in DRAM (a collective's input), f32's add streamed it at 12.5 GB/s without and 15-17 with 2-8
+ * KiB of prefetch (one core of the EPYC guest, 256 KiB slices walking a 64 MiB buffer). The
+ * address is computed on integers: it may lie past the operand (a prefetch never faults). */
+#define RED_PF 4096
+TGT static inline void v_pf(const void *a, const void *b) {
+  _mm_prefetch((const char *)(uintptr_t)((uintptr_t)a + RED_PF), _MM_HINT_T0);
+  _mm_prefetch((const char *)(uintptr_t)((uintptr_t)b + RED_PF), _MM_HINT_T0);
+}
+
 /* name: kernel; T: element; W: elements per vector; VT: vector type; LD/ST: load/store; VOP:
  * vector op; TAIL: scalar kernel for the last n % W elements. Two vectors per iteration so
  * the loads of the second overlap the op of the first. */
@@ -257,6 +267,7 @@ TGT static inline void st2_f16(uint16_t *p, __m256 v0, __m256 v1) {
     const T *a = a_, *b = b_;                                                      \
     size_t i = 0;                                                                  \
     for (; i + 2 * (W) <= n; i += 2 * (W)) {                                       \
+      v_pf(a + i, b + i);                                                          \
       VT x0 = LD(a + i), y0 = LD(b + i), x1 = LD(a + i + (W)), y1 = LD(b + i + (W)); \
       ST(o + i, VOP(x0, y0));                                                      \
       ST(o + i + (W), VOP(x1, y1));                                                \
@@ -303,10 +314,47 @@ VKERN_H(v_f16_sum_k, ld_f16, st_f16, st2_f16, v_f32_sum, s_f16_sum)
 VKERN_H(v_f16_prod_k, ld_f16, st_f16, st2_f16, v_f32_prod, s_f16_prod)
 VKERN_H(v_f16_min_k, ld_f16, st_f16, st2_f16, v_f32_min, s_f16_min)
 VKERN_H(v_f16_max_k, ld_f16, st_f16, st2_f16, v_f32_max, s_f16_max)
-VKERN_H(v_bf16_sum_k, ld_bf16, st_bf16, st2_bf16, v_f32_sum, s_bf16_sum)
-VKERN_H(v_bf16_prod_k, ld_bf16, st_bf16, st2_bf16, v_f32_prod, s_bf16_prod)
-VKERN_H(v_bf16_min_k, ld_bf16, st_bf16, st2_bf16, v_f32_min, s_bf16_min)
-VKERN_H(v_bf16_max_k, ld_bf16, st_bf16, st2_bf16, v_f32_max, s_bf16_max)
+
+/* bf16 in pairs (as the AVX-512 zb_* below): 16 bf16 loaded as 8 dwords, the odd ones widened
+ * with a mask and the even ones with a shift, rounded in place, merged by one word blend. No
+ * zero-extension on the way in and no pack + permute on the way out. */
+TGT static inline __m256 vb_even(__m256i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
+TGT static inline __m256 vb_odd(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
+}
+TGT static inline __m256i vb_round_hi(__m256 v) { /* bf16 in the top half of each lane */
+  __m256i b = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(b, _mm256_set1_epi32(0x400000)), nan);
+}
+TGT static inline void vb_store(uint16_t *p, __m256 even, __m256 odd) {
+  __m256i e = _mm256_srli_epi32(vb_round_hi(even), 16), o = vb_round_hi(odd);
+  _mm256_storeu_si256((__m256i *)p, _mm256_blend_epi16(e, o, 0xAA));
+}
+#define VB_PAIR(o, a, b, VOP, DIV)                                                            \
+  do {                                                                                        \
+    __m256i wa_ = ld_si(a), wb_ = ld_si(b);                                                   \
+    vb_store(o, DIV(VOP(vb_even(wa_), vb_even(wb_))), DIV(VOP(vb_odd(wa_), vb_odd(wb_))));    \
+  } while (0)
+#define VB_NODIV(x) (x)
+#define VB_DIV(x) _mm256_div_ps((x), vd)
+#define VKERN_B(name, VOP, TAIL)                                                  \
+  TGT static void name(void *o_, const void *a_, const void *b_, size_t n) {    \
+    uint16_t *o = o_;                                                            \
+    const uint16_t *a = a_, *b = b_;                                             \
+    size_t i = 0;                                                                \
+    for (; i + 16 <= n; i += 16)                                                 \
+      VB_PAIR(o + i, a + i, b + i, VOP, VB_NODIV);                               \
+    for (; i + 8 <= n; i += 8)                                                   \
+      st_bf16(o + i, VOP(ld_bf16(a + i), ld_bf16(b + i)));                       \
+    TAIL(o + i, a + i, b + i, n - i);                                            \
+  }
+VKERN_B(v_bf16_sum_k, v_f32_sum, s_bf16_sum)
+VKERN_B(v_bf16_prod_k, v_f32_prod, s_bf16_prod)
+VKERN_B(v_bf16_min_k, v_f32_min, s_bf16_min)
+VKERN_B(v_bf16_max_k, v_f32_max, s_bf16_max)
 
 /* AVX2 has no 64-bit or 8-bit multiply: those products stay scalar. */
 static const red_fn avx2_tab[DT_DTYPE_COUNT][4] = {
@@ -378,6 +426,8 @@ TGT static inline void st_any(void *p, dt_dtype t, size_t i, __m256 v) {
         st_f16((uint16_t *)o + i,                                                                \
                _mm256_div_ps(VOP(ld_f16((const uint16_t *)a + i), ld_f16((const uint16_t *)b + i)), vd)); \
     } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                               \
+      for (; i + 16 <= n; i += 16)                                                               \
+        VB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, VOP, VB_DIV); \
       for (; i + 8 <= n; i += 8)                                                                 \
         st_bf16((uint16_t *)o + i,                                                               \
                 _mm256_div_ps(VOP(ld_bf16((const uint16_t *)a + i), ld_bf16((const uint16_t *)b + i)), vd)); \
@@ -392,8 +442,7 @@ TGT static inline void st_any(void *p, dt_dtype t, size_t i, __m256 v) {
                   VOP(ld_f16((const uint16_t *)a + i + 8), ld_f16((const uint16_t *)b + i + 8))); \
       else                                                                                       \
         for (; i + 16 <= n; i += 16)                                                             \
-          st2_bf16((uint16_t *)o + i, VOP(ld_bf16((const uint16_t *)a + i), ld_bf16((const uint16_t *)b + i)), \
-                   VOP(ld_bf16((const uint16_t *)a + i + 8), ld_bf16((const uint16_t *)b + i + 8))); \
+          VB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, VOP, VB_NODIV); \
     } else {                                                                                     \
       for (; i + 8 <= n; i += 8)                                                                 \
         st_any(o, ot, i, VOP(ld_any(a, at, i), ld_any(b, bt, i)));                              \
@@ -454,18 +503,70 @@ TGT512 static inline __m512 z_min(__m512 x, __m512 y) {
 TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
   return _mm512_mask_mov_ps(_mm512_max_ps(x, y), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
+/* bf16 in pairs: a bf16 is the top half of its f32, so of 32 bf16 loaded as 16 dwords the odd
+ * ones widen with a mask and the even ones with a shift; both halves round in place (the bf16
+ * lands in each dword's top half) and one word blend stores them back in order. No cross-lane
+ * vpmovzxwd/vpmovdw, which bound the 16-wide form (19-22 GB/s per operand against 37-40 for
+ * f16 and 40-56 for f32, 256 KiB slices on one core of the EPYC guest). Same rounding as
+ * dt__f32_to_bf16: add 0x7fff + lsb, keep the top half; NaN -> quiet NaN. */
+TGT512 static inline __m512i zb_round_hi(__m512 v) {
+  __m512i b = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
+  return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), b, _mm512_set1_epi32(0x400000));
+}
+TGT512 static inline __m512 zb_even(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+TGT512 static inline __m512 zb_odd(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+}
+TGT512 static inline void zb_store(uint16_t *p, __m512 even, __m512 odd) {
+  __m512i e = _mm512_srli_epi32(zb_round_hi(even), 16), o = zb_round_hi(odd);
+  _mm512_storeu_si512(p, _mm512_mask_blend_epi16(0xAAAAAAAAu, e, o));
+}
+/* Prefetch for the all-half loops, one line of each operand per 32 elements, HALF_PF bytes
+ * ahead. With one operand in DRAM (the caller's input, as in the shm slice reduction and the
+ * ring's), the f16 loop streamed it at 5.7-7 GB/s where f32's add did 12-17 (one core of the
+ * EPYC guest, 256 KiB slices walking a 64 MiB buffer): converting each element, it issues its
+ * loads too slowly for the hardware prefetcher to stay ahead of DRAM. Prefetching 2, 4 or 8 KiB
+ * ahead: 15, 19, 22-24 GB/s against 8.5 without (alternated in one run; f32's add with its own
+ * prefetch, VKERN, 15-17 against 12.5). Computed on integers: the address may lie past the
+ * operand (a prefetch never faults). */
+#define HALF_PF 8192
+TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
+  _mm_prefetch((const char *)(uintptr_t)((uintptr_t)a + i * 2 + HALF_PF), _MM_HINT_T0);
+  _mm_prefetch((const char *)(uintptr_t)((uintptr_t)b + i * 2 + HALF_PF), _MM_HINT_T0);
+}
+/* 32 bf16: o = (a op b) [/ d], stored by ST2(o, even, odd) */
+#define ZB_PAIR(o, a, b, ZOP, DIV, ST2)                                                        \
+  do {                                                                                         \
+    z_pf(a, b, 0);                                                                             \
+    __m512i wa_ = _mm512_loadu_si512(a), wb_ = _mm512_loadu_si512(b);                          \
+    ST2(o, DIV(ZOP(zb_even(wa_), zb_even(wb_))), DIV(ZOP(zb_odd(wa_), zb_odd(wb_))));          \
+  } while (0)
+#define ZB_NODIV(x) (x)
+#define ZB_DIV(x) _mm512_div_ps((x), vd)
+
 /* out = (a op b) [/ div] over types (f32, f16, bf16), 16 at a time; returns elements done.
  * ZMIX: AVX-512F/BW; ZMIXB also rounds bf16 with AVX-512 BF16 where that is exact. */
-#define ZMIX_T(name, ZOP, TGTX, ST_BF16, ST_ANY)                                                                           \
+#define ZMIX_T(name, ZOP, TGTX, ST_BF16, ST2_BF16, ST_ANY)                                                                           \
   TGTX static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                             size_t n, int div) {                                                  \
     size_t i = 0;                                                                                 \
     __m512 vd = _mm512_set1_ps((float)div);                                                       \
     if (div > 1 && at == bt && at == ot && at == DT_F16) {                                        \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        z_pf(a, b, i);                                                                            \
+        z_st_f16((uint16_t *)o + i,                                                               \
+                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
+        z_st_f16((uint16_t *)o + i + 16,                                                          \
+                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i + 16), z_ld_f16((const uint16_t *)b + i + 16)), vd)); \
+      }                                                                                           \
       for (; i + 16 <= n; i += 16)                                                                \
         z_st_f16((uint16_t *)o + i,                                                               \
                  _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
     } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                                \
+      for (; i + 32 <= n; i += 32)                                                                \
+        ZB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, ZOP, ZB_DIV, ST2_BF16); \
       for (; i + 16 <= n; i += 16)                                                                \
         ST_BF16((uint16_t *)o + i,                                                              \
                   _mm512_div_ps(ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i)), vd)); \
@@ -473,9 +574,17 @@ TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
       for (; i + 16 <= n; i += 16)                                                                \
         ST_ANY(o, ot, i, _mm512_div_ps(ZOP(z_ld(a, at, i), z_ld(b, bt, i)), vd));                  \
     } else if (at == bt && at == ot && at == DT_F16) {                                            \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        z_pf(a, b, i);                                                                            \
+        z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i))); \
+        z_st_f16((uint16_t *)o + i + 16,                                                          \
+                 ZOP(z_ld_f16((const uint16_t *)a + i + 16), z_ld_f16((const uint16_t *)b + i + 16))); \
+      }                                                                                           \
       for (; i + 16 <= n; i += 16)                                                                \
         z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i))); \
     } else if (at == bt && at == ot && at == DT_BF16) {                                           \
+      for (; i + 32 <= n; i += 32)                                                                \
+        ZB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, ZOP, ZB_NODIV, ST2_BF16); \
       for (; i + 16 <= n; i += 16)                                                                \
         ST_BF16((uint16_t *)o + i, ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i))); \
     } else {                                                                                      \
@@ -484,12 +593,12 @@ TGT512 static inline __m512 z_max(__m512 x, __m512 y) {
     }                                                                                             \
     return i;                                                                                     \
   }
-#define ZMIX(name, ZOP) ZMIX_T(name, ZOP, TGT512, z_st_bf16, z_st)
+#define ZMIX(name, ZOP) ZMIX_T(name, ZOP, TGT512, z_st_bf16, zb_store, z_st)
 
 /* AVX-512 BF16's VCVTNEPS2BF16 rounds to nearest even and quiets NaN exactly as the integer
  * rounding does, but treats subnormal inputs as zero: vectors with a subnormal lane take the
  * integer path (a normal f32 never rounds to a bf16 subnormal: they share the exponent range). */
-#define TGTBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c,fma")))
+#define TGTBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c,fma")))
 TGTBF static inline void b_st_bf16(uint16_t *p, __m512 v) {
   __m512i b = _mm512_castps_si512(v);
   __mmask16 sub = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f800000)) &
@@ -506,7 +615,20 @@ TGTBF static inline void b_st(void *p, dt_dtype t, size_t i, __m512 v) {
   else
     z_st(p, t, i, v);
 }
-#define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, b_st)
+/* Even and odd halves (zb_even/zb_odd) rounded by one VCVTNE2PS2BF16 and put back in order by
+ * one VPERMW; a pair with a subnormal lane (VFPCLASSPS) takes the integer path. */
+TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
+  if (_mm512_fpclass_ps_mask(even, 0x20) | _mm512_fpclass_ps_mask(odd, 0x20)) {
+    zb_store(p, even, odd);
+    return;
+  }
+  /* words 0-15: even results, 16-31: odd results -> result word 2i from i, 2i+1 from 16+i */
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512i w = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, w));
+}
+#define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, bb_store, b_st)
 ZMIX(z_mix_sum, z_sum)
 ZMIX(z_mix_prod, z_prod)
 ZMIX(z_mix_min, z_min)
@@ -529,11 +651,11 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 /* ---------- dispatch ---------- */
 
 static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16 */
-static atomic_int force_scalar; /* 1 scalar, 2 no avx512 (tests) */
+static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 (tests) */
 
 static bool use_avx2(void) {
 #ifdef RED_X86
-  if (atomic_load_explicit(&force_scalar, memory_order_relaxed))
+  if (atomic_load_explicit(&force_scalar, memory_order_relaxed) == 1)
     return false;
   int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
   if (s == 0) {
@@ -544,7 +666,7 @@ static bool use_avx2(void) {
     s = (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) ? 2 : 1;
     if (s == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && !dt__env_str("DTRAIN_NO_AVX512"))
-      s = __builtin_cpu_supports("avx512bf16") ? 4 : 3;
+      s = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq") ? 4 : 3;
     if (dt__env_str("DTRAIN_NO_SIMD"))
       s = 1;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
@@ -559,7 +681,7 @@ static bool use_avx2(void) {
 static bool use_avx512(void) {
 #ifdef RED_X86
   return use_avx2() && atomic_load_explicit(&simd_state, memory_order_relaxed) >= 3 &&
-         atomic_load_explicit(&force_scalar, memory_order_relaxed) < 2;
+         atomic_load_explicit(&force_scalar, memory_order_relaxed) != 2;
 #else
   return false;
 #endif
@@ -702,6 +824,41 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
       div_f32(po, m, div);
     if (ot != DT_F32)
       dt__from_f32((uint16_t *)out + off, po, m, ot);
+  }
+}
+
+/* Elements per block of dt__reduce_many: the f32 partials (4 KiB) or the output block stay in
+ * L1 while each source streams through once. */
+#define MANY_BLOCK 1024
+
+void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div) {
+  size_t es = dt_dtype_size(t);
+  if (n == 0 || k < 1 || es == 0)
+    return;
+  if (k == 1) {
+    if (out != src[0])
+      memmove(out, src[0], n * es);
+    dt__reduce_finish(out, n, t, op, div);
+    return;
+  }
+  if (dt__coll_wide(t, op) && k == 2) {
+    dt__reduce_mix(out, t, src[0], t, src[1], t, n, op, div); /* one fused pass, no partials */
+    return;
+  }
+  float acc[MANY_BLOCK];
+  for (size_t off = 0; off < n; off += MANY_BLOCK) {
+    size_t m = DT_MIN((size_t)MANY_BLOCK, n - off), b = off * es;
+    if (dt__coll_wide(t, op)) {
+      dt__reduce_mix(acc, DT_F32, (const char *)src[0] + b, t, (const char *)src[1] + b, t, m, op, 1);
+      for (int j = 2; j < k - 1; j++)
+        dt__reduce_mix(acc, DT_F32, acc, DT_F32, (const char *)src[j] + b, t, m, op, 1);
+      dt__reduce_mix((char *)out + b, t, acc, DT_F32, (const char *)src[k - 1] + b, t, m, op, div);
+    } else {
+      dt__reduce2((char *)out + b, (const char *)src[0] + b, (const char *)src[1] + b, m, t, op);
+      for (int j = 2; j < k; j++)
+        dt__reduce((char *)out + b, (const char *)src[j] + b, m, t, op);
+      dt__reduce_finish((char *)out + b, m, t, op, div);
+    }
   }
 }
 

@@ -67,21 +67,20 @@ static size_t padded_floats(const geom *g) {
   return (size_t)(g->H + 2 * g->P) * (size_t)(g->W + 2 * g->P) * (size_t)g->C;
 }
 
-/* Workspace layout: packed weights, padded sample, dW tile, window offsets (K ints), pixel
- * offsets (OH*OW ints). */
+/* Workspace layout: padded sample, dW tile, window offsets (K ints), pixel offsets (OH*OW
+ * ints). Packed weights live in the layer's own l->wpk, packed once per pass. */
 typedef struct ws_parts {
-  float *wpk, *xp, *acc;
+  float *xp, *acc;
   int *koff, *pixoff;
 } ws_parts;
 
 static size_t ws_layout(const geom *g, float *ws, ws_parts *w) {
-  size_t K = (size_t)g->k * g->k * g->C, npan = ((size_t)g->OC + NR - 1) / NR;
-  size_t o_xp = up16(npan * NR * K), o_acc = o_xp + up16(padded_floats(g));
+  size_t K = (size_t)g->k * g->k * g->C;
+  size_t o_acc = up16(padded_floats(g));
   size_t o_koff = o_acc + (size_t)FMR * NR, o_pix = o_koff + up16(K);
   size_t total = o_pix + up16((size_t)g->OH * g->OW);
   if (ws) {
-    w->wpk = ws;
-    w->xp = ws + o_xp;
+    w->xp = ws;
     w->acc = ws + o_acc;
     w->koff = (int *)(ws + o_koff);
     w->pixoff = (int *)(ws + o_pix);
@@ -97,6 +96,15 @@ size_t dt__nn_conv_ws_floats(const nn_layer *l) {
     a = a > b ? a : b;
   }
   return a;
+}
+
+static size_t packed_floats(const geom *g) {
+  return up16((size_t)(g->OC + NR - 1) / NR * NR * (size_t)g->k * g->k * g->C);
+}
+
+size_t dt__nn_conv_packed_floats(const nn_layer *l) {
+  geom g = layer_geom(l), d = dx_geom(l);
+  return packed_floats(&g) + (dx_direct_ok(l) ? packed_floats(&d) : 0);
 }
 
 /* koff[t]: offset of window tap t = (kh*k + kw)*C + c from the window's top-left in the padded
@@ -217,14 +225,14 @@ AVX512 static void fwd_dispatch(int mr, const float *a, int lda, const int *koff
 /* Weights (OC, K) into NR-channel panels Wp[q][k][j] = W[(q*NR + j)*K + k], zero past OC. */
 static void pack_weights(const float *W, int OC, int K, float *Wp) {
   int npan = (OC + NR - 1) / NR;
-  for (int q = 0; q < npan; q++)
-    for (int k = 0; k < K; k++) {
-      float *d = Wp + ((size_t)q * K + k) * NR;
-      for (int j = 0; j < NR; j++) {
-        int o = q * NR + j;
-        d[j] = o < OC ? W[(size_t)o * K + k] : 0.0f;
-      }
-    }
+  if (OC % NR)
+    memset(Wp, 0, (size_t)npan * K * NR * sizeof(float));
+  for (int o = 0; o < OC; o++) {
+    const float *src = W + (size_t)o * K;
+    float *d = Wp + (size_t)(o / NR) * K * NR + o % NR;
+    for (int k = 0; k < K; k++)
+      d[(size_t)k * NR] = src[k];
+  }
 }
 
 /* Weights (C, k, k, OC) of the input gradient: Wp[q][t'][j] for t' = (kh'*k + kw')*OC + oc and
@@ -243,10 +251,10 @@ static void pack_weights_flipped(const float *W, int OC, int k, int C, float *Wp
     }
 }
 
-/* Samples [n0, n0+nb) of x (per-sample g->H*W*C) into y (per-sample OH*OW*OC, overwritten) with
- * the weights already packed in w->wpk, then bias (NULL: none) and relu. */
-static void conv_run(const geom *g, const ws_parts *w, const float *x, float *y, int nb,
-                     const float *bias, bool relu) {
+/* nb samples of x (per-sample g->H*W*C) into y (per-sample OH*OW*OC, overwritten) with the
+ * weights packed in wpk, then bias (NULL: none) and relu. */
+static void conv_run(const geom *g, const ws_parts *w, const float *wpk, const float *x, float *y,
+                     int nb, const float *bias, bool relu) {
   const int K = g->k * g->k * g->C, npan = (g->OC + NR - 1) / NR, OC = g->OC;
   const size_t in_sz = (size_t)g->H * g->W * g->C, out_sz = (size_t)g->OH * g->OW * OC;
   for (int n = 0; n < nb; n++) {
@@ -258,7 +266,7 @@ static void conv_run(const geom *g, const ws_parts *w, const float *x, float *y,
         const float *a = w->xp + w->pixoff[oh * g->OW + ow0];
         float *yt = ys + ((size_t)oh * g->OW + ow0) * OC;
         for (int q = 0; q < npan; q++)
-          fwd_dispatch(mr, a, g->S * g->C, w->koff, K, w->wpk + (size_t)q * K * NR,
+          fwd_dispatch(mr, a, g->S * g->C, w->koff, K, wpk + (size_t)q * K * NR,
                        bias ? bias + q * NR : NULL, relu, yt + q * NR, OC,
                        OC - q * NR < NR ? OC - q * NR : NR);
       }
@@ -267,23 +275,27 @@ static void conv_run(const geom *g, const ws_parts *w, const float *x, float *y,
 
 void dt__nn_conv_forward_direct(const nn_layer *l, const float *P, const nn_slice *s, float *ws) {
   geom g = layer_geom(l);
-  ws_parts w;
+  ws_parts w = {0};
   ws_layout(&g, ws, &w);
   fill_offsets(&g, &w);
-  pack_weights(P + l->w_off, g.OC, g.k * g.k * g.C, w.wpk);
-  conv_run(&g, &w, l->x + (size_t)s->b0 * nn_shape_size(l->in),
+  float *wpk = l->wpk + (size_t)s->t * l->wpk_floats;
+  if (s->pack)
+    pack_weights(P + l->w_off, g.OC, g.k * g.k * g.C, wpk);
+  conv_run(&g, &w, wpk, l->x + (size_t)s->b0 * nn_shape_size(l->in),
            l->y + (size_t)s->b0 * nn_shape_size(l->out), s->nb, P + l->b_off, l->relu_fused);
 }
 
 bool dt__nn_conv_dx_direct_ok(const nn_layer *l) { return dx_direct_ok(l); }
 
 void dt__nn_conv_dx_direct(const nn_layer *l, const float *P, const nn_slice *s, float *ws) {
-  geom g = dx_geom(l);
-  ws_parts w;
+  geom g = dx_geom(l), f = layer_geom(l);
+  ws_parts w = {0};
   ws_layout(&g, ws, &w);
   fill_offsets(&g, &w);
-  pack_weights_flipped(P + l->w_off, l->out.c, l->k, l->in.c, w.wpk);
-  conv_run(&g, &w, l->dy + (size_t)s->b0 * nn_shape_size(l->out),
+  float *wpk = l->wpk + (size_t)s->t * l->wpk_floats + packed_floats(&f);
+  if (s->pack)
+    pack_weights_flipped(P + l->w_off, l->out.c, l->k, l->in.c, wpk);
+  conv_run(&g, &w, wpk, l->dy + (size_t)s->b0 * nn_shape_size(l->out),
            l->dx + (size_t)s->b0 * nn_shape_size(l->in), s->nb, NULL, false);
 }
 
@@ -406,7 +418,7 @@ void dt__nn_conv_dweight_direct(const nn_layer *l, const nn_slice *s, float *ws)
   const int C = g.C, k = g.k, OC = g.OC, np = g.OH * g.OW, K = k * k * C, seg = k * C;
   const int npan = (OC + NR - 1) / NR;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
-  ws_parts w;
+  ws_parts w = {0};
   ws_layout(&g, ws, &w);
   fill_offsets(&g, &w);
   float *dW = s->grads + l->w_off, *db = s->grads + l->b_off;

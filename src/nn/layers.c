@@ -302,6 +302,7 @@ static void maxpool_backward_tiled(nn_layer *l, const nn_slice *s) {
     float *dx = l->dx + (size_t)n * in_sz;
     const float *dy = l->dy + (size_t)n * out_sz;
     const int32_t *ix = l->idx + (size_t)n * out_sz;
+    const float *ys = l->y + (size_t)n * out_sz;
     for (int ih = 0; ih < H; ih++) {
       float *drow = dx + (size_t)ih * W * C;
       int oh = ih / k;
@@ -313,6 +314,7 @@ static void maxpool_backward_tiled(nn_layer *l, const nn_slice *s) {
         int ow = iw / k;
         const float *g = dy + ((size_t)oh * OW + ow) * C;
         const int32_t *m = ix + ((size_t)oh * OW + ow) * C;
+        const float *yv = ys + ((size_t)oh * OW + ow) * C;
         float *d = drow + (size_t)iw * C;
         int32_t pos = (int32_t)(((size_t)ih * W + (size_t)iw) * C);
         for (int c = 0; c < C; c += 4) {
@@ -321,6 +323,11 @@ static void maxpool_backward_tiled(nn_layer *l, const nn_slice *s) {
           memcpy(&gv, g + c, sizeof gv);
           memcpy(&mv, m + c, sizeof mv);
           v4i sel = mv == lane + (pos + c);
+          if (l->relu_mask) { /* the relu's y > 0 at the arg-max is the pooled value > 0 */
+            v4f pv;
+            memcpy(&pv, yv + c, sizeof pv);
+            sel &= pv > 0.0f;
+          }
           v4f out = (v4f)((v4i)gv & sel);
           memcpy(d + c, &out, sizeof out);
         }
@@ -554,7 +561,10 @@ void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, 
   switch (l->kind) {
   case NN_MAXPOOL: maxpool_backward(l, s); break;
   case NN_AVGPOOL: avgpool_backward(l, s); break;
-  case NN_RELU: relu_backward(l, s); break;
+  case NN_RELU:
+    if (!l->bwd_fused_away)
+      relu_backward(l, s);
+    break;
   case NN_GELU: gelu_backward(l, s); break;
   case NN_DROPOUT: dropout_backward(l, s); break;
   default: break;

@@ -178,6 +178,17 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   for (int i = 0; i + 1 < n; i++)
     if (m->layers[i].relu_fused)
       m->layers[i + 1].fused_away = true;
+  /* A max-pool whose windows tile its input (layers.c's tiled backward) writes a gradient only at
+   * each window's arg-max, where the relu before it let through exactly when the pooled value is
+   * > 0: it applies that mask itself and the relu's backward pass over the (large) map goes. */
+  for (int i = 1; i < n; i++) {
+    nn_layer *p = &m->layers[i];
+    if (p->kind == NN_MAXPOOL && p->stride == p->k && p->in.c % 4 == 0 &&
+        m->layers[i - 1].kind == NN_RELU) {
+      p->relu_mask = true;
+      m->layers[i - 1].bwd_fused_away = true;
+    }
+  }
   m->nout = nn_shape_size(s);
 
   /* parameters in reverse layer order, weight then bias */
@@ -275,6 +286,21 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
    * max batch then cost no memory until used */
   m->arena = dt__alloc(total * sizeof(float));
   m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
+  size_t wpkf = 0; /* conv.c's packed weights, every conv layer, every thread */
+  if (dt__nn_conv_direct())
+    for (int i = 0; i < n; i++)
+      if (m->layers[i].kind == NN_CONV) {
+        m->layers[i].wpk_floats = dt__nn_conv_packed_floats(&m->layers[i]);
+        wpkf += (size_t)T * m->layers[i].wpk_floats;
+      }
+  m->wpk_arena = wpkf ? dt__alloc(wpkf * sizeof(float)) : NULL;
+  if (wpkf && !m->wpk_arena)
+    goto nomem;
+  for (size_t i = 0, o = 0; i < (size_t)n; i++)
+    if (m->layers[i].wpk_floats) {
+      m->layers[i].wpk = m->wpk_arena + o;
+      o += (size_t)T * m->layers[i].wpk_floats;
+    }
   m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
   m->slices = calloc((size_t)T, sizeof *m->slices);
   m->loss_part = calloc((size_t)T, sizeof *m->loss_part);
@@ -366,6 +392,7 @@ void dt_model_destroy(dt_model *m) {
   dt__free(m->arena);
   dt__nn_pool_destroy(m->pool);
   dt__free(m->col_arena);
+  dt__free(m->wpk_arena);
   dt__free(m->priv_grads);
   free(m->slices);
   free(m->loss_part);
@@ -406,6 +433,7 @@ static void split_batch(dt_model *m, int batch, uint64_t key) {
     s->nb = (int)((int64_t)batch * (t + 1) / m->nthreads) - s->b0;
     s->B = batch;
     s->key = key;
+    s->pack = true;
   }
 }
 
@@ -432,6 +460,7 @@ static void forward_job(void *arg, int t) {
     for (int b = 0; b < s->nb; b += m->stem_nb) {
       sub.b0 = s->b0 + b;
       sub.nb = DT_MIN(m->stem_nb, s->nb - b);
+      sub.pack = b == 0;
       for (int i = 0; i < m->stem; i++)
         dt__nn_forward_layer(&m->layers[i], m->params, &sub, j->train);
     }
@@ -578,6 +607,7 @@ static void backward_job(void *arg, int t) {
   for (int b = 0; b < s->nb; b += m->stem_nb) {
     sub.b0 = s->b0 + b;
     sub.nb = DT_MIN(m->stem_nb, s->nb - b);
+    sub.pack = b == 0;
     for (int i = sub_end - 1; i >= stop; i--)
       dt__nn_backward_layer(&m->layers[i], m->params, &sub, m->want_dinput || i > first);
   }

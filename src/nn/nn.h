@@ -39,6 +39,8 @@ typedef struct nn_layer {
   float p;                  /* dropout probability */
   bool relu_fused;          /* linear/conv: applies relu in its epilogue (next layer is relu) */
   bool fused_away;          /* relu whose forward the previous layer already did */
+  bool relu_mask;           /* maxpool after a relu: its backward also applies the relu's mask */
+  bool bwd_fused_away;      /* relu whose backward the next layer (maxpool) already does */
   bool init_kaiming;        /* followed by relu/gelu */
   int index;                /* 1-based number among layers of the same family, for names */
   /* parameters: offsets into params/grads (floats); nparams = 0 for parameter-free layers */
@@ -52,6 +54,9 @@ typedef struct nn_layer {
   uint8_t *mask;            /* dropout keep-mask */
   int chunk;                /* conv: samples per im2col chunk (per thread) */
   int seq;                  /* position in the model, keys the dropout stream */
+  float *wpk;               /* conv on the AVX-512 path: weights packed for conv.c, wpk_floats
+                             * per thread (thread t's at wpk + t * wpk_floats) */
+  size_t wpk_floats;
 } nn_layer;
 
 /* What one thread works on during a pass: samples [b0, b0 + nb) of the batch (all buffers are
@@ -65,6 +70,7 @@ typedef struct nn_slice {
   int t, T;                 /* this thread, thread count */
   float *col, *dcol;        /* conv im2col / d(im2col) chunk, max over layers */
   uint64_t key;             /* dropout key of this forward */
+  bool pack;                /* first call of this pass on this thread: conv.c packs weights */
 } nn_slice;
 
 typedef struct nn_pool nn_pool;
@@ -97,6 +103,7 @@ struct dt_model {
   nn_slice *slices;         /* per thread */
   float *priv_grads;        /* (nthreads - 1) private gradient buffers, nparams each */
   float *col_arena;         /* per-thread conv workspaces */
+  float *wpk_arena;         /* conv layers' packed weights (nn_layer.wpk) */
   nn_pool *pool;            /* NULL when nthreads == 1 */
   /* per-pass results of each thread */
   double *loss_part;
@@ -152,7 +159,10 @@ bool dt__nn_conv_direct(void);
 /* Floats of per-thread workspace the functions below need for layer l (the model sizes each
  * thread's s->col to at least this when dt__nn_conv_direct()). */
 size_t dt__nn_conv_ws_floats(const nn_layer *l);
-/* l->y of the slice's samples from l->x, with bias and (l->relu_fused) relu; ws as above. */
+/* Floats per thread of l->wpk (weights packed for the forward and the input gradient). */
+size_t dt__nn_conv_packed_floats(const nn_layer *l);
+/* l->y of the slice's samples from l->x, with bias and (l->relu_fused) relu; ws as above.
+ * Packs the weights into this thread's part of l->wpk when s->pack. */
 void dt__nn_conv_forward_direct(const nn_layer *l, const float *params, const nn_slice *s,
                                 float *ws);
 /* s->grads' weight and bias parts of l += their gradients over the slice's samples (from l->x
@@ -160,7 +170,8 @@ void dt__nn_conv_forward_direct(const nn_layer *l, const float *params, const nn
 void dt__nn_conv_dweight_direct(const nn_layer *l, const nn_slice *s, float *ws);
 /* Whether dt__nn_conv_dx_direct can compute l's input gradient (stride 1, pad <= k-1). */
 bool dt__nn_conv_dx_direct_ok(const nn_layer *l);
-/* l->dx of the slice's samples (overwritten) from l->dy and the weights; ws as above. */
+/* l->dx of the slice's samples (overwritten) from l->dy and the weights; ws as above. Packs
+ * the flipped weights into this thread's part of l->wpk when s->pack. */
 void dt__nn_conv_dx_direct(const nn_layer *l, const float *params, const nn_slice *s, float *ws);
 
 /* ---- kernels (layers.c) ---- */

@@ -229,6 +229,124 @@ static void test_mix_isa_agree(void **s) {
 }
 static void test_kernels_scalar(void **s) { (void)s; check_kernels(1); }
 
+/* dt__reduce_many against the pairwise chain it replaces (an f32 accumulator the size of the
+ * operands for half-type sums; reduce2 + reduce + finish otherwise), bit for bit: k = 1..5
+ * sources, every dtype and op, lengths across its 1024-element blocks, out aliasing src[0]. */
+static void test_reduce_many(void **s) {
+  (void)s;
+  enum { MAXN = 2600, K = 5 };
+  static const size_t lens[] = {1, 17, 1023, 1024, 1025, 2600};
+  static char src[K][MAXN * 8], ref[MAXN * 8], got[MAXN * 8];
+  static float acc[MAXN];
+  dt_rng rng;
+  dt_rng_seed(&rng, 9);
+  for (int t = 0; t < DT_DTYPE_COUNT; t++)
+    for (int op = 0; op < DT_OP_COUNT; op++)
+      for (int k = 1; k <= K; k++)
+        for (size_t li = 0; li < DT_ARRAY_LEN(lens); li++) {
+          dt_dtype ty = (dt_dtype)t;
+          size_t n = lens[li], es = dt_dtype_size(ty);
+          int div = op == DT_AVG ? k : 1;
+          const void *sp[K];
+          for (int j = 0; j < k; j++) {
+            fill(src[j], n, ty, &rng, 1);
+            sp[j] = src[j];
+          }
+          if (k == 1) {
+            memcpy(ref, src[0], n * es);
+            dt__reduce_finish(ref, n, ty, (dt_op)op, div);
+          } else if (dt__coll_wide(ty, (dt_op)op)) {
+            if (k == 2) {
+              dt__reduce_mix(ref, ty, src[0], ty, src[1], ty, n, (dt_op)op, div);
+            } else {
+              dt__reduce_mix(acc, DT_F32, src[0], ty, src[1], ty, n, (dt_op)op, 1);
+              for (int j = 2; j < k - 1; j++)
+                dt__reduce_mix(acc, DT_F32, acc, DT_F32, src[j], ty, n, (dt_op)op, 1);
+              dt__reduce_mix(ref, ty, acc, DT_F32, src[k - 1], ty, n, (dt_op)op, div);
+            }
+          } else {
+            dt__reduce2(ref, src[0], src[1], n, ty, (dt_op)op);
+            for (int j = 2; j < k; j++)
+              dt__reduce(ref, src[j], n, ty, (dt_op)op);
+            dt__reduce_finish(ref, n, ty, (dt_op)op, div);
+          }
+          dt__reduce_many(got, sp, k, n, ty, (dt_op)op, div);
+          for (size_t i = 0; i < n; i++)
+            if (!same_bits_or_nan(got + i * es, ref + i * es, ty))
+              fail_msg("reduce_many %s %s k=%d n=%zu: element %zu differs from the pairwise chain", dt_dtype_name(ty),
+                       dt_op_name((dt_op)op), k, n, i);
+          /* in place over the first source */
+          dt__reduce_many(src[0], sp, k, n, ty, (dt_op)op, div);
+          for (size_t i = 0; i < n; i++)
+            assert_true(same_bits_or_nan(src[0] + i * es, ref + i * es, ty));
+        }
+}
+
+/* The half-type kernels on bit patterns chosen for their edges, at every ISA level, bit for bit
+ * against the portable path (any NaN for a NaN: which of two NaN operands an add returns is the
+ * compiler's choice of operand order, on every path): subnormal operands, normal operands that cancel to
+ * a subnormal (the AVX-512 BF16 rounding treats those as zero, so such pairs must take the
+ * integer path), signalling and quiet NaNs of both signs, Inf, +-0, the largest finite values
+ * (sums overflow), rounding ties, and random patterns; lengths around the 16- and 32-wide
+ * loops, unaligned starts; dt__reduce2 and dt__reduce_mix with and without a divisor. Each
+ * level must really be the one it names (a level that silently fell back would test nothing). */
+static void test_half_patterns_isa_agree(void **s) {
+  (void)s;
+  const char *widest = dt__reduce_isa();
+  static const uint16_t bf_sp[] = {0x0001, 0x0041, 0x007f, 0x8001, 0x807f, 0x0080, 0x8080, 0x0081, 0x8081, 0x7f81,
+                                   0xff81, 0x7fc1, 0xffc0, 0x7f80, 0xff80, 0x0000, 0x8000, 0x7f7f, 0xff7f, 0x3f80, 0x3b80};
+  static const uint16_t h_sp[] = {0x0001, 0x0201, 0x03ff, 0x8001, 0x83ff, 0x0400, 0x8400, 0x0401, 0x8401, 0x7c01,
+                                  0xfc01, 0x7e01, 0xfe00, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x3c00, 0x1400};
+  static const size_t lens[] = {16, 31, 32, 33, 47, 64, 65, 100, 1027};
+  enum { MAXN = 1100 };
+  static uint16_t a[MAXN + 1], b[MAXN + 1], ref[MAXN + 1], got[MAXN + 1];
+  dt_rng rng;
+  dt_rng_seed(&rng, 5);
+  for (int ti = 0; ti < 2; ti++) {
+    dt_dtype t = ti ? DT_BF16 : DT_F16;
+    const uint16_t *sp = ti ? bf_sp : h_sp;
+    size_t nsp = ti ? DT_ARRAY_LEN(bf_sp) : DT_ARRAY_LEN(h_sp);
+    for (int op = 0; op < DT_OP_COUNT; op++)
+      for (size_t li = 0; li < DT_ARRAY_LEN(lens); li++)
+        for (int mis = 0; mis < 2; mis++)
+          for (int div = 1; div <= 3; div += 2) {
+            size_t n = lens[li];
+            uint16_t *pa = a + mis, *pb = b + mis;
+            for (size_t i = 0; i < n; i++) {
+              uint32_t k = dt_rng_below(&rng, 4);
+              pa[i] = k < 2 ? sp[dt_rng_below(&rng, (uint32_t)nsp)] : (uint16_t)dt_rng_next(&rng);
+              pb[i] = k == 0 || k == 3 ? sp[dt_rng_below(&rng, (uint32_t)nsp)] : (uint16_t)dt_rng_next(&rng);
+              if (k == 1 && dt_rng_below(&rng, 2)) /* an opposite neighbour: cancels to one ulp */
+                pb[i] = (uint16_t)((pa[i] ^ 0x8000) + 1);
+            }
+            dt__reduce_force_scalar(1);
+            if (div == 1)
+              dt__reduce2(ref, pa, pb, n, t, (dt_op)op);
+            else
+              dt__reduce_mix(ref, t, pa, t, pb, t, n, (dt_op)op, div);
+            for (int lvl = 0; lvl <= 3; lvl += lvl ? 1 : 2) {
+              dt__reduce_force_scalar(lvl);
+              const char *isa = dt__reduce_isa();
+              if (lvl == 2 && strcmp(widest, "scalar"))
+                assert_string_equal(isa, "avx2");
+              if (lvl == 3 && strstr(widest, "avx512"))
+                assert_string_equal(isa, "avx2+avx512");
+              memset(got, 0x5a, sizeof got);
+              if (div == 1)
+                dt__reduce2(got, pa, pb, n, t, (dt_op)op);
+              else
+                dt__reduce_mix(got, t, pa, t, pb, t, n, (dt_op)op, div);
+              for (size_t i = 0; i < n; i++)
+                if (!same_bits_or_nan(got + i, ref + i, t))
+                  fail_msg("%s %s n=%zu off=%d div %d level %d (%s): element %zu: %04x %s %04x gave %04x, portable %04x",
+                           dt_dtype_name(t), dt_op_name((dt_op)op), n, mis, div, lvl, isa, i, pa[i],
+                           dt_op_name((dt_op)op), pb[i], got[i], ref[i]);
+            }
+          }
+  }
+  dt__reduce_force_scalar(0);
+}
+
 static void test_f16_rounding(void **s) {
   (void)s;
   for (int sc = 0; sc < 2; sc++) {
@@ -416,7 +534,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
       cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
-      cmocka_unit_test(test_mix_isa_agree),
+      cmocka_unit_test(test_mix_isa_agree),  cmocka_unit_test(test_half_patterns_isa_agree),
+      cmocka_unit_test(test_reduce_many),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
       cmocka_unit_test(test_dtype_helpers),

@@ -160,6 +160,7 @@ static void test_maxpool(void **s) {
   check("in=35x4x4,maxpool2,flatten,linear:3", 2, 17, 1.0); /* 4-channel vectors and a tail */
   check("in=8x7x5,maxpool2,flatten,linear:3", 2, 18, 1.0);  /* tiled backward, uncovered edges */
   check("in=16x5x4,maxpool2,flatten,linear:3", 2, 19, 1.0); /* 16-channel AVX-512 forward */
+  check("in=4x6x6,relu,maxpool2,flatten,linear:3", 2, 20, 1.0); /* the relu mask in the pool */
 }
 static void test_avgpool(void **s) {
   check("in=2x6x6,avgpool2,flatten,linear:3", 2, 15, 1.0);

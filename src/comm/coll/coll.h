@@ -25,6 +25,13 @@ void dt__from_f32(void *dst, const float *src, size_t n, dt_dtype t);
  * exactly. avg sums (pass div to finish it). */
 void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, size_t n,
                     dt_op op, int div);
+/* out = (((src[0] op src[1]) op src[2]) ... op src[k-1]) [/ div when div > 1], all k sources and
+ * out of type t, in that order for every element (so every caller gets the same bits). Half types
+ * with sum/prod/avg accumulate in f32 and round once: the f32 partials live in a block on the
+ * stack, never in memory the size of the operands, so each source is read once and out written
+ * once (the pairwise form with an f32 accumulator moved 4 bytes of partials per element per
+ * source). div: the divisor of avg (1 for the other ops). out may alias src[0] exactly, no other. */
+void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div);
 /* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), AVX-512
  * without its BF16 rounding (3), or back to run-time selection (0). */
 void dt__reduce_force_scalar(int on);

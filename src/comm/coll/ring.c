@@ -6,7 +6,7 @@
  * exchange a zero-byte message so every rank stays in the same step.
  *
  * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes
- * (default 256 KiB, so a piece and the matching input stay in L2). A piece is received into a
+ * of what travels at that step (default 256 KiB, so a piece and the matching input stay in L2). A piece is received into a
  * small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
  * sending the next piece into the transport's buffers (socket buffer, shm ring), so the
  * reduction of piece p overlaps the transfer of piece p+1. All ranks use the same number of
@@ -61,15 +61,17 @@ static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const si
                          int shift, void *acc, dt_dtype acc_t, int acc_per_seg, void *out, const dt__fp *fp,
                          int64_t deadline) {
   int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
-  size_t es = dt_dtype_size(t), aes = dt_dtype_size(acc_t), wes = DT_MAX(es, aes);
+  size_t es = dt_dtype_size(t), aes = dt_dtype_size(acc_t);
   size_t maxseg = 0;
   for (int i = 0; i < n; i++)
     maxseg = DT_MAX(maxseg, len[i]);
-  size_t pe = DT_MAX((size_t)1, ring_piece_bytes() / wes); /* elements per piece */
-  size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
-  if (pe > maxseg)
-    pe = DT_MAX(maxseg, (size_t)1);
-  void *tmp = dt__coll_scratch(c, 1, pe * wes);
+  /* Pieces are sized in bytes of what travels at the step, not in elements of the widest type:
+   * sized by the f32 partials, a half-type input went out in pieces of half the bytes, twice
+   * as many sendrecvs (each a poll wake-up on tcp). */
+  size_t pb = ring_piece_bytes();
+  size_t pe0 = DT_MIN(DT_MAX((size_t)1, pb / es), DT_MAX(maxseg, (size_t)1));  /* step 0: the input type */
+  size_t pe1 = DT_MIN(DT_MAX((size_t)1, pb / aes), DT_MAX(maxseg, (size_t)1)); /* later: the partials */
+  void *tmp = dt__coll_scratch(c, 1, DT_MAX(pe0 * es, n > 2 ? pe1 * aes : 0));
   if (!tmp)
     return DT_ERR_NOMEM;
   int wide = acc_t != t;
@@ -77,6 +79,8 @@ static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const si
     int sseg = mod(r - s + shift, n), rseg = mod(r - s - 1 + shift, n);
     int last = s == n - 2;
     size_t ses = s == 0 ? es : aes; /* what travels at this step */
+    size_t pe = s == 0 ? pe0 : pe1;  /* elements per piece; every rank cuts a step alike */
+    size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
     for (size_t p = 0; p < pieces; p++) {
       size_t slo = DT_MIN(p * pe, len[sseg]), shi = DT_MIN(slo + pe, len[sseg]);
       size_t rlo = DT_MIN(p * pe, len[rseg]), rhi = DT_MIN(rlo + pe, len[rseg]);

@@ -155,7 +155,7 @@ struct dt_transport {
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
   int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
   bool oversubscribed; /* more ranks on this host than CPUs this process may use */
-  float *acc;      /* f32 accumulator of f16/bf16 slices (allocated on first use) */
+  const void **srcs; /* [n]: the operands of one reduction, in the order they are reduced */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -387,7 +387,7 @@ static void shm_destroy(dt_transport *t) {
     return;
   if (t->base)
     munmap(t->base, t->size);
-  dt__free(t->acc);
+  dt__free(t->srcs);
   dt__free(t);
 }
 
@@ -520,6 +520,11 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->c = c;
   t->n = c->size;
   t->rank = c->rank;
+  t->srcs = dt__calloc((size_t)t->n * sizeof *t->srcs);
+  if (!t->srcs) {
+    dt__free(t);
+    return DT_ERR_NOMEM;
+  }
   /* Oversubscribed: more ranks of the job on this host than CPUs we may run on. */
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -758,13 +763,6 @@ static void shm_publish(dt_transport *t, size_t field, uint64_t v) {
   shm_ring_bell(t);
 }
 
-/* f32 accumulator for half-type sums, big enough for a staging chunk or a flat slot. */
-static float *shm_acc(dt_transport *t) {
-  if (!t->acc)
-    t->acc = dt__alloc(DT_MAX(t->h->chunk_bytes, t->h->flat_bytes) * 2 + SHM_LINE * 4);
-  return t->acc;
-}
-
 /* Elements [lo, hi) of a chunk of `len` elements that rank s reduces: slices are whole cache
  * lines so no two ranks write one line. */
 static void shm_slice(size_t len, size_t es, int n, int s, size_t *lo, size_t *hi) {
@@ -796,34 +794,16 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
 }
 
 /* Reduces elements [lo, hi) of chunk buffer b across all ranks into this rank's staging buffer:
- * own contribution (`own`, read from the caller's input) first, then the others in rank order.
- * f16/bf16 sums go through an f32 accumulator so they are rounded once. */
-static dt_status shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t lo, size_t hi, size_t es, dt_dtype dt,
-                                  dt_op op) {
-  uint8_t *dst = shm_stage(t, t->rank, b) + lo * es;
-  size_t m = hi - lo;
-  int first = t->rank == 0 ? 1 : 0, last = t->rank == t->n - 1 ? t->n - 2 : t->n - 1;
-  if (!dt__coll_wide(dt, op)) {
-    dt__reduce2(dst, own, shm_stage(t, first, b) + lo * es, m, dt, op);
-    for (int r = first + 1; r < t->n; r++)
-      if (r != t->rank)
-        dt__reduce(dst, shm_stage(t, r, b) + lo * es, m, dt, op);
-    dt__reduce_finish(dst, m, dt, op, t->n);
-    return DT_OK;
-  }
-  int div = op == DT_AVG ? t->n : 1;
-  if (t->n == 2) {
-    dt__reduce_mix(dst, dt, own, dt, shm_stage(t, last, b) + lo * es, dt, m, op, div);
-    return DT_OK;
-  }
-  if (!shm_acc(t))
-    return DT_ERR_NOMEM;
-  dt__reduce_mix(t->acc, DT_F32, own, dt, shm_stage(t, first, b) + lo * es, dt, m, op, 1);
-  for (int r = first + 1; r < last; r++)
+ * own contribution (`own`, read from the caller's input) first, then the others in rank order,
+ * in one pass (dt__reduce_many: f16/bf16 sums accumulate in f32 and are rounded once). */
+static void shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t lo, size_t hi, size_t es, dt_dtype dt,
+                             dt_op op) {
+  int k = 0;
+  t->srcs[k++] = own;
+  for (int r = 0; r < t->n; r++)
     if (r != t->rank)
-      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_stage(t, r, b) + lo * es, dt, m, op, 1);
-  dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_stage(t, last, b) + lo * es, dt, m, op, div);
-  return DT_OK;
+      t->srcs[k++] = shm_stage(t, r, b) + lo * es;
+  dt__reduce_many(shm_stage(t, t->rank, b) + lo * es, t->srcs, k, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
 }
 
 /* What both allreduce paths do first: a world of one copies (and finishes the op, e.g. the
@@ -877,7 +857,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
     shm_slice(len, es, t->n, t->rank, &lo, &hi);
     if (hi > lo)
-      DT_CHECK_GOTO(shm_reduce_slice(t, b, in + (k * ce + lo) * es, lo, hi, es, dt, op), st, fail);
+      shm_reduce_slice(t, b, in + (k * ce + lo) * es, lo, hi, es, dt, op);
     shm_publish(t, f_red, g);
     /* CI(k+1) overlaps the other ranks' R(k). */
     if (k + 1 < nchunks)
@@ -969,10 +949,7 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
   memcpy(mine, fp, sizeof mine);
   const size_t per = t->h->flat_bytes / es;
   const size_t npieces = count ? (count + per - 1) / per : 1;
-  const bool wide = dt__coll_wide(dt, op);
   const int n = t->n, div = op == DT_AVG ? n : 1;
-  if (wide && n > 2 && !shm_acc(t))
-    return dt_set_error(DT_ERR_NOMEM, "rank %d: f32 accumulator of the flat allreduce", t->rank);
   dt_status st = DT_OK;
   for (size_t k = 0; k < npieces; k++) {
     uint64_t g = ++t->flats;
@@ -992,21 +969,9 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
         DT_CHECK_GOTO(shm_flat_wait(t, r, shm_flat_of(t, r, p), g, mine, fp, &deadline), st, fail);
     if (!m)
       continue;
-    uint8_t *dst = out + k * per * es;
-    const uint8_t *s0 = shm_flat_of(t, 0, p)->data, *s1 = shm_flat_of(t, 1, p)->data;
-    if (!wide) {
-      dt__reduce2(dst, s0, s1, m, dt, op);
-      for (int r = 2; r < n; r++)
-        dt__reduce(dst, shm_flat_of(t, r, p)->data, m, dt, op);
-      dt__reduce_finish(dst, m, dt, op, n);
-    } else if (n == 2) {
-      dt__reduce_mix(dst, dt, s0, dt, s1, dt, m, op, div);
-    } else {
-      dt__reduce_mix(t->acc, DT_F32, s0, dt, s1, dt, m, op, 1);
-      for (int r = 2; r < n - 1; r++)
-        dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_flat_of(t, r, p)->data, dt, m, op, 1);
-      dt__reduce_mix(dst, dt, t->acc, DT_F32, shm_flat_of(t, n - 1, p)->data, dt, m, op, div);
-    }
+    for (int r = 0; r < n; r++)
+      t->srcs[r] = shm_flat_of(t, r, p)->data;
+    dt__reduce_many(out + k * per * es, t->srcs, n, m, dt, op, div);
   }
   return DT_OK;
 fail:
@@ -1129,26 +1094,9 @@ static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b
   if (!m)
     return DT_OK;
   size_t off = (size_t)t->rank * p->per * p->es;
-  uint8_t *dst = p->out + k * p->per * p->es;
-  if (dt__coll_wide(p->dt, p->op)) {
-    /* f32 accumulator, rounded once into the output (avg divides before that rounding). */
-    int div = p->op == DT_AVG ? t->n : 1, last = t->n - 1;
-    if (t->n == 2) {
-      dt__reduce_mix(dst, p->dt, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, div);
-      return DT_OK;
-    }
-    if (!shm_acc(t))
-      return DT_ERR_NOMEM;
-    dt__reduce_mix(t->acc, DT_F32, shm_stage(t, 0, b) + off, p->dt, shm_stage(t, 1, b) + off, p->dt, m, p->op, 1);
-    for (int s = 2; s < last; s++)
-      dt__reduce_mix(t->acc, DT_F32, t->acc, DT_F32, shm_stage(t, s, b) + off, p->dt, m, p->op, 1);
-    dt__reduce_mix(dst, p->dt, t->acc, DT_F32, shm_stage(t, last, b) + off, p->dt, m, p->op, div);
-    return DT_OK;
-  }
-  dt__reduce2(dst, shm_stage(t, 0, b) + off, shm_stage(t, 1, b) + off, m, p->dt, p->op);
-  for (int s = 2; s < t->n; s++)
-    dt__reduce(dst, shm_stage(t, s, b) + off, m, p->dt, p->op);
-  dt__reduce_finish(dst, m, p->dt, p->op, t->n);
+  for (int s = 0; s < t->n; s++)
+    t->srcs[s] = shm_stage(t, s, b) + off;
+  dt__reduce_many(p->out + k * p->per * p->es, t->srcs, t->n, m, p->dt, p->op, p->op == DT_AVG ? t->n : 1);
   return DT_OK;
 }
 
