@@ -542,6 +542,9 @@ TGT512 static inline void zb_store(uint16_t *p, __m512 even, __m512 odd) {
  * prefetch, VKERN, 15-17 against 12.5). Computed on integers: the address may lie past the
  * operand (a prefetch never faults). */
 #define HALF_PF 8192
+TGT512 static inline void z_pf1(const void *a, size_t byte) {
+  _mm_prefetch((const char *)(uintptr_t)((uintptr_t)a + byte + HALF_PF), _MM_HINT_T0);
+}
 TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
   _mm_prefetch((const char *)(uintptr_t)((uintptr_t)a + i * 2 + HALF_PF), _MM_HINT_T0);
   _mm_prefetch((const char *)(uintptr_t)((uintptr_t)b + i * 2 + HALF_PF), _MM_HINT_T0);
@@ -643,6 +646,48 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
   _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, w));
 }
 #define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, bb_store, b_st)
+/* out = (((s0 op s1) op s2) ... op s[k-1]) [/ div] for k >= 2 operands of one type t (f32, f16,
+ * bf16), accumulated in registers and rounded once: each operand is read once, out written once,
+ * no partials in memory. Returns elements done (the caller finishes the tail). */
+#define ZMANY(name, ZOP, TGTX, ST2_BF16)                                                           \
+  TGTX static size_t name(void *o, const void *const *src, int k, size_t n, dt_dtype t, int div) { \
+    size_t i = 0;                                                                                 \
+    const bool pf = n * dt_dtype_size(t) >= RED_PF_MIN;                                           \
+    __m512 vd = _mm512_set1_ps((float)div);                                                       \
+    if (t == DT_BF16) {                                                                           \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        __m512i w0 = _mm512_loadu_si512((const uint16_t *)src[0] + i);                            \
+        __m512i w1 = _mm512_loadu_si512((const uint16_t *)src[1] + i);                            \
+        if (pf)                                                                                   \
+          for (int j = 0; j < k; j++)                                                             \
+            z_pf1(src[j], i * 2);                                                                 \
+        __m512 e = ZOP(zb_even(w0), zb_even(w1)), od = ZOP(zb_odd(w0), zb_odd(w1));               \
+        for (int j = 2; j < k; j++) {                                                             \
+          __m512i w = _mm512_loadu_si512((const uint16_t *)src[j] + i);                           \
+          e = ZOP(e, zb_even(w));                                                                 \
+          od = ZOP(od, zb_odd(w));                                                                \
+        }                                                                                         \
+        if (div > 1) {                                                                            \
+          e = _mm512_div_ps(e, vd);                                                               \
+          od = _mm512_div_ps(od, vd);                                                             \
+        }                                                                                         \
+        ST2_BF16((uint16_t *)o + i, e, od);                                                       \
+      }                                                                                           \
+    } else {                                                                                      \
+      for (; i + 16 <= n; i += 16) {                                                              \
+        if (pf && (t == DT_F32 || (i & 31) == 0)) /* a line of each operand per 64 bytes */       \
+          for (int j = 0; j < k; j++)                                                             \
+            z_pf1(src[j], i * dt_dtype_size(t));                                                  \
+        __m512 acc = ZOP(z_ld(src[0], t, i), z_ld(src[1], t, i));                                 \
+        for (int j = 2; j < k; j++)                                                               \
+          acc = ZOP(acc, z_ld(src[j], t, i));                                                     \
+        if (div > 1)                                                                              \
+          acc = _mm512_div_ps(acc, vd);                                                           \
+        z_st(o, t, i, acc);                                                                       \
+      }                                                                                           \
+    }                                                                                             \
+    return i;                                                                                     \
+  }
 ZMIX(z_mix_sum, z_sum)
 ZMIX(z_mix_prod, z_prod)
 ZMIX(z_mix_min, z_min)
@@ -651,6 +696,10 @@ ZMIXB(b_mix_sum, z_sum)
 ZMIXB(b_mix_prod, z_prod)
 ZMIXB(b_mix_min, z_min)
 ZMIXB(b_mix_max, z_max)
+ZMANY(z_many_sum, z_sum, TGT512, zb_store)
+ZMANY(z_many_prod, z_prod, TGT512, zb_store)
+ZMANY(b_many_sum, z_sum, TGTBF, bb_store)
+ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
 
 TGT static void v_div_f32(float *p, size_t n, float d) {
   size_t i = 0;
@@ -859,6 +908,24 @@ void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtyp
     dt__reduce_mix(out, t, src[0], t, src[1], t, n, op, div); /* one fused pass, no partials */
     return;
   }
+#ifdef RED_X86
+  /* f32, f16, bf16 sum/prod/avg of 3 or more operands with AVX-512: in registers, one pass */
+  if ((t == DT_F32 || dt__coll_wide(t, op)) && (op == DT_SUM || op == DT_PROD || op == DT_AVG) && k > 2 && k <= 64 &&
+      use_avx512()) {
+    bool bf = use_avx512bf16();
+    size_t done = op == DT_PROD ? (bf ? b_many_prod : z_many_prod)(out, src, k, n, t, div)
+                                : (bf ? b_many_sum : z_many_sum)(out, src, k, n, t, div);
+    if (done == n)
+      return;
+    if (done) { /* the tail (under 32 elements; the kernel does none of it again) */
+      const void *rest[64];
+      for (int j = 0; j < k; j++)
+        rest[j] = (const char *)src[j] + done * es;
+      dt__reduce_many((char *)out + done * es, rest, k, n - done, t, op, div);
+      return;
+    }
+  }
+#endif
   float acc[MANY_BLOCK];
   for (size_t off = 0; off < n; off += MANY_BLOCK) {
     size_t m = DT_MIN((size_t)MANY_BLOCK, n - off), b = off * es;

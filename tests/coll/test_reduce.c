@@ -231,7 +231,8 @@ static void test_kernels_scalar(void **s) { (void)s; check_kernels(1); }
 
 /* dt__reduce_many against the pairwise chain it replaces (an f32 accumulator the size of the
  * operands for half-type sums; reduce2 + reduce + finish otherwise), bit for bit: k = 1..5
- * sources, every dtype and op, lengths across its 1024-element blocks, out aliasing src[0]. */
+ * sources, every dtype and op, lengths across its 1024-element blocks and the tails of its
+ * AVX-512 loops, at every ISA level, out aliasing src[0]. */
 static void test_reduce_many(void **s) {
   (void)s;
   enum { MAXN = 2600, K = 5 };
@@ -270,11 +271,15 @@ static void test_reduce_many(void **s) {
               dt__reduce(ref, src[j], n, ty, (dt_op)op);
             dt__reduce_finish(ref, n, ty, (dt_op)op, div);
           }
-          dt__reduce_many(got, sp, k, n, ty, (dt_op)op, div);
-          for (size_t i = 0; i < n; i++)
-            if (!same_bits_or_nan(got + i * es, ref + i * es, ty))
-              fail_msg("reduce_many %s %s k=%d n=%zu: element %zu differs from the pairwise chain", dt_dtype_name(ty),
-                       dt_op_name((dt_op)op), k, n, i);
+          for (int lvl = 0; lvl <= 3; lvl++) { /* widest, scalar, AVX2, AVX-512 without BF16 */
+            dt__reduce_force_scalar(lvl);
+            dt__reduce_many(got, sp, k, n, ty, (dt_op)op, div);
+            for (size_t i = 0; i < n; i++)
+              if (!same_bits_or_nan(got + i * es, ref + i * es, ty))
+                fail_msg("reduce_many %s %s k=%d n=%zu level %d: element %zu differs from the pairwise chain",
+                         dt_dtype_name(ty), dt_op_name((dt_op)op), k, n, lvl, i);
+          }
+          dt__reduce_force_scalar(0);
           /* in place over the first source */
           dt__reduce_many(src[0], sp, k, n, ty, (dt_op)op, div);
           for (size_t i = 0; i < n; i++)
