@@ -16,7 +16,8 @@
  * 160 Ki floats (625 KiB, in the 1 MiB L2 with its packed panels: one conv2 sample, 8 of conv1)
  * is better: cnn step CPU time 1 thread, median of 4 interleaved runs, 1 Mi 100 ms, 160 Ki 86-89
  * ms, 80 Ki and 40 Ki about the same as 160 Ki. DTRAIN_CONV_CHUNK overrides it (floats), for
- * tuning and for tests of the chunking. */
+ * tuning and for tests of the chunking. Since conv.c (AVX-512) computes forward and gradients
+ * without im2col, there im2col chunks remain only for the input gradient of strided layers. */
 #define CONV_CHUNK_FLOATS ((size_t)1 << 20)
 #define CONV_CHUNK_FLOATS_OWN_GEMM ((size_t)160000)
 

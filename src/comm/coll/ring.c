@@ -5,20 +5,19 @@
  * into n segments of count/n (+1 for the first count%n), possibly empty; empty segments still
  * exchange a zero-byte message so every rank stays in the same step.
  *
- * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes
- * of what travels at that step (default 256 KiB, so a piece and the matching input stay in L2). A piece is received into a
- * small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
+ * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes of
+ * what travels at that step (default 256 KiB, so a piece and the matching input stay in L2). A
+ * piece is received into a small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
  * sending the next piece into the transport's buffers (socket buffer, shm ring), so the
  * reduction of piece p overlaps the transfer of piece p+1. All ranks use the same number of
  * pieces per step (from the largest segment), so the calls pair up.
  *
- * f16/bf16 with sum/prod/avg accumulate in f32 and round once: step 0 sends the rank's own
- * half-precision input (nothing to round yet); later reduce-scatter steps carry f32 partial
- * sums; the owner of a segment adds its own input to the last partial and rounds once (after
- * dividing for avg); the allgather moves half precision. Cost: for n > 2 the reduce-scatter
- * steps 1..n-2 move 4 instead of 2 bytes per element, i.e. (2 + 4(n-2) + 2(n-1))/(4(n-1)) of
- * the f32 ring's bytes per element: 0.5 at n=2, 0.67 at n=3, 0.83 at n=8 (half the bytes of
- * f32 plus the widening); an f32 accumulator of one segment per rank is kept as scratch.
+ * f16/bf16 with sum/prod/avg accumulate in f32 and round once. Two ranks: the one step sends
+ * the half-precision input and the owner reduces it with its own. More ranks: direct_rs below
+ * sends every piece of input straight to its segment's owner (pairwise steps), which reduces all
+ * n contributions in one pass; so the half types move (n-1)/n of their input bytes, as f32
+ * does, where ring partials in f32 would carry 4 bytes per element on steps 1..n-2. The
+ * allgather moves half precision. The ring_rs code for partials of another type stays general.
  * min/max of half types are exact in any order and run on half precision directly.
  *
  * Result bits are identical on every rank: each segment is reduced along one path by its owner
@@ -114,6 +113,51 @@ static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const si
   return DT_OK;
 }
 
+/* Reduce-scatter of a half type with sum/prod/avg for n > 2, rounding once without f32 partials
+ * on the wire: at step s = 1..n-1 each rank sends the piece of its input that belongs to the
+ * owner r+s and receives from r-s the piece of its own segment; after the n-1 arrivals of a
+ * piece, the owner reduces its input and them in one pass (dt__reduce_many; order: own, r-1,
+ * r-2, ..., the same for a segment on every run). Each rank sends (n-1)/n of its input in half
+ * precision, the same bytes per input byte as the f32 ring, where the ring's f32 partials carried
+ * 4 bytes per element on steps 1..n-2 (4 ranks: 4/3 of f32's bytes per input byte). Same
+ * segment ownership as ring_rs with `shift`: rank r ends with segment (r + shift + 1) mod n in
+ * out. Scratch: n-1 pieces. */
+static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const size_t *len, dt_dtype t, dt_op op,
+                           int shift, void *out, const dt__fp *fp, int64_t deadline) {
+  int n = c->size, r = c->rank, mine = mod(r + shift + 1, n);
+  size_t es = dt_dtype_size(t), maxseg = 0;
+  for (int i = 0; i < n; i++)
+    maxseg = DT_MAX(maxseg, len[i]);
+  size_t pe = DT_MIN(DT_MAX((size_t)1, ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
+  size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
+  char *tmp = dt__coll_scratch(c, 1, (size_t)(n - 1) * pe * es);
+  const void *small[16], **srcs = n <= 16 ? small : dt__alloc((size_t)n * sizeof *srcs);
+  if (!tmp || !srcs) {
+    if (srcs && srcs != small)
+      dt__free(srcs);
+    return DT_ERR_NOMEM;
+  }
+  dt_status st = DT_OK;
+  for (size_t p = 0; p < pieces && st == DT_OK; p++) {
+    size_t rlo = DT_MIN(p * pe, len[mine]), rhi = DT_MIN(rlo + pe, len[mine]), m = rhi - rlo;
+    for (int s = 1; s < n && st == DT_OK; s++) {
+      int dst = mod(r + s, n), src = mod(r - s, n), sseg = mod(dst + shift + 1, n);
+      size_t slo = DT_MIN(p * pe, len[sseg]), shi = DT_MIN(slo + pe, len[sseg]);
+      st = c->ops->sendrecv(c->tp, dst, (const char *)in + (off[sseg] + slo) * es, (shi - slo) * es, src,
+                            tmp + (size_t)(s - 1) * pe * es, m * es, fp, deadline);
+    }
+    if (st != DT_OK || m == 0)
+      continue;
+    srcs[0] = (const char *)in + (off[mine] + rlo) * es;
+    for (int s = 1; s < n; s++)
+      srcs[s] = tmp + (size_t)(s - 1) * pe * es;
+    dt__reduce_many((char *)out + rlo * es, srcs, n, m, t, op, op == DT_AVG ? n : 1);
+  }
+  if (srcs != small)
+    dt__free(srcs);
+  return st;
+}
+
 /* The allgather core: rbuf (type size es) holds segment (r + shift) complete; at step s a rank
  * sends segment (r + shift - s) and receives (r + shift - s - 1) in place. */
 static dt_status ring_ag(dt_comm *c, void *rbuf, const size_t *off, const size_t *len, size_t es, int shift,
@@ -162,21 +206,17 @@ dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t co
   size_t es = dt_dtype_size(t);
   dt_status st;
   int owned = mod(c->rank + 1, n);
-  if (dt__coll_wide(t, op)) {
-    /* f32 partials of one segment; only needed when some step carries a partial (n > 2) */
-    void *acc = NULL;
-    if (n > 2 && !(acc = dt__coll_scratch(c, 0, g.len[0] * 4))) {
-      st = DT_ERR_NOMEM;
-      goto done;
-    }
-    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, acc, DT_F32, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
+  if (dt__coll_wide(t, op) && n > 2) {
+    st = direct_rs(c, sbuf, g.off, g.len, t, op, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
+  } else if (dt__coll_wide(t, op)) {
+    /* two ranks: the one step carries the half-precision input, nothing to accumulate */
+    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, NULL, DT_F32, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
   } else {
     /* partials accumulate in rbuf itself: no extra memory */
     st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, rbuf, t, 1, (char *)rbuf + g.off[owned] * es, fp, deadline);
   }
   if (st == DT_OK)
     st = ring_ag(c, rbuf, g.off, g.len, es, 1, fp, deadline);
-done:
   segs_free(&g);
   return st;
 }
@@ -193,6 +233,11 @@ dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size
   dt_dtype acc_t = dt__coll_wide(t, op) ? DT_F32 : t;
   dt_status st;
   void *acc = NULL;
+  if (acc_t != t && n > 2) {
+    /* shift -1: rank r ends owning block r */
+    st = direct_rs(c, sbuf, g.off, g.len, t, op, -1, rbuf, fp, deadline);
+    goto done;
+  }
   if (n > 2 && !(acc = dt__coll_scratch(c, 0, count * dt_dtype_size(acc_t)))) {
     st = DT_ERR_NOMEM;
     goto done;
