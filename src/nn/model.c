@@ -27,7 +27,9 @@
  * samples, and conv1's weight gradient waited on memory for dy. Linear layers keep the whole
  * slice (their product wants the rows). Only with conv.c's kernels, which handle any sample
  * count alike; the im2col path's chunks would change with it. Each sample's results and the
- * order of every sum over samples are unchanged. */
+ * order of every sum over samples are unchanged. Measured (cnn, 128 samples, 1 thread, CPU time
+ * per step, median of 5 interleaved runs on a busy machine): whole slice 49.8 ms, 4 samples 47.9;
+ * 1, 2, 4 and 8 samples within noise of each other except 1 (about 5% slower). */
 #define STEM_SAMPLES 4
 
 /* Models split batches over their own threads (dt_nn_set_threads), so OpenBLAS runs
