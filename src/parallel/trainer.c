@@ -670,9 +670,14 @@ static int64_t job_world_size(void) {
  * two workers' steps drift apart. Measured on the 2-core guest at load average 4.6-5.3 (other
  * jobs running), `dtrain run -n 2 -- dtrain train --model mlp --threads 1 --max-steps 300`, 3
  * alternated pairs: unbound 6,073-9,598 samples/s, 177-227 CPU migrations, 29-35% exposed
- * communication; bound 14,519-16,795 samples/s, 3-12 migrations, 17-18% exposed. Sets the
- * variable before the communicator exists (which binds) and before any thread of ours starts,
- * so the progress and loader threads inherit the mask. */
+ * communication; bound 14,519-16,795 samples/s, 3-12 migrations, 17-18% exposed. The cost:
+ * a bound worker cannot leave a core another job is using, and the other worker waits for it
+ * every step. `cnn` (--max-steps 100, 4 alternated pairs) was level at load 5-6 (bound
+ * 1,206-1,837, unbound 1,139-2,027 samples/s) and lost at load 7-13 (medians 790 against
+ * 1,060). Against unbound workers whose progress thread follows its caller's CPU (comm/
+ * progress.c), 6 pairs at load 5.5-6.5: mlp bound median 17.2 k against 15.9 k samples/s, cnn
+ * 2,036 against 1,991. Sets the variable before the communicator exists (which binds) and
+ * before any thread of ours starts, so the progress and loader threads inherit the mask. */
 static void default_binding(const dt_train_config *cfg) {
   if (dt__env_str("DTRAIN_BIND"))
     return;
