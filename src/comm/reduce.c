@@ -904,8 +904,13 @@ void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtyp
     dt__reduce_finish(out, n, t, op, div);
     return;
   }
-  if (dt__coll_wide(t, op) && k == 2) {
-    dt__reduce_mix(out, t, src[0], t, src[1], t, n, op, div); /* one fused pass, no partials */
+  if (k == 2) { /* one pass over the whole length (prefetching when it is long), no partials */
+    if (dt__coll_wide(t, op)) {
+      dt__reduce_mix(out, t, src[0], t, src[1], t, n, op, div);
+    } else {
+      dt__reduce2(out, src[0], src[1], n, t, op);
+      dt__reduce_finish(out, n, t, op, div);
+    }
     return;
   }
 #ifdef RED_X86
