@@ -219,7 +219,19 @@ static void test_strangers_refused(void **unused) {
   assert_int_equal(count(log, "handshake: bad frame magic"), 2);
   assert_int_equal(count(log, "claims 4611686018427387904 payload bytes"), 1);
   assert_int_equal(count(log, "no valid handshake within 2000 ms") + suppressed, CROWD + 1);
-  assert_int_equal(count(log, "(3 bytes received)") + count(log, "(2 bytes received)"), 1); /* the loris */
+  /* The loris: a byte a second, so 2-3 bytes by the 2 s deadline on time, 1-4 on a loaded
+   * machine where its sends or the server's deadline check run late. Its line may be one of
+   * those the rate limit counts instead of printing when the crowd's refusals share its second. */
+  int loris_lines = 0;
+  for (int b = 1; b <= 4; b++) {
+    char what[32];
+    snprintf(what, sizeof what, "(%d bytes received)", b);
+    loris_lines += count(log, what);
+  }
+  if (suppressed == 0)
+    assert_int_equal(loris_lines, 1);
+  else
+    assert_true(loris_lines <= 1);
   assert_null(strstr(log, SECRET));
   free(log);
   unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
