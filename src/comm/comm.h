@@ -53,6 +53,7 @@ typedef struct dt__comm_env {
   char bind_addr[256];
   char job_id[64];
   int timeout_ms, fault_timeout_ms;
+  int progress_follow; /* DTRAIN_PROGRESS_FOLLOW (1): the progress thread runs on its caller's CPU */
   char source[32]; /* "dtrain", "torchrun", "openmpi", "slurm", "config", "single" */
   int mpi_boot;     /* started by mpirun with no store address: MPI tells rank 0's store address */
 } dt__comm_env;

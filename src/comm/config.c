@@ -249,5 +249,6 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
   env->fault_timeout_ms = cfg->fault_timeout_ms;
   if (!env->fault_timeout_ms)
     DT_CHECK(cfg_int("DTRAIN_FAULT_TIMEOUT_MS", 10000, 1, INT_MAX, &env->fault_timeout_ms));
+  DT_CHECK(cfg_int("DTRAIN_PROGRESS_FOLLOW", 1, 0, 1, &env->progress_follow));
   return DT_OK;
 }

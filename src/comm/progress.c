@@ -125,10 +125,8 @@ static void *progress_main(void *arg) {
   on_progress_thread = true;
   struct dt__progress *p = c->progress;
   cpu_set_t allowed;
-  int64_t follow = 1;
+  int follow = c->env.progress_follow; /* checked by dt_comm_create (config.c) */
   int at = -1;
-  if (dt__env_int("DTRAIN_PROGRESS_FOLLOW", 1, &follow) != DT_OK)
-    follow = 1;
   if (follow && sched_getaffinity(0, sizeof allowed, &allowed) != 0)
     follow = 0;
   pthread_mutex_lock(&p->mu);
