@@ -65,6 +65,8 @@ typedef struct dt_comm_config {
   int timeout_ms;         /* deadline of every blocking call; 0: DTRAIN_TIMEOUT_MS, else 300000 */
   int fault_timeout_ms;   /* a rank with no heartbeat for this long is declared failed;
                              0: DTRAIN_FAULT_TIMEOUT_MS, else 10000 */
+  const char *bind;       /* "auto": pin each local rank to its share of the CPUs, "none": leave
+                             them; NULL: DTRAIN_BIND, else none */
 } dt_comm_config;
 
 void dt_comm_config_init(dt_comm_config *cfg);

@@ -10,6 +10,9 @@
  * mpirun binds: 11.6-26 us). Under the same load, 128 KiB-32 MiB were up to 2x slower bound
  * (`--sizes 64K:64M --iters 20`: a bound rank cannot leave a busy core), hence off by default.
  *
+ * Who decides: dt_comm_config.bind when set (the trainer sets "auto" for data-parallel workers
+ * that fit, parallel/trainer.c), else DTRAIN_BIND.
+ *
  * Policy (DTRAIN_BIND=auto): the CPUs this process may run on are cut into local_size equal
  * consecutive shares and local rank i takes share i, so threads the rank starts afterwards
  * (progress thread, loader, BLAS pools created later) stay in its share. Nothing happens with
@@ -25,14 +28,14 @@
 
 #include "comm/comm.h"
 
-dt_status dt__comm_bind(int local_rank, int local_size, int *bound_cpus) {
+dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, int *bound_cpus) {
   if (bound_cpus)
     *bound_cpus = 0;
-  const char *v = dt__env_str("DTRAIN_BIND");
+  const char *v = mode ? mode : dt__env_str("DTRAIN_BIND");
   if (!v || !*v || !strcmp(v, "none"))
     return DT_OK;
   if (strcmp(v, "auto"))
-    return dt_set_error(DT_ERR_INVALID, "DTRAIN_BIND=%s: expected none or auto", v);
+    return dt_set_error(DT_ERR_INVALID, "%s=%s: expected none or auto", mode ? "dt_comm_config.bind" : "DTRAIN_BIND", v);
   if (local_size <= 1 || local_rank < 0 || local_rank >= local_size)
     return DT_OK;
   cpu_set_t have, mine;

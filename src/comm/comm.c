@@ -498,7 +498,7 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   DT_CHECK_GOTO(comm_connect_transport(c, ids), st, fail);
   /* DTRAIN_BIND (bind.c), after the transport: shm reads the unbound CPU set to tell whether
    * the host is oversubscribed */
-  DT_CHECK_GOTO(dt__comm_bind(c->local_rank, c->local_size, NULL), st, fail);
+  DT_CHECK_GOTO(dt__comm_bind(cfg ? cfg->bind : NULL, c->local_rank, c->local_size, NULL), st, fail);
   dt__free(ids);
   DT_LOG_DEBUG("joined: rank %d of %d (local %d of %d), transport %s, store %s:%d (%s)", c->rank, c->size,
                c->local_rank, c->local_size, c->ops->name, c->env.store_host, c->env.store_port, env.source);

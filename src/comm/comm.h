@@ -39,7 +39,7 @@ void dt__health_raise(dt__health *h, const char *msg);
 /* DTRAIN_BIND=auto pins this thread (and the threads it starts later) to local rank
  * local_rank's share of the CPUs; none/unset does nothing (bind.c). *bound_cpus (may be NULL):
  * CPUs in the share, 0 when nothing was bound. DT_ERR_INVALID for another value. */
-dt_status dt__comm_bind(int local_rank, int local_size, int *bound_cpus);
+dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, int *bound_cpus);
 
 /* Resolves a dt_comm_config (NULL fields and -1 from the environment, as dtrain/comm.h says). */
 typedef struct dt__comm_env {

@@ -676,21 +676,21 @@ static int64_t job_world_size(void) {
  * 1,206-1,837, unbound 1,139-2,027 samples/s) and lost at load 7-13 (medians 790 against
  * 1,060). Against unbound workers whose progress thread follows its caller's CPU (comm/
  * progress.c), 6 pairs at load 5.5-6.5: mlp bound median 17.2 k against 15.9 k samples/s, cnn
- * 2,036 against 1,991. Sets the variable before the communicator exists (which binds) and
- * before any thread of ours starts, so the progress and loader threads inherit the mask. */
-static void default_binding(const dt_train_config *cfg) {
+ * 2,036 against 1,991. Returns "auto" or NULL (DTRAIN_BIND decides, default none) for
+ * dt_comm_config.bind; the communicator binds before any thread of ours starts, so the progress
+ * and loader threads inherit the mask. */
+static const char *default_binding(const dt_train_config *cfg) {
   if (dt__env_str("DTRAIN_BIND"))
-    return;
+    return NULL;
   dt__comm_env env;
   if (dt__comm_env_resolve(NULL, &env) != DT_OK || env.local_size < 2)
-    return; /* dt_comm_create reports a bad environment */
+    return NULL; /* dt_comm_create reports a bad environment */
   cpu_set_t have;
   if (sched_getaffinity(0, sizeof have, &have) != 0)
-    return;
+    return NULL;
   int64_t threads = cfg->threads > 0 ? cfg->threads : dt_nn_threads(), local = env.local_size;
   memset(&env, 0, sizeof env); /* it holds the job secret */
-  if (threads * local <= CPU_COUNT(&have))
-    setenv("DTRAIN_BIND", "auto", 0);
+  return threads * local <= CPU_COUNT(&have) ? "auto" : NULL;
 }
 
 dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
@@ -704,8 +704,10 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   trainer t = {.cfg = cfg, .obs = obs, .world = 1};
   dt_status rc = DT_OK;
   if (job_world_size() > 1) {
-    default_binding(cfg);
-    rc = dt_comm_create(NULL, &t.comm);
+    dt_comm_config cc;
+    dt_comm_config_init(&cc);
+    cc.bind = default_binding(cfg);
+    rc = dt_comm_create(&cc, &t.comm);
     if (rc != DT_OK)
       return dt__error_prefix(rc, "joining the job");
     t.rank = dt_comm_rank(t.comm);

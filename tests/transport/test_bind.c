@@ -1,6 +1,7 @@
 /* test_bind.c - DTRAIN_BIND (src/comm/bind.c): each local rank gets its own equal, consecutive
  * share of the CPUs it was allowed; nothing changes with one rank, with more ranks than CPUs, or
- * with DTRAIN_BIND unset / none; any other value is DT_ERR_INVALID naming it. Then a real
+ * with DTRAIN_BIND unset / none; any other value is DT_ERR_INVALID naming it; dt_comm_config.bind,
+ * when set, wins over DTRAIN_BIND. Then a real
  * 2-rank tcp job with DTRAIN_BIND=auto: each rank's mask is the expected share (disjoint from
  * the other's when there are 2 CPUs or more) and an allreduce still gives the right sum.
  * Each case runs in its own child process, so masks never leak between cases. */
@@ -39,7 +40,8 @@ static int in_child(int (*fn)(void *), void *arg) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
 }
 
-typedef struct unit { const char *env; int lr, ls, one_cpu; } unit;
+/* env: DTRAIN_BIND; mode: dt_comm_config.bind, which wins over it when set */
+typedef struct unit { const char *env; int lr, ls, one_cpu; const char *mode; } unit;
 
 static int unit_body(void *arg) {
   const unit *u = arg;
@@ -59,19 +61,22 @@ static int unit_body(void *arg) {
   else
     unsetenv("DTRAIN_BIND");
   int bound = -1;
-  dt_status st = dt__comm_bind(u->lr, u->ls, &bound);
+  dt_status st = dt__comm_bind(u->mode, u->lr, u->ls, &bound);
   CHECK(sched_getaffinity(0, sizeof got, &got) == 0, "sched_getaffinity after");
-  if (u->env && strcmp(u->env, "auto") && strcmp(u->env, "none")) {
-    CHECK(st == DT_ERR_INVALID && strstr(dt_last_error(), u->env), "DTRAIN_BIND=%s: got %s '%s'", u->env,
-          dt_strerror(st), dt_last_error());
+  const char *v = u->mode ? u->mode : u->env, *name = u->mode ? "dt_comm_config.bind=" : "DTRAIN_BIND=";
+  if (v && strcmp(v, "auto") && strcmp(v, "none")) {
+    char want_msg[64];
+    snprintf(want_msg, sizeof want_msg, "%s%s", name, v);
+    CHECK(st == DT_ERR_INVALID && strstr(dt_last_error(), want_msg), "%s: got %s '%s'", want_msg, dt_strerror(st),
+          dt_last_error());
     CHECK(CPU_EQUAL(&got, &have), "a refused DTRAIN_BIND changed the mask");
     return 0;
   }
-  CHECK(st == DT_OK, "DTRAIN_BIND=%s: %s", u->env ? u->env : "(unset)", dt_last_error());
+  CHECK(st == DT_OK, "%s%s: %s", name, v ? v : "(unset)", dt_last_error());
   int ncpu = CPU_COUNT(&have);
-  if (!u->env || !strcmp(u->env, "none") || u->ls <= 1 || u->ls > ncpu) {
-    CHECK(bound == 0 && CPU_EQUAL(&got, &have), "DTRAIN_BIND=%s, local rank %d of %d, %d CPUs: mask changed (%d bound)",
-          u->env ? u->env : "(unset)", u->lr, u->ls, ncpu, bound);
+  if (!v || !strcmp(v, "none") || u->ls <= 1 || u->ls > ncpu) {
+    CHECK(bound == 0 && CPU_EQUAL(&got, &have), "%s%s, local rank %d of %d, %d CPUs: mask changed (%d bound)", name,
+          v ? v : "(unset)", u->lr, u->ls, ncpu, bound);
     return 0;
   }
   share_of(&have, u->lr, u->ls, &want);
@@ -119,15 +124,19 @@ int main(void) {
   int ncpu = CPU_COUNT(&start_mask);
   printf("# %d CPU(s) allowed\n", ncpu);
   unit cases[] = {
-      {NULL, 0, 2, 0},     {"none", 1, 2, 0},  {"auto", 0, 1, 0},  {"auto", 0, 2, 0},
-      {"auto", 1, 2, 0},   {"auto", 0, ncpu + 1, 0}, {"auto", 1, 2, 1}, {"core", 0, 2, 0},
+      {NULL, 0, 2, 0, NULL},    {"none", 1, 2, 0, NULL},        {"auto", 0, 1, 0, NULL},
+      {"auto", 0, 2, 0, NULL},  {"auto", 1, 2, 0, NULL},        {"auto", 0, ncpu + 1, 0, NULL},
+      {"auto", 1, 2, 1, NULL},  {"core", 0, 2, 0, NULL},
+      /* the communicator's config wins over the environment, both ways, and a bad one names it */
+      {"none", 1, 2, 0, "auto"}, {"core", 0, 2, 0, "none"}, {NULL, 0, 2, 0, "always"},
   };
   int bad = 0, ran = 0;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ran++;
     if (in_child(unit_body, &cases[i])) {
-      fprintf(stderr, "FAIL: DTRAIN_BIND=%s local rank %d of %d%s\n", cases[i].env ? cases[i].env : "(unset)",
-              cases[i].lr, cases[i].ls, cases[i].one_cpu ? " on one CPU" : "");
+      fprintf(stderr, "FAIL: DTRAIN_BIND=%s config bind=%s local rank %d of %d%s\n",
+              cases[i].env ? cases[i].env : "(unset)", cases[i].mode ? cases[i].mode : "(unset)", cases[i].lr,
+              cases[i].ls, cases[i].one_cpu ? " on one CPU" : "");
       bad++;
     }
   }
