@@ -115,6 +115,11 @@ dt_status dt_model_forward(dt_model *m, const float *x, int batch, int train, co
 dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale, dt_grad_hook hook,
                             void *ctx, float *loss);
 
+/* The ranges backward reports to the hook, in the order it reports them (one per layer with
+ * parameters): range i is [ends[i-1], ends[i]) with ends[-1] = 0. Writes at most cap ends and
+ * returns how many there are, so a caller can plan its buckets before the first backward. */
+size_t dt_model_grad_segments(const dt_model *m, size_t *ends, size_t cap);
+
 /* Sets every gradient to zero (start of a step; backward accumulates). */
 void dt_model_zero_grad(dt_model *m);
 
@@ -133,6 +138,11 @@ dt_rng *dt_model_rng(dt_model *m);
 float dt_model_clip_grad_norm(dt_model *m, float max_norm);
 /* The same on any float buffer (e.g. after an allreduce of a custom layout). */
 float dt_clip_grad_norm(float *grads, size_t count, float max_norm);
+/* The pieces of clipping, for gradients spread over ranks (ZeRO): the sum of squares of a
+ * buffer (in double), and the factor dt_clip_grad_norm multiplies by when the squares of the
+ * whole gradient sum to sumsq (1 when no clipping is needed or max_norm <= 0). */
+double dt_grad_sumsq(const float *grads, size_t count);
+float dt_clip_factor(double sumsq, float max_norm);
 
 /* Compute threads for models created from now on (n >= 1, default 1); process-wide. Also sets
  * OpenBLAS to one thread, as models do their own threading. */
@@ -156,23 +166,53 @@ typedef struct dt_optim_config {
 /* PyTorch's defaults: SGD momentum 0, wd 0; AdamW betas (0.9, 0.999), eps 1e-8, wd 0.01. */
 dt_optim_config dt_optim_defaults(dt_optim_kind kind);
 
+/* A stretch [lo, hi) of the params layout, in floats. */
+typedef struct dt_param_range {
+  size_t lo, hi;
+} dt_param_range;
+
 /* Allocates the state buffers (zeroed) for m's parameters; m must outlive the optimizer.
  * DT_ERR_INVALID for out-of-range settings (negative momentum, beta outside [0,1), ...). */
 dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **out);
+/* The same for a shard of the parameters (ZeRO-1: each rank updates only the ranges it owns):
+ * the optimizer updates only ranges[0 .. nranges) (copied; non-empty, increasing, disjoint,
+ * within the model; nranges may be 0) and keeps state only for them, so each state buffer
+ * holds the ranges' lengths summed, range i's state at dt_optim_state_offset(o, i). Updates
+ * follow the same rules with the same global step count, so a parameter updated by a sharded
+ * optimizer ends bit for bit as under dt_optim_create. DT_ERR_INVALID names a bad range. */
+dt_status dt_optim_create_ranges(const dt_optim_config *cfg, dt_model *m,
+                                 const dt_param_range *ranges, size_t nranges, dt_optim **out);
 void dt_optim_destroy(dt_optim *o);
 
-/* One update of every parameter from the current gradients with learning rate lr; increments
- * the step count first (AdamW's bias correction uses it). Never allocates. */
+/* One update of every owned parameter from the model's current gradients with learning rate
+ * lr; increments the step count first (AdamW's bias correction uses it). Never allocates. */
 dt_status dt_optim_step(dt_optim *o, float lr);
+/* The same step in pieces, for a caller that updates ranges as their gradients arrive (and
+ * sends each updated range on while the next is computed): dt_optim_begin_step checks lr
+ * (DT_ERR_INVALID) and increments the step count; then dt_optim_step_range(o, i, grad)
+ * updates range i once from grad (the range's length in floats; NULL: the model's gradients
+ * at the range's own offsets) with that lr and count. DT_ERR_STATE before any begin,
+ * DT_ERR_INVALID for i out of range. Never allocates. */
+dt_status dt_optim_begin_step(dt_optim *o, float lr);
+dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad);
 
 /* Steps taken (for checkpoints); set it when restoring state. */
 int64_t dt_optim_step_count(const dt_optim *o);
 void dt_optim_set_step_count(dt_optim *o, int64_t steps);
 
-/* State buffers, each param_count floats in the params layout: SGD with momentum has one
- * ("momentum"), AdamW two ("adam_m", "adam_v"), plain SGD none. Owned by the optimizer. */
+/* The ranges it updates (dt_optim_create: one, [0, param_count), or none for a model without
+ * parameters); a range past the end reads as {0, 0}. */
+size_t dt_optim_range_count(const dt_optim *o);
+dt_param_range dt_optim_range(const dt_optim *o, size_t i);
+
+/* State buffers: SGD with momentum has one ("momentum"), AdamW two ("adam_m", "adam_v"), plain
+ * SGD none. Each holds dt_optim_state_size(o) floats: the ranges back to back (for
+ * dt_optim_create the whole params layout), range i from dt_optim_state_offset(o, i) (past the
+ * last range: the size). Owned by the optimizer. */
 size_t dt_optim_state_count(const dt_optim *o);
 float *dt_optim_state(dt_optim *o, size_t i, const char **name);
+size_t dt_optim_state_size(const dt_optim *o);
+size_t dt_optim_state_offset(const dt_optim *o, size_t i);
 
 /* ---- learning-rate schedules ---- */
 

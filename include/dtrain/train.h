@@ -18,6 +18,11 @@
  *     finished the bucket's layers, overlapping the rest of backward;
  *   - with accumulate = k each shard is split into k micro-batches; only the last one's backward
  *     starts buckets, so a step makes one gradient allreduce whatever k is;
+ *   - with zero = 1 (ZeRO-1) each bucket is reduce-scattered instead: each rank receives the sum
+ *     of its 1/size of the bucket, clips with the global norm (one scalar summed across ranks),
+ *     updates only that part with optimizer state for only that part ((size-1)/size of the
+ *     state saved per rank), and the updated parameters are allgathered. The numbers are those
+ *     of zero = 0 up to float rounding of the sums; checkpoints hold the whole state either way;
  *   - evaluation is split across ranks and the sums combined.
  * Everything that affects the numbers is deterministic: the sampler depends on (seed, epoch),
  * the dropout RNG is reseeded each micro-batch from (seed, step, micro-batch, rank), the
@@ -71,6 +76,10 @@ typedef struct dt_train_config {
   size_t bucket_bytes;        /* least bytes of a gradient allreduce bucket (whole layers are
                                  added until it holds that much); 0: DT_TRAIN_DEFAULT_BUCKET */
   int64_t log_interval;       /* steps between observer on_step calls; 0: 10 */
+  int zero;                   /* ZeRO stage: 0 (default) every rank keeps the whole optimizer
+                                 state and updates every parameter; 1 each rank keeps the state
+                                 of and updates only its shard (gradients reduce-scattered,
+                                 parameters allgathered). No effect on a single rank. */
 } dt_train_config;
 
 /* 1 MiB: see the measurements in src/parallel/trainer.c. */
@@ -94,8 +103,11 @@ typedef struct dt_train_step_info {
   double compute_ms;          /* per step: forward + backward + optimizer (mean over interval) */
   double comm_ms;             /* per step: exposed communication (waiting after backward) */
   double data_ms;             /* per step: waiting for the loader */
-  double allreduce_bytes;     /* per step, per rank (gradient payload) */
-  double busbw_gbps;          /* allreduce bus bandwidth, GB/s, ring convention 2(n-1)/n */
+  double allreduce_bytes;     /* per step, per rank: the gradient payload; with zero = 1 the
+                                 reduce-scatter's plus the allgather's buffers (twice it) */
+  double busbw_gbps;          /* bus bandwidth of those collectives, GB/s, nccl-tests convention:
+                                 allreduce bytes * 2(n-1)/n, reduce-scatter and allgather
+                                 bytes * (n-1)/n, over the time they were in flight */
   double eta_s;               /* estimated time to the last step */
   int world_size;
 } dt_train_step_info;

@@ -55,6 +55,9 @@ static void help(FILE *f) {
       "                        their share (DTRAIN_BIND=none keeps them free)\n"
       "  --bucket-size SIZE    least gradient allreduce bucket (whole layers), e.g. 512K, 1M\n"
       "                        (default 1M)\n"
+      "  --zero 0|1            ZeRO stage: 1 shards the optimizer state across the workers\n"
+      "                        (each keeps and updates 1/N of it: gradients reduce-scattered,\n"
+      "                        parameters allgathered); 0 keeps it whole everywhere (default 0)\n"
       "evaluation and output:\n"
       "  --eval-batch N        global evaluation batch (default 1000)\n"
       "  --out DIR             model.safetensors and metrics.jsonl go here (default runs/train)\n"
@@ -194,7 +197,7 @@ int dt_cli_train(int argc, char **argv) {
         "--model", "--data", "--seed", "--epochs", "--max-steps", "--batch", "--accumulate",
         "--optimizer", "--lr", "--momentum", "--weight-decay", "--schedule", "--clip",
         "--threads", "--bucket-size", "--eval-batch", "--out", "--log-interval", "--progress",
-        "--checkpoint-dir", "--checkpoint-every", "--keep"};
+        "--checkpoint-dir", "--checkpoint-every", "--keep", "--zero"};
     int known = 0;
     for (size_t k = 0; k < DT_ARRAY_LEN(valued); k++)
       known |= !strcmp(name, valued[k]);
@@ -258,6 +261,12 @@ int dt_cli_train(int argc, char **argv) {
     } else if (!strcmp(name, "--clip")) {
       bad = parse_f(v, 0, 1e30, &dv);
       cfg.clip = (float)dv;
+    } else if (!strcmp(name, "--zero")) {
+      if (strcmp(v, "0") && strcmp(v, "1"))
+        return dt_cli_usage_error(CMD, "use --zero 0 (whole optimizer state on every worker) or "
+                                  "--zero 1 (sharded across workers)",
+                                  "bad value '%s' for --zero: the allowed values are 0 and 1", v);
+      cfg.zero = v[0] - '0';
     } else if (!strcmp(name, "--bucket-size")) {
       uint64_t sz;
       bad = dt__parse_size(v, &sz) != DT_OK || sz < 4 || sz > ((uint64_t)1 << 40);

@@ -18,7 +18,7 @@ static const char *algo_names[DT_ALGO_COUNT] = {
     [DT_ALGO_AUTO] = "auto",   [DT_ALGO_RING] = "ring",     [DT_ALGO_RD] = "rd",
     [DT_ALGO_SHM] = "shm",     [DT_ALGO_TREE] = "tree",     [DT_ALGO_CHAIN] = "chain",
     [DT_ALGO_DISSEM] = "dissem", [DT_ALGO_PAIRWISE] = "pairwise", [DT_ALGO_LINEAR] = "linear",
-    [DT_ALGO_FLAT] = "flat",
+    [DT_ALGO_FLAT] = "flat",   [DT_ALGO_RHD] = "rhd",
 };
 
 const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
@@ -27,7 +27,8 @@ const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? alg
 static unsigned algos_of(dt__coll k) {
 #define B(a) (1u << (a))
   switch (k) {
-  case DT_COLL_ALLREDUCE: return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_ALLREDUCE:
+    return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
   case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM);
   case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
   case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
@@ -250,6 +251,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       sb = rb;
     if (a == DT_ALGO_RD)
       return dt__allreduce_rd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
+    if (a == DT_ALGO_RHD)
+      return dt__allreduce_rhd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
   case DT_COLL_REDUCE:
     if (n > 2) /* two ranks: the tree's one transfer is an exchange that checks (tree.c) */

@@ -421,6 +421,21 @@ const dt_tensor *dt_model_tensor(const dt_model *m, size_t i) {
   return i < m->ntensors ? &m->tensors[i] : NULL;
 }
 
+/* Backward reports each parameterized layer from the last to the first (backward_job), and
+ * parameters are laid out in that order: the ends are the layers' p_off + nparams backwards. */
+size_t dt_model_grad_segments(const dt_model *m, size_t *ends, size_t cap) {
+  size_t k = 0;
+  for (int i = m->nlayers - 1; i >= 0; i--) {
+    const nn_layer *ly = &m->layers[i];
+    if (!ly->nparams)
+      continue;
+    if (k < cap)
+      ends[k] = ly->p_off + ly->nparams;
+    k++;
+  }
+  return k;
+}
+
 const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name) {
   for (size_t i = 0; i < m->ntensors; i++)
     if (!strcmp(m->tensors[i].name, name))

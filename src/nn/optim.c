@@ -1,7 +1,10 @@
 /* optim.c - optimizers over the flat parameter/gradient buffers (SGD with momentum, Nesterov
  * and weight decay; AdamW), gradient clipping by global norm, and learning-rate schedules.
  * Update rules follow PyTorch's torch.optim.SGD / AdamW so results can be compared with it.
- * Each state is one buffer in the params layout; nothing is allocated after dt_optim_create.
+ * An optimizer updates a list of ranges of the params layout (dt_optim_create: the one range of
+ * every parameter; dt_optim_create_ranges: a rank's shard, ZeRO-1) and each state is one buffer
+ * holding those ranges back to back; nothing is allocated after creation. The same kernels run
+ * on any range, so a sharded update is bit for bit the corresponding part of a full one.
  * No per-tensor options (every parameter, biases included, gets the same weight decay). */
 /* The elementwise loops here need the vectorizer's full cost model (-O2 in GCC 12 only
  * vectorizes loops without epilogues): bias+relu, pooling and updates ran 3-5x slower without. */
@@ -19,8 +22,13 @@
 struct dt_optim {
   dt_optim_config cfg;
   dt_model *model;
-  size_t n;
+  size_t nranges;
+  dt_param_range *ranges;   /* increasing, disjoint */
+  size_t *state_off;        /* range i's state starts at state_off[i] floats */
+  size_t n;                 /* floats per state buffer: the ranges' lengths summed */
   int64_t steps;
+  float lr;                 /* of the step begun by dt_optim_begin_step */
+  int begun;                /* a step was begun (dt_optim_step_range may run) */
   size_t nstate;
   float *state[2];
   const char *state_name[2];
@@ -37,9 +45,7 @@ dt_optim_config dt_optim_defaults(dt_optim_kind kind) {
   return c;
 }
 
-dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **out) {
-  *out = NULL;
-  const dt_optim_config *c = cfg;
+static dt_status optim_check(const dt_optim_config *c) {
   if (c->kind != DT_OPTIM_SGD && c->kind != DT_OPTIM_ADAMW)
     return dt_set_error(DT_ERR_INVALID, "optimizer: unknown kind %d", (int)c->kind);
   if (!(c->weight_decay >= 0.0f))
@@ -58,22 +64,53 @@ dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **ou
     if (!(c->eps > 0.0f))
       return dt_set_error(DT_ERR_INVALID, "adamw: eps %g must be > 0", (double)c->eps);
   }
+  return DT_OK;
+}
+
+dt_status dt_optim_create_ranges(const dt_optim_config *cfg, dt_model *m,
+                                 const dt_param_range *ranges, size_t nranges, dt_optim **out) {
+  *out = NULL;
+  if (!cfg || !m || (nranges && !ranges))
+    return dt_set_error(DT_ERR_INVALID, "optimizer: %s is NULL",
+                        !cfg ? "cfg" : !m ? "model" : "ranges");
+  DT_CHECK(optim_check(cfg));
+  size_t np = dt_model_param_count(m);
+  for (size_t i = 0; i < nranges; i++) {
+    const dt_param_range *r = &ranges[i];
+    if (r->lo >= r->hi || r->hi > np || (i > 0 && r->lo < ranges[i - 1].hi))
+      return dt_set_error(DT_ERR_INVALID,
+                          "optimizer: range %zu [%zu, %zu) is empty, overlaps range %zu or leaves "
+                          "the %zu parameters (ranges must be non-empty and increasing)",
+                          i, r->lo, r->hi, i ? i - 1 : 0, np);
+  }
   dt_optim *o = calloc(1, sizeof *o);
   if (!o)
     return dt_set_error(DT_ERR_NOMEM, "optimizer: out of memory");
-  o->cfg = *c;
+  o->cfg = *cfg;
   o->model = m;
-  o->n = dt_model_param_count(m);
-  if (c->kind == DT_OPTIM_SGD && c->momentum > 0.0f) {
+  o->nranges = nranges;
+  o->ranges = malloc((nranges ? nranges : 1) * sizeof *o->ranges);
+  o->state_off = malloc((nranges ? nranges : 1) * sizeof *o->state_off);
+  if (!o->ranges || !o->state_off) {
+    dt_optim_destroy(o);
+    return dt_set_error(DT_ERR_NOMEM, "optimizer: out of memory (%zu ranges)", nranges);
+  }
+  for (size_t i = 0; i < nranges; i++) {
+    o->ranges[i] = ranges[i];
+    o->state_off[i] = o->n;
+    o->n += ranges[i].hi - ranges[i].lo;
+  }
+  if (cfg->kind == DT_OPTIM_SGD && cfg->momentum > 0.0f) {
     o->nstate = 1;
     o->state_name[0] = "momentum";
-  } else if (c->kind == DT_OPTIM_ADAMW) {
+  } else if (cfg->kind == DT_OPTIM_ADAMW) {
     o->nstate = 2;
     o->state_name[0] = "adam_m";
     o->state_name[1] = "adam_v";
   }
   for (size_t i = 0; i < o->nstate; i++) {
-    o->state[i] = dt__calloc(o->n * sizeof(float));
+    /* at least one float, so that a rank owning nothing still has a valid buffer */
+    o->state[i] = dt__calloc((o->n ? o->n : 1) * sizeof(float));
     if (!o->state[i]) {
       dt_optim_destroy(o);
       return dt_set_error(DT_ERR_NOMEM, "optimizer: cannot allocate %zu floats of state", o->n);
@@ -83,31 +120,41 @@ dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **ou
   return DT_OK;
 }
 
+dt_status dt_optim_create(const dt_optim_config *cfg, dt_model *m, dt_optim **out) {
+  *out = NULL;
+  if (!m)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: model is NULL");
+  dt_param_range all = {0, dt_model_param_count(m)};
+  return dt_optim_create_ranges(cfg, m, &all, all.hi > 0, out);
+}
+
 void dt_optim_destroy(dt_optim *o) {
   if (!o)
     return;
   for (size_t i = 0; i < 2; i++)
     dt__free(o->state[i]);
+  free(o->ranges);
+  free(o->state_off);
   free(o);
 }
 
-/* One step over params [a, b): the model's threads each take a range. */
+/* The kernels take one stretch: n parameters p, their gradients g and their state (s0, s1), all
+ * already offset; the update rules are PyTorch's. */
 typedef struct {
   dt_optim *o;
-  float lr;
+  float *p;
+  const float *g;
+  float *s0, *s1;
+  size_t n;
 } upd_job;
 
-static void sgd_update(dt_optim *o, float lr, size_t a, size_t b) {
-  float *p = dt_model_params(o->model) + a;
-  const float *g = dt_model_grads(o->model) + a;
+static void sgd_update(const dt_optim *o, float lr, float *p, const float *g, float *buf, size_t n) {
   const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
-  const size_t n = b - a;
   if (mu == 0.0f) {
     for (size_t i = 0; i < n; i++)
       p[i] -= lr * (g[i] + wd * p[i]);
     return;
   }
-  float *buf = o->state[0] + a;
   if (o->cfg.nesterov) {
     for (size_t i = 0; i < n; i++) {
       float d = g[i] + wd * p[i];
@@ -125,16 +172,13 @@ static void sgd_update(dt_optim *o, float lr, size_t a, size_t b) {
   }
 }
 
-static void adamw_update(dt_optim *o, float lr, size_t a, size_t b) {
-  float *p = dt_model_params(o->model) + a;
-  const float *g = dt_model_grads(o->model) + a;
-  float *mo = o->state[0] + a, *v = o->state[1] + a;
+static void adamw_update(const dt_optim *o, float lr, float *p, const float *g, float *mo, float *v,
+                         size_t n) {
   const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
   const float decay = 1.0f - lr * o->cfg.weight_decay;
   const double t = (double)o->steps;
   const float bc1 = (float)(1.0 - pow(b1, t)), bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
   const float step = lr / bc1;
-  const size_t n = b - a;
   for (size_t i = 0; i < n; i++) {
     float gi = g[i];
     float m1 = b1 * mo[i] + (1.0f - b1) * gi;
@@ -145,26 +189,74 @@ static void adamw_update(dt_optim *o, float lr, size_t a, size_t b) {
   }
 }
 
+static void update_part(upd_job *j, size_t a, size_t b) {
+  if (a >= b)
+    return;
+  const dt_optim *o = j->o;
+  if (o->cfg.kind == DT_OPTIM_SGD)
+    sgd_update(o, o->lr, j->p + a, j->g + a, j->s0 ? j->s0 + a : NULL, b - a);
+  else
+    adamw_update(o, o->lr, j->p + a, j->g + a, j->s0 + a, j->s1 + a, b - a);
+}
+
 static void update_job(void *arg, int t) {
   upd_job *j = arg;
   int T = dt_model_threads(j->o->model);
   /* 16-float boundaries keep each thread on its own cache lines */
-  size_t a = (j->o->n * (size_t)t / (size_t)T) & ~(size_t)15;
-  size_t b = t + 1 == T ? j->o->n : (j->o->n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15;
-  if (j->o->cfg.kind == DT_OPTIM_SGD)
-    sgd_update(j->o, j->lr, a, b);
-  else
-    adamw_update(j->o, j->lr, a, b);
+  size_t a = (j->n * (size_t)t / (size_t)T) & ~(size_t)15;
+  size_t b = t + 1 == T ? j->n : (j->n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15;
+  update_part(j, a, b);
 }
 
-dt_status dt_optim_step(dt_optim *o, float lr) {
+dt_status dt_optim_begin_step(dt_optim *o, float lr) {
   if (!isfinite(lr) || lr < 0.0f)
     return dt_set_error(DT_ERR_INVALID, "optimizer step %lld: learning rate %g must be finite "
                         "and >= 0", (long long)o->steps + 1, (double)lr);
   o->steps++;
-  upd_job j = {o, lr};
-  dt__nn_parallel(o->model, update_job, &j);
+  o->lr = lr;
+  o->begun = 1;
   return DT_OK;
+}
+
+/* Ranges below this many floats are updated on the calling thread alone: waking the model's
+ * threads costs more than the update (a ZeRO tail is a few dozen floats). */
+#define UPD_INLINE 4096
+
+dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
+  if (!o->begun)
+    return dt_set_error(DT_ERR_STATE, "optimizer: dt_optim_step_range before dt_optim_begin_step");
+  if (i >= o->nranges)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: range %zu of %zu", i, o->nranges);
+  const dt_param_range r = o->ranges[i];
+  size_t so = o->state_off[i];
+  upd_job j = {.o = o, .p = dt_model_params(o->model) + r.lo,
+               .g = grad ? grad : dt_model_grads(o->model) + r.lo,
+               .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
+               .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo};
+  if (j.n < UPD_INLINE || dt_model_threads(o->model) == 1)
+    update_part(&j, 0, j.n);
+  else
+    dt__nn_parallel(o->model, update_job, &j);
+  return DT_OK;
+}
+
+dt_status dt_optim_step(dt_optim *o, float lr) {
+  DT_CHECK(dt_optim_begin_step(o, lr));
+  for (size_t i = 0; i < o->nranges; i++)
+    DT_CHECK(dt_optim_step_range(o, i, NULL));
+  return DT_OK;
+}
+
+size_t dt_optim_range_count(const dt_optim *o) { return o->nranges; }
+
+dt_param_range dt_optim_range(const dt_optim *o, size_t i) {
+  return i < o->nranges ? o->ranges[i] : (dt_param_range){0, 0};
+}
+
+size_t dt_optim_state_size(const dt_optim *o) { return o->n; }
+
+size_t dt_optim_state_offset(const dt_optim *o, size_t i) {
+  return i < o->nranges ? o->state_off[i] : o->n;
 }
 
 int64_t dt_optim_step_count(const dt_optim *o) { return o->steps; }
@@ -184,18 +276,28 @@ float *dt_optim_state(dt_optim *o, size_t i, const char **name) {
 
 /* ---- clipping ---- */
 
-float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
+float dt_clip_factor(double sumsq, float max_norm) {
+  double norm = sqrt(sumsq);
+  /* 1e-6 as PyTorch's clip_grad_norm_, so a zero gradient stays zero without a division by 0 */
+  if (max_norm > 0.0f && norm > max_norm)
+    return (float)(max_norm / (norm + 1e-6));
+  return 1.0f;
+}
+
+double dt_grad_sumsq(const float *g, size_t n) {
   double s = 0.0;
   for (size_t i = 0; i < n; i++)
     s += (double)g[i] * g[i];
-  double norm = sqrt(s);
-  /* 1e-6 as PyTorch's clip_grad_norm_, so a zero gradient stays zero without a division by 0 */
-  if (max_norm > 0.0f && norm > max_norm) {
-    float c = (float)(max_norm / (norm + 1e-6));
+  return s;
+}
+
+float dt_clip_grad_norm(float *g, size_t n, float max_norm) {
+  double s = dt_grad_sumsq(g, n);
+  float c = dt_clip_factor(s, max_norm);
+  if (c != 1.0f)
     for (size_t i = 0; i < n; i++)
       g[i] *= c;
-  }
-  return (float)norm;
+  return (float)sqrt(s);
 }
 
 float dt_model_clip_grad_norm(dt_model *m, float max_norm) {

@@ -15,15 +15,27 @@ typedef struct dt__train_pos {
   int64_t optim_steps;        /* dt_optim_step_count */
 } dt__train_pos;
 
-/* Writes a checkpoint of the model, optimizer and position into cfg->checkpoint_dir (rank 0
- * only). path_out receives the file. Blocks on I/O. */
-dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+/* The optimizer state a checkpoint holds: n buffers (as dt_optim_state names them), each
+ * param_count floats in the params layout. Always the whole state, also when the trainer's
+ * optimizer holds only this rank's shard of it (ZeRO-1): the trainer gathers the shards into
+ * such buffers before saving and scatters them after loading, so a checkpoint does not depend
+ * on --zero or the number of workers. The buffers are borrowed. */
+typedef struct dt__train_state {
+  size_t n;
+  const char *name[2];
+  float *buf[2];
+} dt__train_state;
+
+/* Writes a checkpoint of the model's parameters, the state st and the position into
+ * cfg->checkpoint_dir (rank 0 only). path_out receives the file. Blocks on I/O. */
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap);
 
-/* Loads the latest valid checkpoint of cfg->checkpoint_dir into m and o (rank 0 only; the
- * trainer broadcasts). DT_ERR_NOT_FOUND if there is none; DT_ERR_MISMATCH if it was written for
- * another model, global batch, seed or optimizer. note receives a one-line description. */
-dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+/* Loads the latest valid checkpoint of cfg->checkpoint_dir into m's parameters and st's
+ * buffers (rank 0 only; the trainer shares them). DT_ERR_NOT_FOUND if there is none;
+ * DT_ERR_MISMATCH if it was written for another model, global batch, seed or optimizer. note
+ * receives a one-line description. */
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               dt__train_pos *pos, char *note, size_t cap);
 
 #endif

@@ -6,7 +6,9 @@
  * model-agnostic container of named sections, so the mapping lives with the trainer.
  *
  * Checkpoint layout: sections "params" and one per optimizer buffer (named as
- * dt_optim_state names them: "momentum", "adam_m", "adam_v"), all F32 in the params layout;
+ * dt_optim_state names them: "momentum", "adam_m", "adam_v"), all F32 in the params layout and
+ * whole (a run with a sharded optimizer, --zero 1, gathers its shards first: the file does not
+ * say how the state was spread, so any run resumes from it);
  * meta keys step, optim_steps, sampler_seed, sampler_epoch, sampler_pos, epoch, model_spec,
  * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng. The dropout
  * RNG is reseeded from (seed, step, micro-batch, rank) every micro-batch, so no RNG stream needs
@@ -145,17 +147,14 @@ out:
 
 static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
 
-dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap) {
   size_t np = dt_model_param_count(m);
   dt_ckpt_section sec[4];
   size_t ns = 0;
   sec[ns++] = (dt_ckpt_section){.name = "params", .data = dt_model_params(m), .nbytes = np * 4};
-  for (size_t i = 0; i < dt_optim_state_count(o) && ns < DT_ARRAY_LEN(sec); i++) {
-    const char *name;
-    float *buf = dt_optim_state(o, i, &name);
-    sec[ns++] = (dt_ckpt_section){.name = name, .data = buf, .nbytes = np * 4};
-  }
+  for (size_t i = 0; i < st->n && ns < DT_ARRAY_LEN(sec); i++)
+    sec[ns++] = (dt_ckpt_section){.name = st->name[i], .data = st->buf[i], .nbytes = np * 4};
   char v[11][32];
   snprintf(v[0], 32, "%" PRId64, pos->step);
   snprintf(v[1], 32, "%" PRId64, pos->optim_steps);
@@ -190,7 +189,7 @@ static dt_status meta_expect(const dt_ckpt *c, const char *key, const char *want
   return DT_OK;
 }
 
-dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim *o,
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               dt__train_pos *pos, char *note, size_t cap) {
   dt_ckpt *c = NULL;
   DT_CHECK(dt_ckpt_open_latest(cfg->checkpoint_dir, &c));
@@ -209,9 +208,8 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim 
                       s ? "has the wrong size" : "missing", np);
     goto fail;
   }
-  for (size_t i = 0; i < dt_optim_state_count(o); i++) {
-    const char *name;
-    dt_optim_state(o, i, &name);
+  for (size_t i = 0; i < st->n; i++) {
+    const char *name = st->name[i];
     const dt_ckpt_section *os = dt_ckpt_find(c, name);
     if (!os || os->nbytes != np * 4) {
       rc = dt_set_error(DT_ERR_CORRUPT, "%s: optimizer section %s %s", dt_ckpt_path(c), name,
@@ -226,11 +224,8 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, dt_optim 
   DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_epoch", &sepoch), rc, fail);
   DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_pos", &spos), rc, fail);
   memcpy(dt_model_params(m), s->data, np * 4);
-  for (size_t i = 0; i < dt_optim_state_count(o); i++) {
-    const char *name;
-    float *dst = dt_optim_state(o, i, &name);
-    memcpy(dst, dt_ckpt_find(c, name)->data, np * 4);
-  }
+  for (size_t i = 0; i < st->n; i++)
+    memcpy(st->buf[i], dt_ckpt_find(c, st->name[i])->data, np * 4);
   pos->step = (int64_t)step;
   pos->optim_steps = (int64_t)ost;
   pos->sampler.seed = sseed;

@@ -21,6 +21,9 @@
  * rendezvous of the ranks, and when the progress thread shares a core with the compute thread
  * each rendezvous costs a run-queue wait (perf sched: about 0.2 ms per wake-up).
  *
+ * ZeRO-1 (--zero 1, "sharded optimizer" below): the same buckets are reduce-scattered instead,
+ * each rank updates only its block of each bucket, and the blocks are allgathered.
+ *
  * Not here: model files and checkpoints (train_io.c), metrics files and progress display
  * (monitor), process launching (cli/run.c). */
 #include <math.h>
@@ -58,6 +61,16 @@ typedef struct trainer {
   int64_t first_start_ns;      /* when the step's first bucket started */
   double loss_buf[1];
   dt_request *loss_req;
+  /* ZeRO-1, see "sharded optimizer" */
+  int zero;                    /* cfg->zero == 1 and world > 1 */
+  size_t nbk;                  /* planned buckets */
+  size_t *bk_lo, *bk_c;        /* bucket b: floats [bk_lo, bk_lo + world * bk_c), block r of
+                                * bk_c floats is rank r's; the reduce-scatter leaves rank r's
+                                * summed block at grads + bk_lo */
+  size_t tail_lo;              /* [tail_lo, param_count): summed with the loss, every rank's */
+  double *small;               /* loss, sum of squares, tail: one f64 allreduce per step */
+  dt_request **ag;             /* this step's parameter allgathers, one per bucket */
+  int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
 } trainer;
 
 void dt_train_config_init(dt_train_config *cfg) {
@@ -100,20 +113,28 @@ static void start_bucket(trainer *t, size_t hi) {
   }
 }
 
+static void start_block_sum(trainer *t);
+
 /* Called by backward after each parameterized layer: [0, off + count) is final. */
 static void grad_hook(void *ctx, size_t off, size_t count) {
   trainer *t = ctx;
   if (!t->armed || t->hook_rc != DT_OK)
     return;
   size_t done = off + count;
+  if (t->zero) {
+    while (t->hook_rc == DT_OK && t->nreqs < t->nbk &&
+           t->bk_lo[t->nreqs] + (size_t)t->world * t->bk_c[t->nreqs] <= done)
+      start_block_sum(t);
+    return;
+  }
   if ((done - t->started) * sizeof(float) >= t->bucket_min && t->nreqs + 1 < t->maxreqs)
     start_bucket(t, done);
 }
 
 static dt_status setup_buckets(trainer *t) {
-  t->bucket_min = t->cfg->bucket_bytes ? t->cfg->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
-  /* at most one bucket per parameter tensor (a layer has one or two) plus the remainder */
-  t->maxreqs = dt_model_tensor_count(t->model) + 1;
+  /* at most one bucket per parameter tensor (a layer has one or two) plus the remainder;
+   * ZeRO plans at most one per layer plus the remainder */
+  t->maxreqs = DT_MAX(dt_model_tensor_count(t->model), t->nbk) + 1;
   t->reqs = dt__calloc(t->maxreqs * sizeof(dt_request *));
   t->req_lo = dt__calloc(t->maxreqs * sizeof(size_t));
   if (!t->reqs || !t->req_lo)
@@ -162,6 +183,265 @@ static dt_status finish_allreduce(trainer *t) {
   return rc;
 }
 
+/* ---- sharded optimizer (ZeRO-1) -----------------------------------------------------------
+ *
+ * The buckets are planned once, before the first step, from the ranges the hook will report
+ * (dt_model_grad_segments) by the same rule as above, with one change: reduce_scatter needs
+ * the same count from every rank, so a bucket [lo, e) becomes world blocks of c floats, c the
+ * largest multiple of 16 with world * c <= e - lo, and the few floats left over (fewer than
+ * 16 * world) start the next bucket instead. Every block then begins on a 16-float (64-byte)
+ * boundary of the arenas: no rank's block shares a cache line with another's, and the update
+ * loops run on aligned vectors. Only the last bucket's remainder, the tail, has no next bucket;
+ * it travels with the loss (and the clipping norm's sum of squares) in the one small f64
+ * allreduce a step makes anyway, and every rank updates it (fewer than 16 * world floats of
+ * state kept everywhere). In f64 the tail's sum of two ranks' floats rounds exactly as f32's.
+ *
+ * A step: the hook starts each bucket's reduce-scatter (in place: rank r's summed block lands at
+ * the bucket's start) once backward has finished it; after backward the rest are started and all
+ * are waited for; the small allreduce sums [loss, sum of squares of the owned blocks, tail];
+ * clipping scales the owned blocks and the tail by dt_clip_factor of the global sum; then each
+ * block is updated and its allgather started at once (in place: the updated block already sits
+ * at its slot), so the progress thread sends block b while this thread updates block b + 1, and
+ * the step ends when every allgather is done: the next forward needs every parameter.
+ *
+ * Memory: optimizer state for (1/world of the buckets) + tail instead of everything: mlp with
+ * momentum on 2 workers keeps 3.75 MB of momentum per rank instead of 7.5 MB. Checkpoints
+ * gather the shards to rank 0 (the file holds the whole state, as without ZeRO), and a resume
+ * scatters them again, so neither the file nor a resume depends on --zero or on the world. */
+
+static void plan_add(trainer *t, size_t *started, size_t hi) {
+  size_t lo = *started, c = ((hi - lo) / (size_t)t->world) & ~(size_t)15;
+  if (c == 0)
+    return;
+  t->bk_lo[t->nbk] = lo;
+  t->bk_c[t->nbk] = c;
+  t->nbk++;
+  *started = lo + (size_t)t->world * c;
+}
+
+static dt_status setup_zero(trainer *t) {
+  size_t np = dt_model_param_count(t->model);
+  size_t nseg = dt_model_grad_segments(t->model, NULL, 0);
+  size_t *ends = dt__alloc((nseg + 1) * sizeof(size_t));
+  t->bk_lo = dt__calloc((nseg + 1) * sizeof(size_t));
+  t->bk_c = dt__calloc((nseg + 1) * sizeof(size_t));
+  t->ag = dt__calloc((nseg + 1) * sizeof(dt_request *));
+  t->small = dt__calloc((2 + 16 * (size_t)t->world) * sizeof(double));
+  if (!ends || !t->bk_lo || !t->bk_c || !t->ag || !t->small) {
+    dt__free(ends);
+    return dt_set_error(DT_ERR_NOMEM, "ZeRO bucket plan (%zu layers)", nseg);
+  }
+  dt_model_grad_segments(t->model, ends, nseg);
+  size_t started = 0;
+  for (size_t i = 0; i < nseg && ends[i] < np; i++)
+    if ((ends[i] - started) * sizeof(float) >= t->bucket_min)
+      plan_add(t, &started, ends[i]);
+  if (started < np)
+    plan_add(t, &started, np);
+  t->tail_lo = started;
+  dt__free(ends);
+  /* the optimizer: this rank's block of every bucket, then the tail */
+  dt_param_range *own = dt__alloc((t->nbk + 1) * sizeof *own);
+  if (!own)
+    return dt_set_error(DT_ERR_NOMEM, "ZeRO ranges (%zu buckets)", t->nbk);
+  size_t n = 0;
+  for (size_t b = 0; b < t->nbk; b++) {
+    size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
+    own[n++] = (dt_param_range){lo, lo + t->bk_c[b]};
+  }
+  if (t->tail_lo < np)
+    own[n++] = (dt_param_range){t->tail_lo, np};
+  dt_status rc = dt_optim_create_ranges(&t->cfg->optim, t->model, own, n, &t->optim);
+  dt__free(own);
+  if (rc == DT_OK && t->rank == 0)
+    DT_LOG_DEBUG("ZeRO-1: %zu bucket(s) over %zu floats, tail %zu floats, %zu floats of state "
+                 "per buffer on rank 0", t->nbk, t->tail_lo, np - t->tail_lo,
+                 dt_optim_state_size(t->optim));
+  return rc;
+}
+
+/* Starts the reduce-scatter of the next planned bucket. */
+static void start_block_sum(trainer *t) {
+  size_t b = t->nreqs, lo = t->bk_lo[b];
+  if (b == 0)
+    t->first_start_ns = dt_now_ns();
+  t->req_lo[b] = lo;
+  t->nreqs++;
+  dt_status rc = dt_comm_ireduce_scatter(t->comm, DT_IN_PLACE, dt_model_grads(t->model) + lo,
+                                         t->bk_c[b], DT_F32, DT_SUM, &t->reqs[b]);
+  if (rc != DT_OK) {
+    t->reqs[b] = NULL;
+    if (t->hook_rc == DT_OK)
+      t->hook_rc = dt__error_prefix(rc, "gradient bucket %zu (reduce-scatter of floats %zu..%zu)",
+                                    b, lo, lo + (size_t)t->world * t->bk_c[b]);
+  }
+}
+
+static size_t tail_count(const trainer *t) { return dt_model_param_count(t->model) - t->tail_lo; }
+
+/* After backward: starts the buckets the hook did not, waits for all, sums loss, squares and
+ * tail across ranks and clips. Afterwards grads + bk_lo[b] holds this rank's summed block of
+ * bucket b and grads + tail_lo the summed tail. */
+static dt_status finish_block_sums(trainer *t, double wloss, double *loss) {
+  dt_status rc = t->hook_rc;
+  t->armed = 0;
+  while (rc == DT_OK && t->nreqs < t->nbk) {
+    start_block_sum(t);
+    rc = t->hook_rc;
+  }
+  /* the progress thread runs them in order: waiting for the last first sleeps only once */
+  for (size_t k = t->nreqs; k-- > 0;) {
+    if (!t->reqs[k])
+      continue;
+    dt_status w = dt_request_wait(t->reqs[k]);
+    t->reqs[k] = NULL;
+    if (w != DT_OK && rc == DT_OK)
+      rc = dt__error_prefix(w, "gradient reduce-scatter, bucket %zu of %zu (floats %zu..%zu)", k,
+                            t->nbk, t->bk_lo[k], t->bk_lo[k] + (size_t)t->world * t->bk_c[k]);
+  }
+  t->rs_span_ns = t->nreqs ? dt_now_ns() - t->first_start_ns : 0;
+  t->nreqs = 0;
+  t->hook_rc = DT_OK;
+  if (rc != DT_OK)
+    return rc;
+  float *g = dt_model_grads(t->model);
+  size_t tail = tail_count(t);
+  double sq = 0;
+  if (t->cfg->clip > 0)
+    for (size_t b = 0; b < t->nbk; b++)
+      sq += dt_grad_sumsq(g + t->bk_lo[b], t->bk_c[b]);
+  t->small[0] = wloss;
+  t->small[1] = sq;
+  for (size_t k = 0; k < tail; k++)
+    t->small[2 + k] = g[t->tail_lo + k];
+  rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, t->small, 2 + tail, DT_F64, DT_SUM);
+  if (rc != DT_OK)
+    return dt__error_prefix(rc, "loss, norm and gradient tail allreduce (%zu floats)", tail);
+  *loss = t->small[0];
+  for (size_t k = 0; k < tail; k++)
+    g[t->tail_lo + k] = (float)t->small[2 + k];
+  if (t->cfg->clip > 0) {
+    /* the tail's squares from its f32 values, as dt_clip_grad_norm would see them */
+    float f = dt_clip_factor(t->small[1] + dt_grad_sumsq(g + t->tail_lo, tail), t->cfg->clip);
+    if (f != 1.0f) {
+      for (size_t b = 0; b < t->nbk; b++)
+        for (size_t i = 0; i < t->bk_c[b]; i++)
+          g[t->bk_lo[b] + i] *= f;
+      for (size_t k = 0; k < tail; k++)
+        g[t->tail_lo + k] *= f;
+    }
+  }
+  return DT_OK;
+}
+
+/* Collects the allgathers still in flight (first failure wins); records the wait. */
+static dt_status wait_gathers(trainer *t, dt_status rc) {
+  int64_t w0 = dt_now_ns();
+  for (size_t k = t->nbk; k-- > 0;) {
+    if (!t->ag[k])
+      continue;
+    dt_status w = dt_request_wait(t->ag[k]);
+    t->ag[k] = NULL;
+    if (w != DT_OK && rc == DT_OK)
+      rc = dt__error_prefix(w, "parameter allgather, bucket %zu of %zu (floats %zu..%zu)", k, t->nbk,
+                            t->bk_lo[k], t->bk_lo[k] + (size_t)t->world * t->bk_c[k]);
+  }
+  t->ag_wait_ns = dt_now_ns() - w0;
+  return rc;
+}
+
+/* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. */
+static dt_status update_blocks(trainer *t, float lr) {
+  DT_CHECK(dt_optim_begin_step(t->optim, lr));
+  float *p = dt_model_params(t->model), *g = dt_model_grads(t->model);
+  dt_status rc = DT_OK;
+  int64_t a0 = dt_now_ns();
+  for (size_t b = 0; b < t->nbk && rc == DT_OK; b++) {
+    rc = dt_optim_step_range(t->optim, b, g + t->bk_lo[b]);
+    if (b == 0)
+      a0 = dt_now_ns();
+    if (rc == DT_OK) {
+      rc = dt_comm_iallgather(t->comm, DT_IN_PLACE, p + t->bk_lo[b], t->bk_c[b], DT_F32, &t->ag[b]);
+      if (rc != DT_OK) {
+        t->ag[b] = NULL;
+        rc = dt__error_prefix(rc, "parameter allgather, bucket %zu", b);
+      }
+    }
+  }
+  if (rc == DT_OK && tail_count(t) > 0)
+    rc = dt_optim_step_range(t->optim, t->nbk, g + t->tail_lo);
+  rc = wait_gathers(t, rc);
+  t->ag_span_ns = dt_now_ns() - a0;
+  return rc;
+}
+
+/* The whole optimizer state for a checkpoint: gathered to rank 0 (into *st's buffers, which it
+ * allocates; other ranks get none) when sharded, else the optimizer's own buffers. Collective
+ * when sharded. Release with state_release. */
+static void state_release(trainer *t, dt__train_state *st) {
+  if (t->zero)
+    for (size_t i = 0; i < st->n; i++)
+      dt__free(st->buf[i]);
+  memset(st, 0, sizeof *st);
+}
+
+static dt_status state_whole(trainer *t, dt__train_state *st, int alloc_on_root) {
+  memset(st, 0, sizeof *st);
+  st->n = dt_optim_state_count(t->optim);
+  for (size_t i = 0; i < st->n; i++) {
+    float *own = dt_optim_state(t->optim, i, &st->name[i]);
+    if (!t->zero) {
+      st->buf[i] = own;
+    } else if (t->rank == 0 && alloc_on_root) {
+      st->buf[i] = dt__alloc(dt_model_param_count(t->model) * sizeof(float));
+      if (!st->buf[i]) {
+        state_release(t, st);
+        return dt_set_error(DT_ERR_NOMEM, "optimizer state %zu for a checkpoint (%zu floats)", i,
+                            dt_model_param_count(t->model));
+      }
+    }
+  }
+  return DT_OK;
+}
+
+static dt_status gather_state(trainer *t, dt__train_state *st) {
+  for (size_t i = 0; i < st->n; i++) {
+    float *own = dt_optim_state(t->optim, i, NULL);
+    for (size_t b = 0; b < t->nbk; b++) {
+      dt_status rc = dt_comm_gather(t->comm, own + dt_optim_state_offset(t->optim, b),
+                                    t->rank == 0 ? st->buf[i] + t->bk_lo[b] : NULL, t->bk_c[b],
+                                    DT_F32, 0);
+      if (rc != DT_OK)
+        return dt__error_prefix(rc, "gathering optimizer state %s, bucket %zu, for a checkpoint",
+                                st->name[i], b);
+    }
+    if (t->rank == 0 && tail_count(t) > 0)
+      memcpy(st->buf[i] + t->tail_lo, own + dt_optim_state_offset(t->optim, t->nbk),
+             tail_count(t) * sizeof(float));
+  }
+  return DT_OK;
+}
+
+/* The reverse after a resume: rank 0's whole buffers to every rank's shard. */
+static dt_status scatter_state(trainer *t, const dt__train_state *st) {
+  for (size_t i = 0; i < st->n; i++) {
+    float *own = dt_optim_state(t->optim, i, NULL);
+    for (size_t b = 0; b < t->nbk; b++) {
+      dt_status rc = dt_comm_scatter(t->comm, t->rank == 0 ? st->buf[i] + t->bk_lo[b] : NULL,
+                                     own + dt_optim_state_offset(t->optim, b), t->bk_c[b], DT_F32, 0);
+      if (rc != DT_OK)
+        return dt__error_prefix(rc, "scattering optimizer state %s, bucket %zu", st->name[i], b);
+    }
+    float *tail = own + dt_optim_state_offset(t->optim, t->nbk);
+    if (t->rank == 0 && tail_count(t) > 0)
+      memcpy(tail, st->buf[i] + t->tail_lo, tail_count(t) * sizeof(float));
+    dt_status rc = dt_comm_broadcast(t->comm, tail, tail_count(t), DT_F32, 0);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "broadcasting optimizer state %s (tail)", st->name[i]);
+  }
+  return DT_OK;
+}
+
 /* ---- settings check --------------------------------------------------------------------- */
 
 static uint64_t fnv1a(const char *s) {
@@ -191,6 +471,7 @@ static const fp_field fp_fields[] = {
     {"--max-steps", FP_INT}, {"--clip", FP_FLOAT}, {"--schedule", FP_HASH},
     {"--eval-batch", FP_INT}, {"--checkpoint-every", FP_INT}, {"--resume", FP_INT},
     {"--bucket-size", FP_INT}, {"parameter count", FP_INT}, {"--checkpoint-dir", FP_HASH},
+    {"--zero", FP_INT},
 };
 #define FP_N (sizeof fp_fields / sizeof fp_fields[0])
 
@@ -203,7 +484,7 @@ static void fp_fill(const trainer *t, uint64_t *v) {
       (uint64_t)c->max_steps, fbits(c->clip), fnv1a(c->schedule ? c->schedule : "constant"),
       (uint64_t)c->eval_batch, (uint64_t)c->checkpoint_every, (uint64_t)c->resume,
       (uint64_t)c->bucket_bytes, dt_model_param_count(t->model),
-      fnv1a(c->checkpoint_dir ? c->checkpoint_dir : "")};
+      fnv1a(c->checkpoint_dir ? c->checkpoint_dir : ""), (uint64_t)c->zero};
   memcpy(v, x, sizeof x);
 }
 
@@ -301,6 +582,9 @@ static dt_status check_config(const dt_train_config *c) {
                         (long long)c->checkpoint_every);
   if (c->resume && !c->checkpoint_dir)
     return dt_set_error(DT_ERR_INVALID, "resume needs a checkpoint directory");
+  if (c->zero != 0 && c->zero != 1)
+    return dt_set_error(DT_ERR_INVALID, "zero %d: the ZeRO stage must be 0 (off) or 1 (sharded "
+                        "optimizer state)", c->zero);
   if (c->log_interval < 0)
     return dt_set_error(DT_ERR_INVALID, "log interval %lld must be >= 0", (long long)c->log_interval);
   return DT_OK;
@@ -337,7 +621,12 @@ static dt_status build(trainer *t) {
     return dt_set_error(DT_ERR_INVALID, "model '%s' has %zu outputs but the dataset has %d classes",
                         c->model, dt_model_output_size(t->model),
                         DT_MAX(t->train.num_classes, t->test.num_classes));
-  DT_CHECK(dt_optim_create(&c->optim, t->model, &t->optim));
+  t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
+  t->zero = c->zero == 1 && world > 1;
+  if (t->zero)
+    DT_CHECK(setup_zero(t));
+  else
+    DT_CHECK(dt_optim_create(&c->optim, t->model, &t->optim));
 
   dt_sampler_cfg sc = {.num_samples = t->train.n, .global_batch = (uint64_t)c->global_batch,
                        .rank = t->rank, .world = world, .seed = c->seed, .shuffle = true,
@@ -378,8 +667,10 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Broadcasts what rank 0 restored from a checkpoint (or that there was none). */
-static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos) {
+/* Broadcasts what rank 0 restored from a checkpoint (or that there was none); st holds rank 0's
+ * whole optimizer state (the optimizer's own buffers unless sharded). */
+static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos,
+                              const dt__train_state *st) {
   int64_t hdr[6] = {load_rc == DT_OK, pos->step, (int64_t)pos->sampler.seed,
                     (int64_t)pos->sampler.epoch, (int64_t)pos->sampler.pos, pos->optim_steps};
   DT_CHECK(dt_comm_broadcast(t->comm, hdr, 6, DT_I64, 0));
@@ -392,7 +683,9 @@ static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos)
   pos->optim_steps = hdr[5];
   size_t n = dt_model_param_count(t->model);
   DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
-  for (size_t i = 0; i < dt_optim_state_count(t->optim); i++)
+  if (t->zero)
+    return scatter_state(t, st);
+  for (size_t i = 0; i < st->n; i++)
     DT_CHECK(dt_comm_broadcast(t->comm, dt_optim_state(t->optim, i, NULL), n, DT_F32, 0));
   return DT_OK;
 }
@@ -435,16 +728,23 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   if (c->resume) {
     char what[1024] = "";
     dt_status lrc = DT_ERR_NOT_FOUND;
+    dt__train_state st;
+    DT_CHECK(state_whole(t, &st, 1));
     if (t->rank == 0) {
-      lrc = dt__train_ckpt_load(c, t->model, t->optim, &pos, what, sizeof what);
-      if (lrc != DT_OK && lrc != DT_ERR_NOT_FOUND)
+      lrc = dt__train_ckpt_load(c, t->model, &st, &pos, what, sizeof what);
+      if (lrc != DT_OK && lrc != DT_ERR_NOT_FOUND) {
+        state_release(t, &st);
         return lrc;
+      }
     }
     if (t->world > 1) {
-      rc = share_resume(t, lrc, &pos);
-      if (rc != DT_OK)
+      rc = share_resume(t, lrc, &pos, &st);
+      if (rc != DT_OK) {
+        state_release(t, &st);
         return dt__error_prefix(rc, "sharing the checkpoint from rank 0");
+      }
     }
+    state_release(t, &st);
     if (pos.step > 0) {
       dt_optim_set_step_count(t->optim, pos.optim_steps);
       DT_CHECK(dt_loader_seek(t->loader, &pos.sampler));
@@ -501,8 +801,11 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     }
     int64_t s2 = dt_now_ns();
     double loss = wloss;
-    int64_t span = 0;
-    if (t->world > 1) {
+    int64_t span = 0, gather_wait = 0; /* collectives in flight; waiting after the update */
+    float lr = dt_lr_at(&t->sched, step);
+    if (t->zero) {
+      DT_CHECK_GOTO(finish_block_sums(t, wloss, &loss), rc, fail);
+    } else if (t->world > 1) {
       t->loss_buf[0] = wloss;
       if (t->nreqs == 0)
         t->first_start_ns = s2;
@@ -510,25 +813,30 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       loss = t->loss_buf[0];
     }
     int64_t s3 = dt_now_ns();
-    if (t->world > 1)
-      span = s3 - t->first_start_ns;
-    if (c->clip > 0)
-      dt_model_clip_grad_norm(t->model, c->clip);
-    float lr = dt_lr_at(&t->sched, step);
-    DT_CHECK_GOTO(dt_optim_step(t->optim, lr), rc, fail);
+    if (t->zero) {
+      DT_CHECK_GOTO(update_blocks(t, lr), rc, fail);
+      span = t->rs_span_ns + t->ag_span_ns;
+      gather_wait = t->ag_wait_ns;
+    } else {
+      if (t->world > 1)
+        span = s3 - t->first_start_ns;
+      if (c->clip > 0)
+        dt_model_clip_grad_norm(t->model, c->clip);
+      DT_CHECK_GOTO(dt_optim_step(t->optim, lr), rc, fail);
+    }
     int64_t s4 = dt_now_ns();
     step++;
     steps_run++;
     samples_total += b.global_n;
     train_ns += s4 - s0;
-    comm_ns_total += s3 - s2;
+    comm_ns_total += s3 - s2 + gather_wait;
     data_ns_total += s1 - s0;
     epoch_loss += loss;
     epoch_steps++;
     iv.steps++;
     iv.samples += b.global_n;
-    iv.compute_ns += (double)((s2 - s1) + (s4 - s3));
-    iv.comm_ns += (double)(s3 - s2);
+    iv.compute_ns += (double)((s2 - s1) + (s4 - s3) - gather_wait);
+    iv.comm_ns += (double)(s3 - s2 + gather_wait);
     iv.data_ns += (double)(s1 - s0);
     iv.span_ns += (double)span;
     if (!isfinite(loss)) {
@@ -551,7 +859,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
             .lr = lr, .samples_per_s = rate, .compute_ms = iv.compute_ns / 1e6 / (double)iv.steps,
             .comm_ms = iv.comm_ns / 1e6 / (double)iv.steps,
             .data_ms = iv.data_ns / 1e6 / (double)iv.steps,
-            .allreduce_bytes = t->world > 1 ? (double)pbytes : 0,
+            .allreduce_bytes = t->world > 1 ? (double)pbytes * (t->zero ? 2 : 1) : 0,
             .busbw_gbps = (t->world > 1 && iv.span_ns > 0)
                               ? (double)pbytes * iv.steps * 2.0 * (t->world - 1) / t->world /
                                     iv.span_ns
@@ -580,15 +888,24 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       epoch_t0 = dt_now_ns();
       iv.t0_ns = epoch_t0; /* evaluation time is not training time */
     }
-    if (c->checkpoint_dir && t->rank == 0 &&
+    /* sharded: every rank sends its part of the state to rank 0, the writer */
+    if (c->checkpoint_dir && (t->rank == 0 || t->zero) &&
         ((c->checkpoint_every > 0 && step % c->checkpoint_every == 0) ||
          (c->checkpoint_every == 0 && epoch_end) || step == total)) {
       dt__train_pos p = {.step = step, .sampler = b.after,
                          .optim_steps = dt_optim_step_count(t->optim)};
-      DT_CHECK_GOTO(dt__train_ckpt_save(c, t->model, t->optim, &p, t->world, sum->checkpoint_file,
-                                        sizeof sum->checkpoint_file),
-                    rc, fail);
-      note(t, "checkpoint at step %lld: %s", (long long)step, sum->checkpoint_file);
+      dt__train_state st;
+      DT_CHECK_GOTO(state_whole(t, &st, 1), rc, fail);
+      rc = t->zero ? gather_state(t, &st) : DT_OK;
+      if (rc == DT_OK && t->rank == 0) {
+        rc = dt__train_ckpt_save(c, t->model, &st, &p, t->world, sum->checkpoint_file,
+                                 sizeof sum->checkpoint_file);
+        if (rc == DT_OK)
+          note(t, "checkpoint at step %lld: %s", (long long)step, sum->checkpoint_file);
+      }
+      state_release(t, &st);
+      if (rc != DT_OK)
+        goto fail;
     }
     if (epoch_end)
       iv.t0_ns = dt_now_ns();
@@ -636,6 +953,8 @@ fail:
         dt_request_wait(t->reqs[i]);
         t->reqs[i] = NULL;
       }
+    if (t->zero)
+      wait_gathers(t, rc);
   }
   return rc;
 }
@@ -724,6 +1043,10 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt_dataset_free(&t.test);
   dt__free(t.req_lo);
   dt__free(t.reqs);
+  dt__free(t.bk_lo);
+  dt__free(t.bk_c);
+  dt__free(t.ag);
+  dt__free(t.small);
   dt_comm_destroy(t.comm);
   return rc;
 }
