@@ -97,8 +97,16 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     0.84), at 16-32 KiB rd 1.25-1.35 / 2.3-2.4 against flat 1.55 / 2.95: flat up to 4 KiB.
  *     n=4 (oversubscribed on 2 cores): flat 9-15 us at 4 B - 16 KiB, 14-19 at 32 KiB, against
  *     rd 13-34 / 13-41 and shm 10-34 / 14-35; from 64 KiB shm leads (20-42 against flat 24-40,
- *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2. */
-static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
+ *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2.
+ *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2,
+ *     2026-11-22, `dtrain bench allreduce -n 2 --transport T --algo A --sizes 4K:256K --dtype
+ *     f16`, three alternated runs: rd carries f32 (twice the bytes, plus a conversion pass each
+ *     way), so on shm it took 1.7-2.1 / 3.0-3.2 / 5.9-6.1 us at 8 / 16 / 32 KiB against the shm
+ *     path's 0.96-0.99 / 1.35-1.38 / 2.36-2.48 (f32's rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the
+ *     half types skip rd there. On tcp rd held up to 16 KiB (10.5-13 us, ring 15-19), the ring
+ *     (which moves the half types) won from 32 KiB (17-19 against 21-23 us; 19-23 against 35-37
+ *     at 64 KiB, 41-42 against 60-61 at 128 KiB). */
+static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
   switch (k) {
@@ -107,8 +115,12 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *
       return DT_ALGO_RD;
     if (ops->allreduce_flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
+    /* wide (f16/bf16 sum, prod, avg): rd converts the buffer to f32, so it moves twice the
+     * bytes and makes two extra passes; flat, shm and ring move the half types themselves. */
     if (has_fast(ops, k))
-      return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_SHM;
+      return bytes <= (32u << 10) && !wide ? DT_ALGO_RD : DT_ALGO_SHM;
+    if (wide)
+      return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
@@ -181,7 +193,7 @@ dt_status dt__coll_algo_validate(void) {
   return algo_override(DT_COLL_ALLREDUCE, &a); /* parses (and so checks) every item */
 }
 
-static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
+static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *st) {
   dt__algo a;
   *st = algo_override(k, &a);
   if (*st)
@@ -191,7 +203,7 @@ static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
                        algo_names[a], dt__coll_name(k), c->ops->name);
     return DT_ALGO_AUTO;
   }
-  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, c->ops);
+  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, wide, c->ops);
 }
 
 /* Single rank: the result is the input. */
@@ -222,7 +234,7 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   const dt__fp *fp = &k->fp;
   size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
   dt_status st = DT_OK;
-  dt__algo a = pick(c, k->kind, bytes, &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
+  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
   if (st)
     return st;
   /* The flat allreduce reads the clock only once it has to wait (deadline 0: "from then"):
