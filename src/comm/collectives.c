@@ -18,7 +18,7 @@ static const char *algo_names[DT_ALGO_COUNT] = {
     [DT_ALGO_AUTO] = "auto",   [DT_ALGO_RING] = "ring",     [DT_ALGO_RD] = "rd",
     [DT_ALGO_SHM] = "shm",     [DT_ALGO_TREE] = "tree",     [DT_ALGO_CHAIN] = "chain",
     [DT_ALGO_DISSEM] = "dissem", [DT_ALGO_PAIRWISE] = "pairwise", [DT_ALGO_LINEAR] = "linear",
-    [DT_ALGO_FLAT] = "flat",
+    [DT_ALGO_FLAT] = "flat",   [DT_ALGO_RHD] = "rhd",
 };
 
 const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
@@ -27,7 +27,8 @@ const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? alg
 static unsigned algos_of(dt__coll k) {
 #define B(a) (1u << (a))
   switch (k) {
-  case DT_COLL_ALLREDUCE: return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_ALLREDUCE:
+    return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
   case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM);
   case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
   case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
@@ -64,6 +65,20 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
+ *   allreduce without a fast path, n a power of two > 2: rhd (rhd.c: the ring's bytes in 2 log2(n)
+ *     exchanges instead of 2(n-1) steps) above 32 KiB, replacing rd's range up to 128 KiB and the
+ *     ring above it. Measured 2026-11-22 15:49-16:05 UTC, 4 ranks on the 2 cores, tcp, medians of
+ *     4-6 alternated repetitions of `DTRAIN_ALGO={ring,rhd,rd} dtrain bench allreduce -n 4
+ *     --transport tcp --sizes 16K:16M --iters 10` (with Open MPI over tcp in the same rotation,
+ *     other jobs loading the machine, load average 4-7): 16-32 KiB rd 144-159 us, rhd 154-162,
+ *     ring 251; 64 KiB rhd 172 against rd 190-215 and ring 263-281; 128 KiB rhd 239-247 against
+ *     rd 289-303 and ring 299-324; 512 KiB rhd 687-872 against ring 727-893; 4 MiB rhd 8.2-11.3
+ *     ms against ring 9.5-13.0; 16 MiB rhd 38-53 ms against ring 43-56. With 8 ranks (3 runs,
+ *     16K:4M) rd led at 16-32 KiB (307-481 us against rhd 453-685), tied at 64 KiB, and rhd led the ring
+ *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). With 2 ranks the
+ *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
+ *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
+ *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
  *   broadcast: binomial tree up to 1 MiB (it won at <= 256 KiB in both runs), pipelined chain
  *     above (it won at 2-4 MiB in both runs); with 2 ranks both are one transfer: tree.
  *   allgather, reduce_scatter, broadcast on shm (`dtrain bench <coll> -n {2,4} --transport shm
@@ -82,8 +97,16 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     0.84), at 16-32 KiB rd 1.25-1.35 / 2.3-2.4 against flat 1.55 / 2.95: flat up to 4 KiB.
  *     n=4 (oversubscribed on 2 cores): flat 9-15 us at 4 B - 16 KiB, 14-19 at 32 KiB, against
  *     rd 13-34 / 13-41 and shm 10-34 / 14-35; from 64 KiB shm leads (20-42 against flat 24-40,
- *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2. */
-static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *ops) {
+ *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2.
+ *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2,
+ *     2026-11-22, `dtrain bench allreduce -n 2 --transport T --algo A --sizes 4K:256K --dtype
+ *     f16`, three alternated runs: rd carries f32 (twice the bytes, plus a conversion pass each
+ *     way), so on shm it took 1.7-2.1 / 3.0-3.2 / 5.9-6.1 us at 8 / 16 / 32 KiB against the shm
+ *     path's 0.96-0.99 / 1.35-1.38 / 2.36-2.48 (f32's rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the
+ *     half types skip rd there. On tcp rd held up to 16 KiB (10.5-13 us, ring 15-19), the ring
+ *     (which moves the half types) won from 32 KiB (17-19 against 21-23 us; 19-23 against 35-37
+ *     at 64 KiB, 41-42 against 60-61 at 128 KiB). */
+static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
   switch (k) {
@@ -92,8 +115,14 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, const dt_transport_ops *
       return DT_ALGO_RD;
     if (ops->allreduce_flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
+    /* wide (f16/bf16 sum, prod, avg): rd converts the buffer to f32, so it moves twice the
+     * bytes and makes two extra passes; flat, shm and ring move the half types themselves. */
     if (has_fast(ops, k))
-      return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_SHM;
+      return bytes <= (32u << 10) && !wide ? DT_ALGO_RD : DT_ALGO_SHM;
+    if (wide)
+      return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
+    if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
+      return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
     return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
@@ -164,7 +193,7 @@ dt_status dt__coll_algo_validate(void) {
   return algo_override(DT_COLL_ALLREDUCE, &a); /* parses (and so checks) every item */
 }
 
-static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
+static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *st) {
   dt__algo a;
   *st = algo_override(k, &a);
   if (*st)
@@ -174,7 +203,7 @@ static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, dt_status *st) {
                        algo_names[a], dt__coll_name(k), c->ops->name);
     return DT_ALGO_AUTO;
   }
-  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, c->ops);
+  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, wide, c->ops);
 }
 
 /* Single rank: the result is the input. */
@@ -205,7 +234,7 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   const dt__fp *fp = &k->fp;
   size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
   dt_status st = DT_OK;
-  dt__algo a = pick(c, k->kind, bytes, &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
+  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
   if (st)
     return st;
   /* The flat allreduce reads the clock only once it has to wait (deadline 0: "from then"):
@@ -238,6 +267,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       sb = rb;
     if (a == DT_ALGO_RD)
       return dt__allreduce_rd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
+    if (a == DT_ALGO_RHD)
+      return dt__allreduce_rhd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
   case DT_COLL_REDUCE:
     if (n > 2) /* two ranks: the tree's one transfer is an exchange that checks (tree.c) */

@@ -102,7 +102,7 @@ static void test_ceilings(void) {
     *slash = '\0';
   snprintf(cmd, sizeof cmd,
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/stream %s/bench/stream.c -lpthread 2>&1 && "
-           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/tcp_bw %s/bench/tcp_bw.c 2>&1 && "
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/tcp_bw %s/bench/tcp_bw.c -lpthread 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -I%s/include -I%s/src $(pkg-config --cflags openblas) "
            "-o %s/sgemm_peak %s/bench/sgemm_peak.c %s/libdtrain.a $(pkg-config --libs openblas) -lz -lm "
            "-lpthread 2>&1",
@@ -119,6 +119,17 @@ static void test_ceilings(void) {
   snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw --seconds 0.3", tmp_dir);
   rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "\"gbs\": ") && !strstr(out, "\"gbs\": 0.0000"), "tcp_bw: %d %s", rc, out);
+  /* the exchange, both ways compare-peers runs: both directions at once, each with a positive rate */
+  static const char *ways[] = {"--exchange", "--exchange --poll --buffer 4194304"};
+  for (int w = 0; w < 2; w++) {
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw %s --seconds 0.3", tmp_dir, ways[w]);
+    rc = run(cmd, out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "\"mode\": \"exchange\"") && strstr(out, "\"gbs_a_to_b\": ") &&
+              strstr(out, "\"gbs_b_to_a\": ") && !strstr(out, ": 0.0000") && !strstr(out, "nan"),
+          "tcp_bw %s: %d %s", ways[w], rc, out);
+  }
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw --exchange --seconds 0 >/dev/null 2>&1", tmp_dir);
+  CHECK(run(cmd, NULL, 0) == 2, "tcp_bw accepted --seconds 0");
   snprintf(cmd, sizeof cmd, "timeout 60 %s/sgemm_peak --n 128 --reps 2 --threads 1", tmp_dir);
   rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "\"check_ok\": true"), "sgemm_peak: %d %s", rc, out);

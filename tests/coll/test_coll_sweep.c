@@ -7,7 +7,7 @@
  *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
  *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
- *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/flat,
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/rhd/flat,
  *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
  *   transport's fast path ("shm") of each collective that has one, and auto. Small ring
  *   and chain pieces and flat slots (4 KiB) make the pipelines run several pieces per step,
@@ -210,11 +210,12 @@ static int body(int rank, int size, void *arg) {
     if (!(g->colls & (1u << k)))
       continue;
     /* every algorithm of this collective, and the transport's fast path when it has one */
-    const char *algos[6] = {"auto"};
+    const char *algos[7] = {"auto"};
     int nalgo = 1;
     if (k == DT_COLL_ALLREDUCE) {
       algos[nalgo++] = "ring";
       algos[nalgo++] = "rd";
+      algos[nalgo++] = "rhd";
       if (c->ops->allreduce)
         algos[nalgo++] = "shm";
       if (c->ops->allreduce_flat)

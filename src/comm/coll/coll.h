@@ -60,6 +60,7 @@ typedef enum dt__algo {
   DT_ALGO_PAIRWISE, /* alltoall */
   DT_ALGO_LINEAR, /* gather, scatter */
   DT_ALGO_FLAT,   /* allreduce: the transport's one-round small-buffer path (ops->allreduce_flat) */
+  DT_ALGO_RHD,    /* allreduce: recursive halving reduce-scatter + recursive doubling allgather */
   DT_ALGO_COUNT
 } dt__algo;
 const char *dt__algo_name(dt__algo a);
@@ -108,6 +109,14 @@ dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size
                                   const dt__fp *fp, int64_t deadline);
 /* rbuf already holds this rank's block at r * count. */
 dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp, int64_t deadline);
+
+/* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 256 KiB (ring.c). */
+size_t dt__ring_piece_bytes(void);
+
+/* rhd.c: Rabenseifner's allreduce, any n (a fold for non-powers of two); half types with
+ * sum/prod/avg run the ring. */
+dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                            const dt__fp *fp, int64_t deadline);
 
 /* rd.c */
 dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,

@@ -27,7 +27,7 @@
 
 #include "comm/coll/coll.h"
 
-static size_t ring_piece_bytes(void) {
+size_t dt__ring_piece_bytes(void) {
   static _Atomic size_t cached;
   size_t v = cached;
   if (v == 0) {
@@ -67,7 +67,7 @@ static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const si
   /* Pieces are sized in bytes of what travels at the step, not in elements of the widest type:
    * sized by the f32 partials, a half-type input went out in pieces of half the bytes, twice
    * as many sendrecvs (each a poll wake-up on tcp). */
-  size_t pb = ring_piece_bytes();
+  size_t pb = dt__ring_piece_bytes();
   size_t pe0 = DT_MIN(DT_MAX((size_t)1, pb / es), DT_MAX(maxseg, (size_t)1));  /* step 0: the input type */
   size_t pe1 = DT_MIN(DT_MAX((size_t)1, pb / aes), DT_MAX(maxseg, (size_t)1)); /* later: the partials */
   void *tmp = dt__coll_scratch(c, 1, DT_MAX(pe0 * es, n > 2 ? pe1 * aes : 0));
@@ -128,7 +128,7 @@ static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const 
   size_t es = dt_dtype_size(t), maxseg = 0;
   for (int i = 0; i < n; i++)
     maxseg = DT_MAX(maxseg, len[i]);
-  size_t pe = DT_MIN(DT_MAX((size_t)1, ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
+  size_t pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
   size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
   char *tmp = dt__coll_scratch(c, 1, (size_t)(n - 1) * pe * es);
   const void *small[16], **srcs = n <= 16 ? small : dt__alloc((size_t)n * sizeof *srcs);
