@@ -87,7 +87,13 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     (7.8-9.5 ms vs 15.4-15.8 ms), elsewhere the runs disagreed: allgather takes it at every
  *     size. reduce_scatter: the fast path won up to 128 KiB in total, i.e. 32 KiB blocks at n=4
  *     (44-63 us vs 107-127 us),
- *     above the runs disagreed: ring. broadcast: no consistent winner: tree/chain as above.
+ *     above the runs disagreed: ring. Since the fast path no longer stages a rank's own block
+ *     (2026-11-22, for ZeRO-1's gradient reduce-scatter), n=2 takes it at every size: `dtrain
+ *     bench reduce_scatter -n 2 --transport shm --algo {ring,shm} --sizes 64K:8M --iters 30`,
+ *     two alternated runs at load 10-14: shm 2.0-6.3 us at 64-256 KiB against ring's 2.2-14.2,
+ *     30-31 / 60-63 / 128 / 432-514 us at 1 / 2 / 4 / 8 MiB against 38-48 / 75-81 / 160-207 /
+ *     528-697. n=4 (oversubscribed) stayed noisy both ways: unchanged.
+ *     broadcast: no consistent winner: tree/chain as above.
  *   barrier: the transport's own when present (one shared counter beats log2(n) messages).
  *   allreduce, flat (one round through per-rank slots, shm): measured 2026-11-22 with ranks bound
  *     one per CPU, `DTRAIN_ALGO={flat,rd,shm} dtrain bench allreduce -n {2,4} --transport shm
@@ -128,8 +134,8 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
     return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER:
     return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_RING;
-  case DT_COLL_REDUCE_SCATTER:
-    return has_fast(ops, k) && bytes <= (32u << 10) ? DT_ALGO_SHM : DT_ALGO_RING; /* bytes: one block */
+  case DT_COLL_REDUCE_SCATTER: /* bytes: one block */
+    return has_fast(ops, k) && (n == 2 || bytes <= (32u << 10)) ? DT_ALGO_SHM : DT_ALGO_RING;
   case DT_COLL_REDUCE:
     return DT_ALGO_TREE;
   case DT_COLL_GATHER:

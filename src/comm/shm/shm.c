@@ -1083,11 +1083,17 @@ static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
 }
 
 /* reduce_scatter: each chunk holds `per` elements of every block (block s at s * per); rank r
- * reduces block r's piece across all ranks' staging buffers straight into its output. */
+ * reduces block r's piece across the other ranks' staging buffers and its own input straight
+ * into its output. A rank's own block never goes through its staging buffer (nobody else reads
+ * it there): that saves 1/n of the copies, which ZeRO-1's reduce-scatter of every gradient
+ * bucket pays each step. In place the output is the input's block 0, so rank 0 reduces its own
+ * piece onto itself (dt__reduce_many allows out == src[0]) and a rank r > 0 writes over block 0's
+ * piece k only after staging it, while its own block r lies outside the output. */
 static void rs_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
   size_t m = shm_piece(p, k);
   for (int s = 0; s < t->n && m; s++)
-    memcpy(stage + (size_t)s * p->per * p->es, p->in + ((size_t)s * p->count + k * p->per) * p->es, m * p->es);
+    if (s != t->rank)
+      memcpy(stage + (size_t)s * p->per * p->es, p->in + ((size_t)s * p->count + k * p->per) * p->es, m * p->es);
 }
 static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
   size_t m = shm_piece(p, k);
@@ -1095,7 +1101,7 @@ static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b
     return DT_OK;
   size_t off = (size_t)t->rank * p->per * p->es;
   for (int s = 0; s < t->n; s++)
-    t->srcs[s] = shm_stage(t, s, b) + off;
+    t->srcs[s] = s == t->rank ? p->in + ((size_t)s * p->count + k * p->per) * p->es : shm_stage(t, s, b) + off;
   dt__reduce_many(p->out + k * p->per * p->es, t->srcs, t->n, m, p->dt, p->op, p->op == DT_AVG ? t->n : 1);
   return DT_OK;
 }
