@@ -65,6 +65,20 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
+ *   allreduce without a fast path, n a power of two > 2: rhd (rhd.c: the ring's bytes in 2 log2(n)
+ *     exchanges instead of 2(n-1) steps) above 32 KiB, replacing rd's range up to 128 KiB and the
+ *     ring above it. Measured 2026-11-22 15:49-16:05 UTC, 4 ranks on the 2 cores, tcp, medians of
+ *     4-6 alternated repetitions of `DTRAIN_ALGO={ring,rhd,rd} dtrain bench allreduce -n 4
+ *     --transport tcp --sizes 16K:16M --iters 10` (with Open MPI over tcp in the same rotation,
+ *     other jobs loading the machine, load average 4-7): 16-32 KiB rd 144-159 us, rhd 154-162,
+ *     ring 251; 64 KiB rhd 172 against rd 190-215 and ring 263-281; 128 KiB rhd 239-247 against
+ *     rd 289-303 and ring 299-324; 512 KiB rhd 687-872 against ring 727-893; 4 MiB rhd 8.2-11.3
+ *     ms against ring 9.5-13.0; 16 MiB rhd 38-53 ms against ring 43-56. With 8 ranks (3 runs,
+ *     16K:4M) rd led at 16-32 KiB (307-481 us against rhd 453-685), tied at 64 KiB, and rhd led the ring
+ *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). With 2 ranks the
+ *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
+ *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
+ *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
  *   broadcast: binomial tree up to 1 MiB (it won at <= 256 KiB in both runs), pipelined chain
  *     above (it won at 2-4 MiB in both runs); with 2 ranks both are one transfer: tree.
  *   allgather, reduce_scatter, broadcast on shm (`dtrain bench <coll> -n {2,4} --transport shm
@@ -107,6 +121,8 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return bytes <= (32u << 10) && !wide ? DT_ALGO_RD : DT_ALGO_SHM;
     if (wide)
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
+    if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
+      return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
     return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
