@@ -75,7 +75,9 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     rd 289-303 and ring 299-324; 512 KiB rhd 687-872 against ring 727-893; 4 MiB rhd 8.2-11.3
  *     ms against ring 9.5-13.0; 16 MiB rhd 38-53 ms against ring 43-56. With 8 ranks (3 runs,
  *     16K:4M) rd led at 16-32 KiB (307-481 us against rhd 453-685), tied at 64 KiB, and rhd led the ring
- *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). With 2 ranks the
+ *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). All paired 4-rank
+ *     repetitions pooled (28 at each of 1-16 MiB): rhd faster in 18/16/19/12/18 of 28 at
+ *     1/2/4/8/16 MiB, median ring/rhd 1.32/1.11/1.11/0.89/1.06: level above 1 MiB. With 2 ranks the
  *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
  *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
  *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
