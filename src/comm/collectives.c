@@ -102,12 +102,12 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2.
  *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2,
  *     2026-11-22, `dtrain bench allreduce -n 2 --transport T --algo A --sizes 4K:256K --dtype
- *     {f16,bf16}`, three alternated runs (bench/results/dtypes-2026-11-22d.txt): rd carries f32 (twice the bytes, plus a conversion pass each
- *     way), so on shm it took 1.7-2.1 / 3.0-3.7 / 5.9-7.2 us at 8 / 16 / 32 KiB against the shm
- *     path's 0.96-0.99 / 1.35-1.38 / 2.36-2.59 (f32's rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the
- *     half types skip rd there. On tcp rd held up to 16 KiB (10.5-13 us, ring 17-19), the ring
- *     (which moves the half types) won from 32 KiB (17-19 against 21-23 us; 19-23 against 35-37
- *     at 64 KiB, 41-42 against 60-61 at 128 KiB). */
+ *     {f16,bf16}`, three alternated runs (bench/results/dtypes-2026-11-22d.txt): rd carries f32
+ *     (twice the bytes, plus a conversion pass each way), so on shm it took 1.7-2.1 / 3.0-3.7 /
+ *     5.9-7.2 us at 8 / 16 / 32 KiB against the shm path's 0.96-0.99 / 1.35-1.38 / 2.36-2.59 (f32's
+ *     rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the half types skip rd there. On tcp rd held up to 16
+ *     KiB (10.5-13 us, ring 17-19), the ring (which moves the half types) won from 32 KiB (17-19
+ *     against 21-23 us; 19-23 against 35-37 at 64 KiB, 41-42 against 60-61 at 128 KiB). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -236,7 +236,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   const dt__fp *fp = &k->fp;
   size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
   dt_status st = DT_OK;
-  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
+  /* first: a bad DTRAIN_ALGO fails on one rank too */
+  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st);
   if (st)
     return st;
   /* The flat allreduce reads the clock only once it has to wait (deadline 0: "from then"):

@@ -3,8 +3,9 @@
  *
  * Two implementations of each kernel: AVX2 (+F16C for f16, FMA allowed) chosen at run time
  * with __builtin_cpu_supports, and a portable scalar one that also handles the vector loops'
- * tails (the AVX-512 half-type kernels finish theirs with one masked step). Both give bit-identical results (same operation order per element, same NaN rule), so
- * ranks on different CPUs agree. Semantics, shared by both:
+ * tails (the AVX-512 half-type kernels finish theirs with one masked step). Both give
+ * bit-identical results (same operation order per element, same NaN rule), so ranks on different
+ * CPUs agree. Semantics, shared by both:
  *   - floats: IEEE; min/max propagate NaN (if a is NaN -> a, else if b is NaN -> b); with equal
  *     operands (+0/-0) min/max return b, as x86's minps/maxps do.
  *   - integers wrap modulo 2^bits on sum and prod (two's complement, no UB); avg truncates toward
@@ -646,9 +647,6 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
   _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, w));
 }
 #define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, bb_store, b_st)
-/* out = (((s0 op s1) op s2) ... op s[k-1]) [/ div] for k >= 2 operands of one type t (f32, f16,
- * bf16), accumulated in registers and rounded once: each operand is read once, out written once,
- * no partials in memory. Returns elements done (the caller finishes the tail). */
 /* The f32 and f16 loops are written out per type, over a local copy of the source pointers:
  * one loop with z_ld/z_st's type tests on every load and the pointers reloaded after every store
  * (o might have aliased src[]) reduced 4 operands of 64 KiB in L2 at 11.4 GB/s each for f32 and
@@ -671,6 +669,9 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
 #define ZM_ST_F32(p, i, v) _mm512_storeu_ps((float *)(p) + (i), (v))
 #define ZM_LD_F16(p, i) z_ld_f16((const uint16_t *)(p) + (i))
 #define ZM_ST_F16(p, i, v) z_st_f16((uint16_t *)(p) + (i), (v))
+/* out = (((s0 op s1) op s2) ... op s[k-1]) [/ div] for k >= 2 operands of one type t (f32, f16,
+ * bf16), accumulated in registers and rounded once: each operand is read once, out written once,
+ * no partials in memory. Returns elements done (the caller finishes the tail). */
 #define ZMANY(name, ZOP, TGTX, ST2_BF16)                                                           \
   TGTX static size_t name(void *o, const void *const *src, int k, size_t n, dt_dtype t, int div) { \
     size_t i = 0, es = dt_dtype_size(t);                                                          \
