@@ -75,7 +75,9 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     rd 289-303 and ring 299-324; 512 KiB rhd 687-872 against ring 727-893; 4 MiB rhd 8.2-11.3
  *     ms against ring 9.5-13.0; 16 MiB rhd 38-53 ms against ring 43-56. With 8 ranks (3 runs,
  *     16K:4M) rd led at 16-32 KiB (307-481 us against rhd 453-685), tied at 64 KiB, and rhd led the ring
- *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). With 2 ranks the
+ *     from 512 KiB (1.8 against 2.4-3.0 ms; 2 MiB 7.4-11.6 against 11.5-25 ms). All paired 4-rank
+ *     repetitions pooled (28 at each of 1-16 MiB): rhd faster in 18/16/19/12/18 of 28 at
+ *     1/2/4/8/16 MiB, median ring/rhd 1.32/1.11/1.11/0.89/1.06: level above 1 MiB. With 2 ranks the
  *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
  *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
  *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
@@ -106,12 +108,12 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2.
  *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2,
  *     2026-11-22, `dtrain bench allreduce -n 2 --transport T --algo A --sizes 4K:256K --dtype
- *     f16`, three alternated runs: rd carries f32 (twice the bytes, plus a conversion pass each
- *     way), so on shm it took 1.7-2.1 / 3.0-3.2 / 5.9-6.1 us at 8 / 16 / 32 KiB against the shm
- *     path's 0.96-0.99 / 1.35-1.38 / 2.36-2.48 (f32's rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the
- *     half types skip rd there. On tcp rd held up to 16 KiB (10.5-13 us, ring 15-19), the ring
- *     (which moves the half types) won from 32 KiB (17-19 against 21-23 us; 19-23 against 35-37
- *     at 64 KiB, 41-42 against 60-61 at 128 KiB). */
+ *     {f16,bf16}`, three alternated runs (bench/results/dtypes-2026-11-22d.txt): rd carries f32
+ *     (twice the bytes, plus a conversion pass each way), so on shm it took 1.7-2.1 / 3.0-3.7 /
+ *     5.9-7.2 us at 8 / 16 / 32 KiB against the shm path's 0.96-0.99 / 1.35-1.38 / 2.36-2.59 (f32's
+ *     rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the half types skip rd there. On tcp rd held up to 16
+ *     KiB (10.5-13 us, ring 17-19), the ring (which moves the half types) won from 32 KiB (17-19
+ *     against 21-23 us; 19-23 against 35-37 at 64 KiB, 41-42 against 60-61 at 128 KiB). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -240,7 +242,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   const dt__fp *fp = &k->fp;
   size_t es = dt_dtype_size(k->dtype), bytes = k->count * es;
   dt_status st = DT_OK;
-  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st); /* first: a bad DTRAIN_ALGO fails on one rank too */
+  /* first: a bad DTRAIN_ALGO fails on one rank too */
+  dt__algo a = pick(c, k->kind, bytes, dt__coll_wide(k->dtype, k->op), &st);
   if (st)
     return st;
   /* The flat allreduce reads the clock only once it has to wait (deadline 0: "from then"):
