@@ -161,6 +161,10 @@ static void test_harness_usage(void) {
       "bench/ddp-vs-pytorch --reps mlp=x",
       "bench/ddp-vs-pytorch --reps mlp=0,cnn=1",
       "bench/ddp-vs-pytorch --max-steps -1",
+      "bench/dtypes --reps 0",
+      "bench/dtypes --dtypes f16,bf16",
+      "bench/dtypes --dtypes f32,f8",
+      "bench/dtypes --binaries /nonexistent/dtrain",
   };
   char cmd[2048];
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -187,6 +191,21 @@ static void test_harness_usage(void) {
   char out[4096];
   int rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "reps ok"), "benchlib --reps helpers: exit %d: %s", rc, out);
+  /* bench/dtypes end to end on two tiny sizes: a row per dtype and binary, and the summary with
+   * both half types' ratios to f32 (values are not checked: they are timings) */
+  const char *bin = getenv("DTRAIN_BIN");
+  if (bin) {
+    static char big[16384];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && timeout 120 /usr/bin/python3 bench/dtypes --binaries %s,%s --reps 1 --sizes 4:8 --iters 2 "
+             "--warmup 1 2>&1",
+             src_dir, bin, bin);
+    rc = run(cmd, big, sizeof big);
+    CHECK(rc == 0 && count(big, "shm 1 f32 [") == 2 && count(big, "shm 1 f16 [") == 2 &&
+              count(big, "shm 1 bf16 [") == 2 && count(big, "| 4 |") == 2 && count(big, "| 8 |") == 2 &&
+              strstr(big, "f16/f32") && strstr(big, "bf16/f32"),
+          "bench/dtypes: exit %d: %s", rc, big);
+  }
 }
 
 int main(void) {
