@@ -106,14 +106,19 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     n=4 (oversubscribed on 2 cores): flat 9-15 us at 4 B - 16 KiB, 14-19 at 32 KiB, against
  *     rd 13-34 / 13-41 and shm 10-34 / 14-35; from 64 KiB shm leads (20-42 against flat 24-40,
  *     and 51-68 against 86-159 at 256 KiB): flat up to 32 KiB for n > 2.
- *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2,
- *     2026-11-22, `dtrain bench allreduce -n 2 --transport T --algo A --sizes 4K:256K --dtype
- *     {f16,bf16}`, three alternated runs (bench/results/dtypes-2026-11-22d.txt): rd carries f32
- *     (twice the bytes, plus a conversion pass each way), so on shm it took 1.7-2.1 / 3.0-3.7 /
- *     5.9-7.2 us at 8 / 16 / 32 KiB against the shm path's 0.96-0.99 / 1.35-1.38 / 2.36-2.59 (f32's
- *     rd 0.85-0.90 / 1.32-1.33 / 2.20-2.30): the half types skip rd there. On tcp rd held up to 16
- *     KiB (10.5-13 us, ring 17-19), the ring (which moves the half types) won from 32 KiB (17-19
- *     against 21-23 us; 19-23 against 35-37 at 64 KiB, 41-42 against 60-61 at 128 KiB). */
+ *   allreduce of f16/bf16 with sum/prod/avg ("wide": accumulated in f32, rounded once), n=2:
+ *     rd used to carry f32 (twice the bytes, a conversion pass each way) and the halves skipped it
+ *     on shm (1.7-2.1 / 3.0-3.7 / 5.9-7.2 us at 8 / 16 / 32 KiB against the shm path's
+ *     0.96-2.59) and left it above 16 KiB on tcp. rd now moves the half types at n=2 (one
+ *     exchange, one f32 operation rounded once: the same bits), and the halves take f32's range
+ *     again: `bench/dtypes --sizes 4K:64K|4K:256K --iters 300 --warmup 30 --reps 5` over wrappers
+ *     forcing DTRAIN_ALGO, three alternated runs, 2026-11-22 16:50-16:57 (load 12-22;
+ *     bench/results/dtypes-2026-11-22d.txt, last section), busbw medians: shm 8 / 16 / 32 KiB
+ *     f16 rd 3.8 / 5.8 / 7.6 GB/s against the shm path's 2.7 / 3.9 / 5.0 at load 18-22 (bf16
+ *     alike), 8.8 / 11.0 / 13.2 against 7.9 / 11.4 / 12.6 at load 12; tcp rd against the ring
+ *     0.98 / 1.9 / 3.4 / 3.4 / 4.3 against 0.60 / 1.0 / 2.0 / 3.4 / 3.5 GB/s at 8 / 16 / 32 /
+ *     64 / 128 KiB (load 12; at load 18-22 alike). For n > 2 rd's later rounds still carry f32
+ *     partials: unchanged there. */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -123,11 +128,12 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return DT_ALGO_RD;
     if (ops->allreduce_flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
-    /* wide (f16/bf16 sum, prod, avg): rd converts the buffer to f32, so it moves twice the
-     * bytes and makes two extra passes; flat, shm and ring move the half types themselves. */
+    /* wide (f16/bf16 sum, prod, avg): at n = 2 rd moves the half types (one exchange, one
+     * rounding) and takes f32's range; above, its later rounds carry f32 partials (twice the
+     * bytes, a conversion pass each way), while flat, shm and ring move the half types. */
     if (has_fast(ops, k))
-      return bytes <= (32u << 10) && !wide ? DT_ALGO_RD : DT_ALGO_SHM;
-    if (wide)
+      return bytes <= (32u << 10) && (!wide || n == 2) ? DT_ALGO_RD : DT_ALGO_SHM;
+    if (wide && n > 2)
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
