@@ -5,7 +5,9 @@
  *           losses, for SGD with momentum and for AdamW, with --clip small enough to clip
  *           (checked: without it the parameters end elsewhere), several buckets and a tail
  *           (TINY_MODEL has 2212 parameters: never a multiple of 16 x workers), and for a conv
- *           net on 3 workers
+ *           net on 3 workers, with --accumulate 3, and with short last batches that leave two
+ *           of 4 workers without a sample; the metrics' allreduce_bytes count the reduce-scatter's and the
+ *           allgather's buffers (twice the gradient) and busbw_gbps stays positive
  *   resume  AdamW + clip, 2 workers: a --zero 1 run resumed from its step-12 checkpoint repeats
  *           the uninterrupted --zero 1 run's losses and parameters exactly; its checkpoint holds
  *           the same sections and meta as a --zero 0 run's (dtrain inspect prints the same,
@@ -60,6 +62,28 @@ static void check_losses(const char *a, const char *b, int from, int to, double 
   }
 }
 
+/* allreduce_bytes of the first step line of a run's metrics, and whether every step line has
+ * a positive busbw_gbps. */
+static double metrics_bytes(const char *run, int *busbw_ok) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+  char *s = tt_slurp(p);
+  double bytes = NAN;
+  int steps = 0;
+  *busbw_ok = 1;
+  for (char *line = strtok(s, "\n"); line; line = strtok(NULL, "\n")) {
+    if (!strstr(line, "\"type\":\"step\""))
+      continue;
+    if (steps++ == 0)
+      bytes = tt_json_num(line, "allreduce_bytes");
+    if (!(tt_json_num(line, "busbw_gbps") > 0))
+      *busbw_ok = 0;
+  }
+  free(s);
+  CHECK(steps > 0, "%s: no step lines in the metrics", run);
+  return bytes;
+}
+
 static void equiv_opt(const char *opt, const char *tag) {
   char extra[1024], a[64], b[64];
   int ns[] = {1, 2, 4};
@@ -85,6 +109,14 @@ static void equiv_opt(const char *opt, const char *tag) {
       CHECK(d <= 1e-5, "%s: --zero 1 on %d workers vs 1 worker: rel diff %g", tag, ns[i], d);
     }
   }
+  /* the metrics count both collectives: the reduce-scatter's and the allgather's buffers */
+  int ok0, ok1;
+  snprintf(a, sizeof a, "%s_z0_w2", tag);
+  snprintf(b, sizeof b, "%s_z1_w2", tag);
+  double b0 = metrics_bytes(a, &ok0), b1 = metrics_bytes(b, &ok1);
+  CHECK(b0 == 2212.0 * 4 && b1 == 2 * b0, "allreduce_bytes %g (--zero 0), %g (--zero 1): want %g and %g",
+        b0, b1, 2212.0 * 4, 2212.0 * 8);
+  CHECK(ok0 && ok1, "a step line without a positive busbw_gbps (--zero 0: %d, --zero 1: %d)", ok0, ok1);
   /* --clip 0.5 really clips here: without it the run ends elsewhere */
   char noclip[1024];
   snprintf(noclip, sizeof noclip, "%s --clip 0 --epochs 2 --max-steps 25 --zero 1", opt);
@@ -98,6 +130,17 @@ static void equiv_opt(const char *opt, const char *tag) {
 static void group_equiv(void) {
   equiv_opt(SGD, "sgd");
   equiv_opt(ADAMW, "adamw");
+  /* accumulation, and short last batches that leave ranks 2 and 3 of 4 without a sample (600 =
+   * 598 + 2): their hook never starts a bucket, finish_block_sums starts them all */
+  train_n(2, SGD " --epochs 2 --max-steps 25 --accumulate 3 --zero 0", "acc0");
+  train_n(2, SGD " --epochs 2 --max-steps 25 --accumulate 3 --zero 1", "acc1");
+  double da = model_diff("acc1", "acc0");
+  CHECK(da <= 1e-5, "--accumulate 3 on 2 workers: --zero 1 differs from --zero 0 by %g", da);
+  train_n(4, ADAMW " --epochs 2 --batch 598 --accumulate 3 --eval-batch 1000 --zero 0", "e0");
+  train_n(4, ADAMW " --epochs 2 --batch 598 --accumulate 3 --eval-batch 1000 --zero 1", "e1");
+  da = model_diff("e1", "e0");
+  fprintf(stderr, "empty shards, 4 workers: --zero 1 vs --zero 0 rel diff %.3g\n", da);
+  CHECK(da <= 1e-5, "empty shards on 4 workers: --zero 1 differs from --zero 0 by %g", da);
   /* a conv net (conv and layernorm layers, 3 workers: blocks of 16 x 3 floats) */
   const char *conv = ADAMW " --epochs 2 --max-steps 25 --model 'in=1x8x8,conv3x3:4:p1,relu,maxpool2,"
                      "flatten,layernorm,linear:16,gelu,linear:4'";
