@@ -172,4 +172,22 @@ static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt,
   return fabs(got - want) <= tol;
 }
 
+/* Two ranks, f16/bf16: one operation, so every algorithm must return exactly the single rounding
+ * of lower-rank op higher-rank computed in f32 (avg: divided by 2 in f32 first); min/max as
+ * reduce.c (equal operands give the second). Returns 1 if element j of got_buf has those bits. A
+ * path that rounded the sum to the half type and then again after avg's division, or that added
+ * in the half type, differs in some elements of a 4099-element call. */
+static inline int sw_check_half2(const void *got_buf, size_t j, uint64_t salt, size_t gi, dt_dtype t, dt_op op) {
+  float x = (float)sw_value(salt, 0, gi, t, op), y = (float)sw_value(salt, 1, gi, t, op), f;
+  switch (op) {
+  case DT_PROD: f = x * y; break;
+  case DT_MIN: f = x != x ? x : x < y ? x : y; break;
+  case DT_MAX: f = x != x ? x : x > y ? x : y; break;
+  case DT_AVG: f = (x + y) / 2.0f; break;
+  default: f = x + y; break;
+  }
+  uint16_t want = t == DT_F16 ? dt__f32_to_f16(f) : dt__f32_to_bf16(f);
+  return ((const uint16_t *)got_buf)[j] == want;
+}
+
 #endif

@@ -15,6 +15,8 @@
  *   run the shm transport's oversubscribed waiting (short spin, yield, futex sleep).
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
+ * Two-rank f16/bf16 allreduces are checked bit for bit (sw_check_half2: one operation, one
+ * rounding) on every algorithm, rd's half-type exchange included.
  * Out of place, DT_IN_PLACE and sendbuf == recvbuf rotate by (dtype + op + count). Allreduce results are also
  * compared bit for bit across ranks (CRC32C allgathered). Ctest runs several of these, one per
  * transport and size class (CMakeLists.txt). */
@@ -158,6 +160,14 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
       check_reduced(rank, what, out, (size_t)rank, (size_t)n, count, 0, salt, n, t, op);
     else if (st == DT_OK && rank == root)
       check_reduced(rank, what, out, 0, 1, count, 0, salt, n, t, op);
+    /* two ranks, half types: bit-exact (one rounding), every element on every rank */
+    if (st == DT_OK && k == DT_COLL_ALLREDUCE && n == 2 && (t == DT_F16 || t == DT_BF16))
+      for (size_t i = 0; i < count; i++)
+        if (!sw_check_half2(out, i, salt, i, t, op)) {
+          FAILF("%s: element %zu = %.9g (0x%04x) is not the single rounding", what, i, sw_get(out, i, t),
+                ((uint16_t *)out)[i]);
+          break;
+        }
     break;
   case DT_COLL_REDUCE_SCATTER:
     sw_fill(in, count * (size_t)n, 0, salt, rank, t, op);

@@ -7,9 +7,15 @@
  *
  * Every exchange computes lower-rank-operand op higher-rank-operand, so both partners get the
  * same bits (matters for min/max of +0/-0 and NaN payloads) and all ranks end bit-identical.
- * f16/bf16 run entirely in f32 (twice the bytes on the wire, which small messages do not
- * notice) and round once at the end. It deliberately has no bandwidth optimization: large
- * messages go to the ring. */
+ * f16/bf16 (every op) accumulate in f32 and round once at the end, but the wire carries f32
+ * only where a partial sum must: an exchange of two original inputs (the fold's send, and the
+ * first doubling round between two ranks that did not fold) moves the half types and the
+ * receiver widens both operands while adding (dt__reduce_mix: one f32 operation, no rounding
+ * yet), and the hand-back to a folded rank moves the already rounded result. At n = 2 that is
+ * the whole collective: one exchange of half types and one f32 operation (and avg's division)
+ * rounded once, the same bits as widening the buffer first, with half the bytes and no
+ * conversion passes. It deliberately has no bandwidth optimization: large messages go to the
+ * ring. */
 #include <string.h>
 
 #include "comm/coll/coll.h"
@@ -19,30 +25,38 @@ dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
   int n = c->size, r = c->rank;
   int wide = t == DT_F16 || t == DT_BF16;
   dt_dtype wt = wide ? DT_F32 : t;
-  size_t es = dt_dtype_size(wt), bytes = count * es;
+  size_t es = dt_dtype_size(wt), bytes = count * es, hbytes = count * dt_dtype_size(t);
   void *buf, *tmp = dt__coll_scratch(c, 1, bytes);
   if (!tmp)
     return DT_ERR_NOMEM;
+  int p2 = 1;
+  while (p2 * 2 <= n)
+    p2 *= 2;
+  int extra = n - p2, vr;
+  /* wide: orig while this rank's state is still its own half-type input in sbuf */
+  int orig = wide;
   if (wide) {
     if (!(buf = dt__coll_scratch(c, 0, bytes)))
       return DT_ERR_NOMEM;
-    dt__to_f32(buf, sbuf, count, t);
   } else {
     buf = rbuf;
     if (sbuf != rbuf)
       memcpy(rbuf, sbuf, bytes);
   }
-  int p2 = 1;
-  while (p2 * 2 <= n)
-    p2 *= 2;
-  int extra = n - p2, vr;
   dt_status st;
   if (r < 2 * extra) {
     if (r % 2 == 0) {
-      st = c->ops->sendrecv(c->tp, r + 1, buf, bytes, -1, NULL, 0, fp, deadline);
+      st = c->ops->sendrecv(c->tp, r + 1, wide ? sbuf : buf, wide ? hbytes : bytes, -1, NULL, 0, fp, deadline);
       if (st)
         return st;
       vr = -1;
+    } else if (wide) {
+      st = c->ops->sendrecv(c->tp, -1, NULL, 0, r - 1, tmp, hbytes, fp, deadline);
+      if (st)
+        return st;
+      dt__reduce_mix(buf, DT_F32, tmp, t, sbuf, t, count, op, 1);
+      orig = 0;
+      vr = r / 2;
     } else {
       st = c->ops->sendrecv(c->tp, -1, NULL, 0, r - 1, tmp, bytes, fp, deadline);
       if (st)
@@ -56,6 +70,24 @@ dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
   if (vr >= 0) {
     for (int mask = 1; mask < p2; mask <<= 1) {
       int pv = vr ^ mask, peer = pv < extra ? pv * 2 + 1 : pv + extra;
+      if (orig && peer >= 2 * extra) { /* both still hold their inputs (so mask == 1) */
+        st = c->ops->sendrecv(c->tp, peer, sbuf, hbytes, peer, tmp, hbytes, fp, deadline);
+        if (st)
+          return st;
+        const void *lo = peer < r ? tmp : sbuf, *hi = peer < r ? sbuf : tmp;
+        if (n == 2) /* the whole reduction: straight into rbuf, avg's division before the rounding */
+          dt__reduce_mix(rbuf, t, lo, t, hi, t, count, op, op == DT_AVG ? n : 1);
+        else
+          dt__reduce_mix(buf, DT_F32, lo, t, hi, t, count, op, 1);
+        orig = 0;
+        if (n == 2)
+          return DT_OK;
+        continue;
+      }
+      if (orig) { /* the partner folded: it holds an f32 partial, so widen ours */
+        dt__to_f32(buf, sbuf, count, t);
+        orig = 0;
+      }
       st = c->ops->sendrecv(c->tp, peer, buf, bytes, peer, tmp, bytes, fp, deadline);
       if (st)
         return st;
@@ -65,23 +97,27 @@ dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
         dt__reduce2(buf, buf, tmp, count, wt, op);
     }
   }
-  if (r < 2 * extra) {
-    if (r % 2 == 1)
-      st = c->ops->sendrecv(c->tp, r - 1, buf, bytes, -1, NULL, 0, fp, deadline);
-    else
-      st = c->ops->sendrecv(c->tp, -1, NULL, 0, r + 1, buf, bytes, fp, deadline);
-    if (st)
-      return st;
-  }
-  if (wide) {
+  if (wide && vr >= 0) {
+    if (orig) /* n == 1 */
+      dt__to_f32(buf, sbuf, count, t);
     if (op == DT_AVG) {
       float *f = buf;
       for (size_t i = 0; i < count; i++)
         f[i] = f[i] / (float)n;
     }
     dt__from_f32(rbuf, buf, count, t);
-  } else {
-    dt__reduce_finish(rbuf, count, t, op, n);
   }
+  if (r < 2 * extra) { /* the hand-back; wide types move the rounded result */
+    void *res = wide ? rbuf : buf;
+    size_t rb = wide ? hbytes : bytes;
+    if (r % 2 == 1)
+      st = c->ops->sendrecv(c->tp, r - 1, res, rb, -1, NULL, 0, fp, deadline);
+    else
+      st = c->ops->sendrecv(c->tp, -1, NULL, 0, r + 1, res, rb, fp, deadline);
+    if (st)
+      return st;
+  }
+  if (!wide)
+    dt__reduce_finish(rbuf, count, t, op, n);
   return DT_OK;
 }
