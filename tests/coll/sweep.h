@@ -92,10 +92,10 @@ static inline void sw_fill(void *buf, size_t count, size_t base, uint64_t salt, 
     sw_put(buf, i, t, sw_value(salt, r, base + i, t, op));
 }
 
-/* Checks element `got` (raw, type t) against the reduction over n ranks of global index gi.
- * Returns 1 if it is within the bound above. */
-static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt, int n, size_t gi, dt_dtype t,
-                                   dt_op op) {
+/* The reduction over n ranks of global index gi (*want) and the error allowed around it (*tol, 0
+ * where the result must be exact), by the bounds above. */
+static inline void sw_expect(uint64_t salt, int n, size_t gi, dt_dtype t, dt_op op, double *want, double *tol) {
+  *tol = 0;
   if (!sw_is_float(t)) {
     /* modular arithmetic in 64 bits, truncated to the type's width: exact */
     uint64_t acc = 0;
@@ -111,22 +111,23 @@ static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt,
       mn = v < mn ? v : mn;
       mx = v > mx ? v : mx;
     }
-    int64_t want;
+    int64_t w;
     if (op == DT_MIN)
-      want = mn;
+      w = mn;
     else if (op == DT_MAX)
-      want = mx;
+      w = mx;
     else {
       if (t == DT_I32)
-        want = (int32_t)(uint32_t)acc;
+        w = (int32_t)(uint32_t)acc;
       else if (t == DT_U8)
-        want = (uint8_t)acc;
+        w = (uint8_t)acc;
       else
-        want = (int64_t)acc;
+        w = (int64_t)acc;
       if (op == DT_AVG)
-        want /= n;
+        w /= n;
     }
-    return (int64_t)sw_get(got_buf, j, t) == want;
+    *want = (double)w;
+    return;
   }
   double sum = 0, prod = 1, s_abs = 0, mn = INFINITY, mx = -INFINITY;
   for (int r = 0; r < n; r++) {
@@ -137,11 +138,10 @@ static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt,
     mn = fmin(mn, v);
     mx = fmax(mx, v);
   }
-  double got = sw_get(got_buf, j, t);
-  if (op == DT_MIN)
-    return got == mn;
-  if (op == DT_MAX)
-    return got == mx;
+  if (op == DT_MIN || op == DT_MAX) {
+    *want = op == DT_MIN ? mn : mx;
+    return;
+  }
   double ref = op == DT_PROD ? prod : op == DT_AVG ? sum / n : sum;
   double u = t == DT_F64 ? 0x1p-53 : 0x1p-24, uh = t == DT_F16 ? 0x1p-11 : t == DT_BF16 ? 0x1p-8 : 0;
   double err_acc; /* bound of the accumulation in f32/f64 */
@@ -151,10 +151,25 @@ static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt,
     err_acc = u * s_abs + 2 * u * fabs(ref);
   else
     err_acc = n * u * s_abs;
-  double tol = uh ? uh * fabs(ref) + 2 * err_acc + 0x1p-25 : err_acc;
+  double bound = uh ? uh * fabs(ref) + 2 * err_acc + 0x1p-25 : err_acc;
   if (t == DT_F64)
-    tol *= 2; /* the double reference itself rounds as much as the result */
-  return fabs(got - ref) <= tol * 1.0000001;
+    bound *= 2; /* the double reference itself rounds as much as the result */
+  *want = ref;
+  *tol = bound * 1.0000001;
+}
+
+/* Checks element j of got_buf (raw, type t) against the reduction over n ranks of global index
+ * gi. Returns 1 if it is within the bound above. */
+static inline int sw_check_reduced(const void *got_buf, size_t j, uint64_t salt, int n, size_t gi, dt_dtype t,
+                                   dt_op op) {
+  double want, tol;
+  sw_expect(salt, n, gi, t, op, &want, &tol);
+  if (!sw_is_float(t))
+    return (int64_t)sw_get(got_buf, j, t) == (int64_t)want;
+  double got = sw_get(got_buf, j, t);
+  if (op == DT_MIN || op == DT_MAX)
+    return got == want;
+  return fabs(got - want) <= tol;
 }
 
 /* Two ranks, f16/bf16: one operation, so every algorithm must return exactly the single rounding

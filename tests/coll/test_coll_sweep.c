@@ -22,6 +22,7 @@
  * transport and size class (CMakeLists.txt). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 
 #include "common/mp.h"
@@ -51,11 +52,76 @@ static int failures;
     }                                                              \
   } while (0)
 
+/* The call this rank is in, for the signal report below. */
+static char cur_what[240];
+static int cur_rank = -1;
+
+/* A rank killed by a signal (a crash, or mp_run's alarm when a call hangs past every deadline)
+ * says in which call, then dies of the signal as before. Installed only where no handler is
+ * (ASan and UBSan keep theirs and print their own report). */
+static void on_signal(int sig) {
+  char m[400];
+  int l = snprintf(m, sizeof m, "rank %d: signal %d during %s\n", cur_rank, sig, cur_what[0] ? cur_what : "setup");
+  if (write(2, m, (size_t)DT_MIN(l, (int)sizeof m - 1)) < 0)
+    cur_rank = -2;
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void catch_signals(void) {
+  static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    struct sigaction old;
+    if (sigaction(sigs[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL)
+      signal(sigs[i], on_signal);
+  }
+}
+
 static int rooted(dt__coll k) {
   return k == DT_COLL_REDUCE || k == DT_COLL_BROADCAST || k == DT_COLL_GATHER || k == DT_COLL_SCATTER;
 }
 static int has_op(dt__coll k) {
   return k == DT_COLL_ALLREDUCE || k == DT_COLL_REDUCE || k == DT_COLL_REDUCE_SCATTER;
+}
+
+/* Checks elements first, first + step, ... < count of a reduction's output against the
+ * reference (element j is global index gbase + j) and reports the first wrong one with what it
+ * should be, and how many are wrong in all (one element, a piece, a slice or everything says
+ * which step of which algorithm broke). Returns the number of wrong elements. */
+static size_t check_reduced(int rank, const char *what, const void *out, size_t first, size_t step, size_t count,
+                            size_t gbase, uint64_t salt, int n, dt_dtype t, dt_op op) {
+  size_t bad = 0, first_bad = 0, last_bad = 0;
+  for (size_t j = first; j < count; j += step)
+    if (!sw_check_reduced(out, j, salt, n, gbase + j, t, op)) {
+      if (!bad++)
+        first_bad = j;
+      last_bad = j;
+    }
+  if (bad) {
+    double want, tol;
+    sw_expect(salt, n, gbase + first_bad, t, op, &want, &tol);
+    FAILF("%s: element %zu = %.9g, expected %.9g (tolerance %.3g); %zu of the %zu elements this rank checks are "
+          "wrong, the last at %zu",
+          what, first_bad, sw_get(out, first_bad, t), want, tol, bad, count > first ? (count - first + step - 1) / step : 0,
+          last_bad);
+  }
+  return bad;
+}
+
+/* Compares count elements of got against want and reports the first that differs, with both
+ * values and how many differ. Returns 1 if any differ. */
+static int check_same(int rank, const char *what, const char *whose, const void *got, const void *want, size_t count,
+                      dt_dtype t) {
+  size_t es = dt_dtype_size(t);
+  if (!memcmp(got, want, count * es))
+    return 0;
+  size_t bad = 0, first_bad = 0;
+  for (size_t j = 0; j < count; j++)
+    if (memcmp((const char *)got + j * es, (const char *)want + j * es, es) && !bad++)
+      first_bad = j;
+  FAILF("%s: %s differs: element %zu = %.9g, expected %.9g; %zu of %zu elements differ", what, whose, first_bad,
+        sw_get(got, first_bad, t), sw_get(want, first_bad, t), bad, count);
+  return 1;
 }
 
 /* Runs one call and checks it; returns 0 on success (mismatches are counted in failures). */
@@ -77,6 +143,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
   snprintf(what, sizeof what, "%s %s %s count %zu root %d %s algo %s n %d", dt__coll_name(k), dt_dtype_name(t),
            has_op(k) ? dt_op_name(op) : "-", count, root,
            inplace == 2 ? "sendbuf==recvbuf" : inplace ? "in-place" : "out-of-place", algo, n);
+  memcpy(cur_what, what, sizeof what);
   switch (k) {
   case DT_COLL_ALLREDUCE:
   case DT_COLL_REDUCE:
@@ -89,12 +156,10 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
                                 : dt_comm_reduce(c, sb, rb, count, t, op, root);
     /* allreduce: rank r checks elements i % n == r against the reference, and the CRC
      * comparison below proves every rank holds the same bits, so all elements are checked */
-    if (st == DT_OK && (k == DT_COLL_ALLREDUCE || rank == root))
-      for (size_t i = k == DT_COLL_ALLREDUCE ? (size_t)rank : 0; i < count; i += k == DT_COLL_ALLREDUCE ? (size_t)n : 1)
-        if (!sw_check_reduced(out, i, salt, n, i, t, op)) {
-          FAILF("%s: element %zu = %.9g is wrong", what, i, sw_get(out, i, t));
-          break;
-        }
+    if (st == DT_OK && k == DT_COLL_ALLREDUCE)
+      check_reduced(rank, what, out, (size_t)rank, (size_t)n, count, 0, salt, n, t, op);
+    else if (st == DT_OK && rank == root)
+      check_reduced(rank, what, out, 0, 1, count, 0, salt, n, t, op);
     /* two ranks, half types: bit-exact (one rounding), every element on every rank */
     if (st == DT_OK && k == DT_COLL_ALLREDUCE && n == 2 && (t == DT_F16 || t == DT_BF16))
       for (size_t i = 0; i < count; i++)
@@ -112,11 +177,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     }
     st = dt_comm_reduce_scatter(c, sb, rb, count, t, op);
     if (st == DT_OK)
-      for (size_t j = 0; j < count; j++)
-        if (!sw_check_reduced(out, j, salt, n, (size_t)rank * count + j, t, op)) {
-          FAILF("%s: element %zu = %.9g is wrong", what, j, sw_get(out, j, t));
-          break;
-        }
+      check_reduced(rank, what, out, 0, 1, count, (size_t)rank * count, salt, n, t, op);
     break;
   case DT_COLL_BROADCAST:
     if (rank == root)
@@ -124,8 +185,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     st = dt_comm_broadcast(c, out, count, t, root);
     if (st == DT_OK) {
       sw_fill(in, count, 0, salt, root, t, DT_SUM);
-      if (memcmp(in, out, count * es))
-        FAILF("%s: data differs from the root's", what);
+      check_same(rank, what, "data from the root", out, in, count, t);
     }
     break;
   case DT_COLL_ALLGATHER:
@@ -139,10 +199,10 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     if (st == DT_OK && (k == DT_COLL_ALLGATHER || rank == root))
       for (int q = 0; q < n; q++) {
         sw_fill(in, count, 0, salt, q, t, DT_SUM);
-        if (memcmp(in, out + (size_t)q * count * es, count * es)) {
-          FAILF("%s: block of rank %d differs", what, q);
+        char whose[40];
+        snprintf(whose, sizeof whose, "the block of rank %d", q);
+        if (check_same(rank, what, whose, out + (size_t)q * count * es, in, count, t))
           break;
-        }
       }
     break;
   case DT_COLL_SCATTER:
@@ -151,8 +211,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     st = dt_comm_scatter(c, rank == root ? in : NULL, rb, count, t, root);
     if (st == DT_OK) {
       sw_fill(in, count, (size_t)rank * count, salt, root, t, DT_SUM);
-      if (memcmp(in, out, count * es))
-        FAILF("%s: my block differs", what);
+      check_same(rank, what, "my block", out, in, count, t);
     }
     break;
   case DT_COLL_ALLTOALL:
@@ -165,10 +224,10 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     if (st == DT_OK)
       for (int q = 0; q < n; q++) {
         sw_fill(in, count, (size_t)rank * count, salt, q, t, DT_SUM);
-        if (memcmp(in, out + (size_t)q * count * es, count * es)) {
-          FAILF("%s: block from rank %d differs", what, q);
+        char whose[40];
+        snprintf(whose, sizeof whose, "the block from rank %d", q);
+        if (check_same(rank, what, whose, out + (size_t)q * count * es, in, count, t))
           break;
-        }
       }
     break;
   case DT_COLL_BARRIER:
@@ -195,7 +254,7 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     }
     for (int q = 0; q < n; q++)
       if (all[q] != crc) {
-        FAILF("%s: rank %d's result differs in its bits from mine", what, q);
+        FAILF("%s: rank %d's result differs in its bits from mine (crc32c %08x against %08x)", what, q, all[q], crc);
         break;
       }
   }
@@ -209,6 +268,8 @@ static int body(int rank, int size, void *arg) {
   const cfg *g = arg;
   (void)size;
   setenv("DTRAIN_TRANSPORT", g->transport, 1);
+  cur_rank = rank;
+  catch_signals();
   dt_comm *c;
   if (dt_comm_create(NULL, &c)) {
     fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
@@ -317,14 +378,28 @@ int main(int argc, char **argv) {
     setenv("DTRAIN_CHAIN_PIECE", "4096", 1);
   if (maxcount < 100000 && !getenv("DTRAIN_SHM_FLAT"))
     setenv("DTRAIN_SHM_FLAT", "4096", 1);
+  /* A call that never completes fails with its deadline well before ctest's TIMEOUT (300 s)
+   * kills the test and its output: the error names the call, the rank and whom it waited for. */
+  if (!getenv("DTRAIN_TIMEOUT_MS"))
+    setenv("DTRAIN_TIMEOUT_MS", "120000", 1);
   int bad = 0;
   for (int i = 0; i < nranks; i++) {
     printf("# %s, %d ranks\n", g.transport, ranks[i]);
     fflush(stdout);
-    int codes[256];
+    int codes[256] = {0};
     int f = mp_run_codes(ranks[i], body, &g, 600, codes);
     if (f) {
-      fprintf(stderr, "FAIL: %s with %d ranks: %d rank(s) failed\n", g.transport, ranks[i], f);
+      /* which ranks, and how: 1 = a check failed (its lines above), 2 = no communicator, 128+N =
+       * killed by signal N (SIGKILL after mp_run's timeout, SIGALRM from its alarm, ASan/UBSan
+       * abort), so a failure seen once on CI says what happened */
+      char m[1024];
+      int l = snprintf(m, sizeof m, "FAIL: %s with %d ranks: %d rank(s) failed:", g.transport, ranks[i], f);
+      for (int r = 0; r < ranks[i] && l < (int)sizeof m - 64; r++)
+        if (codes[r])
+          l += codes[r] > 128 ? snprintf(m + l, sizeof m - (size_t)l, " rank %d killed by signal %d (%s);", r,
+                                         codes[r] - 128, strsignal(codes[r] - 128))
+                              : snprintf(m + l, sizeof m - (size_t)l, " rank %d exit %d;", r, codes[r]);
+      fprintf(stderr, "%s\n", m);
       bad++;
     }
   }

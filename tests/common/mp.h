@@ -29,6 +29,24 @@ static inline int mp_free_port(void) {
   return ntohs(a.sin_port);
 }
 
+/* A TCP port on 127.0.0.1 that stays reserved while *fd is open: bound with SO_REUSEADDR and
+ * never listening, so the store (which binds with SO_REUSEADDR and listens) can take it, while
+ * nobody else can: neither another test's bind nor the ephemeral port of another test's
+ * connect(), which mp_free_port's closed probe leaves open to in a parallel ctest run between
+ * the probe and the store's bind (the store's ranks would then wait for it until their deadline). */
+static inline int mp_hold_port(int *fd) {
+  int one = 1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*fd < 0 || setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) || bind(*fd, (struct sockaddr *)&a, sizeof a) ||
+      getsockname(*fd, (struct sockaddr *)&a, &len)) {
+    perror("mp_hold_port");
+    exit(99);
+  }
+  return ntohs(a.sin_port);
+}
+
 /* Sets the DTRAIN_* job environment of `rank` in this process. */
 static inline void mp_set_env(int rank, int size, int port, const char *job) {
   char b[64];
@@ -56,12 +74,14 @@ static inline int mp_run_codes(int size, mp_body body, void *arg, int timeout_s,
   static int jobs;
   char job[64];
   snprintf(job, sizeof job, "t%d-%d", (int)getpid(), jobs++);
-  int port = mp_free_port();
+  int hold;
+  int port = mp_hold_port(&hold);
   pid_t pids[256];
   fflush(NULL);
   for (int r = 0; r < size; r++) {
     pids[r] = fork();
     if (pids[r] == 0) {
+      close(hold);
       mp_set_env(r, size, port, job);
       alarm((unsigned)timeout_s + 5);
       int rc = body(r, size, arg);
@@ -102,6 +122,7 @@ static inline int mp_run_codes(int size, mp_body body, void *arg, int timeout_s,
     }
     usleep(2000);
   }
+  close(hold);
   return failures;
 }
 

@@ -218,6 +218,7 @@ typedef struct shm_wait {
   int phase; /* 0 spin, 1 yield, 2 sleep */
   _Atomic uint32_t *armed;
   int64_t t0, next_alive;
+  int gone; /* 1 + the rank found gone, whom the caller looks at once more before it is reported */
 } shm_wait;
 
 /* Ends one wait (the condition held, or the caller gives up), so the next starts spinning. */
@@ -372,8 +373,16 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
     if (w->next_alive) {
       int pid = 0;
       for (int r = 0; r < t->n; r++)
-        if (r != t->rank && (peer < 0 || r == peer) && !shm_alive(t, r, &pid))
-          return shm_dead(t, r, fp, pid);
+        if (r != t->rank && (peer < 0 || r == peer) && !shm_alive(t, r, &pid)) {
+          /* A rank exits as soon as its part of the call is published, maybe after the caller
+           * last looked (a waiter descheduled between its look and this check saw a finished
+           * barrier's last rank "killed"). The caller looks once more: gone still, and what it
+           * waits for not there, means it never will be. */
+          if (w->gone == r + 1)
+            return shm_dead(t, r, fp, pid);
+          w->gone = r + 1;
+          return DT_OK;
+        }
     }
     w->next_alive = now + SHM_ALIVE_NS;
   }
