@@ -23,27 +23,9 @@ static char dir[1024], data[2048];
 #define COMMON "--model '" TINY_MODEL "' --batch 30 --optimizer sgd --lr 0.1 --momentum 0.9 " \
                "--threads 1 --log-interval 1 --eval-batch 50"
 
-static void train_n(int n, const char *extra, const char *out) {
-  tt_result r = tt_run(dir, 300, "%s run -n %d --raw-stdout -- %s train --data %s " COMMON " %s --out %s/%s --json",
-                       tt_bin(), n, tt_bin(), data, extra, dir, out);
-  CHECK(r.code == 0, "%d workers (%s) exit %d: %s", n, out, r.code, r.err);
-  CHECK(tt_json_is_object(r.out), "stdout is not one JSON object: [%s]", r.out);
-  CHECK(tt_json_num(r.out, "world_size") == n, "world_size %g != %d", tt_json_num(r.out, "world_size"), n);
-  tt_result_free(&r);
-}
-
-static double model_diff(const char *a, const char *b) {
-  char pa[4096], pb[4096];
-  snprintf(pa, sizeof pa, "%s/%s/model.safetensors", dir, a);
-  snprintf(pb, sizeof pb, "%s/%s/model.safetensors", dir, b);
-  return tt_model_rel_diff(pa, pb);
-}
-
-static void losses(const char *run, double *l, int cap) {
-  char p[4096];
-  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
-  tt_metrics_losses(p, l, cap);
-}
+static void train_n(int n, const char *extra, const char *out) { tt_train_n(dir, data, COMMON, n, extra, out); }
+static double model_diff(const char *a, const char *b) { return tt_runs_model_diff(dir, a, b); }
+static void losses(const char *run, double *l, int cap) { tt_run_losses(dir, run, l, cap); }
 
 static void group_equiv(void) {
   /* 600 samples / 30 = 20 steps per epoch; 25 steps cross an epoch boundary */

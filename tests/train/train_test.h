@@ -341,4 +341,32 @@ static inline int tt_metrics_losses(const char *path, double *loss, int cap) {
   return maxstep;
 }
 
+/* Data-parallel runs in a scratch directory DIR, each writing to DIR/OUT: `dtrain run -n N
+ * --raw-stdout -- dtrain train --data DATA COMMON EXTRA --out DIR/OUT --json`, checked to exit 0
+ * with one JSON summary whose world_size is N (fails the test otherwise). */
+static inline void tt_train_n(const char *dir, const char *data, const char *common, int n,
+                              const char *extra, const char *out) {
+  tt_result r = tt_run(dir, 300, "%s run -n %d --raw-stdout -- %s train --data %s %s %s --out %s/%s --json",
+                       tt_bin(), n, tt_bin(), data, common, extra, dir, out);
+  CHECK(r.code == 0, "%d workers (%s) exit %d: %s", n, out, r.code, r.err);
+  CHECK(tt_json_is_object(r.out), "stdout is not one JSON object: [%s]", r.out);
+  CHECK(tt_json_num(r.out, "world_size") == n, "world_size %g != %d", tt_json_num(r.out, "world_size"), n);
+  tt_result_free(&r);
+}
+
+/* tt_model_rel_diff of the models of runs DIR/A and DIR/B. */
+static inline double tt_runs_model_diff(const char *dir, const char *a, const char *b) {
+  char pa[4096], pb[4096];
+  snprintf(pa, sizeof pa, "%s/%s/model.safetensors", dir, a);
+  snprintf(pb, sizeof pb, "%s/%s/model.safetensors", dir, b);
+  return tt_model_rel_diff(pa, pb);
+}
+
+/* tt_metrics_losses of run DIR/RUN. */
+static inline void tt_run_losses(const char *dir, const char *run, double *l, int cap) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s/metrics.jsonl", dir, run);
+  tt_metrics_losses(p, l, cap);
+}
+
 #endif
