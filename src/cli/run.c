@@ -142,24 +142,34 @@ static bool run_parse_master(const char *s, dt_launch_opts *o) {
   return true;
 }
 
-/* A port nobody listens on now, for rank 0's store: bind port 0, read it back, close. Another
- * process could take it before rank 0 binds; rank 0 then fails with a clear bind error. */
+/* A port for rank 0's store, held until this launcher exits or picks another: bind port 0 with
+ * SO_REUSEADDR, read it back, and keep the socket bound but never listening. Rank 0's store
+ * (which also sets SO_REUSEADDR) can still bind and listen on it, while the kernel hands the port
+ * to nobody else, neither for another bind(0) nor as a connection's source port. Closing the
+ * socket right away left a window in which another job's process on this host (a parallel test
+ * suite) took the port before rank 0 bound it, and the job failed at rendezvous. */
+static int run_port_hold = -1;
+
 static dt_status run_free_port(int *port) {
-  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s < 0)
+  if (run_port_hold >= 0)
+    close(run_port_hold);
+  run_port_hold = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (run_port_hold < 0)
     return dt__errno(DT_ERR_SYSTEM, "socket");
+  int one = 1;
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 ||
-      getsockname(s, (struct sockaddr *)&a, &len) != 0) {
+  if (setsockopt(run_port_hold, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(run_port_hold, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(run_port_hold, (struct sockaddr *)&a, &len) != 0) {
     dt_status st = dt__errno(DT_ERR_SYSTEM, "bind 127.0.0.1:0");
-    close(s);
+    close(run_port_hold);
+    run_port_hold = -1;
     return st;
   }
-  close(s);
   *port = ntohs(a.sin_port);
   return DT_OK;
 }

@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -287,6 +289,31 @@ static void test_env_single_node(void **state) {
   read_env(0, &e[0]);
   assert_string_not_equal(e[0].secret, first_secret);
   assert_string_not_equal(e[0].job_id, first_id);
+}
+
+/* The store's port is held by the launcher for the whole job: while a worker runs, nobody else
+ * can bind it (a parallel job could otherwise take it before rank 0's store binds it). */
+static void test_env_port_held(void **state) {
+  const char *script = "echo $DTRAIN_MASTER_PORT > \"$1/port.tmp\" && mv \"$1/port.tmp\" \"$1/port.0\"; "
+                       "i=0; while [ ! -e \"$1/go\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done";
+  const char *args[] = {"run", "-n", "1", "--", "sh", "-c", script, "sh", dir, NULL};
+  pid_t pid = spawn_dtrain(args);
+  assert_true(wait_files("port", 1, 20000));
+  char *s = slurp(pathf("port.0"));
+  int port = atoi(s);
+  free(s);
+  assert_true(port > 0 && port < 65536);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int b = bind(fd, (struct sockaddr *)&a, sizeof a), e = errno;
+  close(fd);
+  FILE *go = fopen(pathf("go"), "w");
+  assert_non_null(go);
+  fclose(go);
+  assert_int_equal(wait_bounded(pid, 20000), 0);
+  assert_int_equal(b, -1);
+  assert_int_equal(e, EADDRINUSE);
 }
 
 static void test_env_secret_passthrough(void **state) {
@@ -761,6 +788,7 @@ int main(int argc, char **argv) {
   const char *group = argc > 1 ? argv[1] : "all";
   const struct CMUnitTest env[] = {
       cmocka_unit_test_setup_teardown(test_env_single_node, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_env_port_held, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_env_secret_passthrough, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_env_multi_node, setup_dir, teardown_dir),
   };
