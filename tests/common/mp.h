@@ -16,23 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A free TCP port on 127.0.0.1 (bind port 0, read it back, close). */
-static inline int mp_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &len)) {
-    perror("mp_free_port");
-    exit(99);
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 /* A TCP port on 127.0.0.1 that stays reserved while *fd is open: bound with SO_REUSEADDR and
  * never listening, so the store (which binds with SO_REUSEADDR and listens) can take it, while
  * nobody else can: neither another test's bind nor the ephemeral port of another test's
- * connect(), which mp_free_port's closed probe leaves open to in a parallel ctest run between
+ * connect(), which a closed probe would leave open to in a parallel ctest run between
  * the probe and the store's bind (the store's ranks would then wait for it until their deadline). */
 static inline int mp_hold_port(int *fd) {
   int one = 1;
@@ -45,6 +32,15 @@ static inline int mp_hold_port(int *fd) {
     exit(99);
   }
   return ntohs(a.sin_port);
+}
+
+/* A free TCP port on 127.0.0.1, reserved as mp_hold_port does until the next call (the socket
+ * stays open in this process, close-on-exec). */
+static inline int mp_free_port(void) {
+  static int hold = -1;
+  if (hold >= 0)
+    close(hold);
+  return mp_hold_port(&hold);
 }
 
 /* Sets the DTRAIN_* job environment of `rank` in this process. */

@@ -187,12 +187,18 @@ static void test_parse_run_refuses_bad_spec(void **state) {
 /* Starts W fault_workers on 127.0.0.1 with a fresh port and the given extra env; returns via
  * pids[]. Output in dir/w<r>.out/.err. */
 static int free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
+  /* Held (SO_REUSEADDR, bound, never listening) until the next call, so that rank 0's store can
+   * bind it and no other process of a parallel test run can take it first. */
+  static int hold = -1;
+  if (hold >= 0)
+    close(hold);
+  int one = 1;
+  hold = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof a;
-  assert_int_equal(bind(s, (struct sockaddr *)&a, sizeof a), 0);
-  assert_int_equal(getsockname(s, (struct sockaddr *)&a, &len), 0);
-  close(s);
+  assert_int_equal(setsockopt(hold, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+  assert_int_equal(bind(hold, (struct sockaddr *)&a, sizeof a), 0);
+  assert_int_equal(getsockname(hold, (struct sockaddr *)&a, &len), 0);
   return ntohs(a.sin_port);
 }
 
