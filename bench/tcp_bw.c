@@ -193,28 +193,40 @@ static int exchange_side(int fd, double seconds, double got[2]) {
   return rc || s.rc ? -1 : 0;
 }
 
+/* A whole decimal argument: 1 and *out set, or 0 when it is not one ("x", "4M", ""). */
+static int num_arg(const char *s, double *out) {
+  char *end;
+  errno = 0;
+  *out = strtod(s, &end);
+  return end != s && *end == '\0' && errno == 0;
+}
+
 int main(int argc, char **argv) {
-  double seconds = 3.0;
+  double seconds = 3.0, buffer = 0;
   int exchange = 0;
   for (int i = 1; i < argc; i++) {
+    int ok = 1;
     if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-      seconds = atof(argv[++i]);
+      ok = num_arg(argv[++i], &seconds);
     else if (!strcmp(argv[i], "--exchange"))
       exchange = 1;
     else if (!strcmp(argv[i], "--poll"))
       use_poll = 1;
     else if (!strcmp(argv[i], "--buffer") && i + 1 < argc)
-      sock_buffer = atoi(argv[++i]);
-    else {
+      ok = num_arg(argv[++i], &buffer);
+    else
+      ok = 0;
+    if (!ok) {
       fprintf(stderr, "usage: tcp_bw [--seconds S] [--exchange [--poll] [--buffer BYTES]]\n");
       return 2;
     }
   }
-  if (sock_buffer < 0 || sock_buffer > (64 << 20)) {
-    fprintf(stderr, "tcp_bw: --buffer must be in [0, 64 MiB]\n");
+  if (!(buffer >= 0 && buffer <= (64 << 20)) || buffer != (int)buffer) {
+    fprintf(stderr, "tcp_bw: --buffer must be a whole number of bytes in [0, 64 MiB]\n");
     return 2;
   }
-  if (seconds <= 0 || seconds > 60) {
+  sock_buffer = (int)buffer;
+  if (!(seconds > 0 && seconds <= 60)) {
     fprintf(stderr, "tcp_bw: --seconds must be in (0, 60]\n");
     return 2;
   }

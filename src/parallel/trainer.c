@@ -279,6 +279,22 @@ static void start_block_sum(trainer *t) {
 
 static size_t tail_count(const trainer *t) { return dt_model_param_count(t->model) - t->tail_lo; }
 
+/* Waits for the per-bucket requests reqs[0 .. n) still in flight, last first (the progress
+ * thread runs them in order, so this thread sleeps once), and clears them. Returns rc, or the
+ * first failure found, named as `what` of its bucket, when rc is DT_OK. */
+static dt_status wait_blocks(trainer *t, dt_request **reqs, size_t n, const char *what, dt_status rc) {
+  for (size_t k = n; k-- > 0;) {
+    if (!reqs[k])
+      continue;
+    dt_status w = dt_request_wait(reqs[k]);
+    reqs[k] = NULL;
+    if (w != DT_OK && rc == DT_OK)
+      rc = dt__error_prefix(w, "%s, bucket %zu of %zu (floats %zu..%zu)", what, k, t->nbk, t->bk_lo[k],
+                            t->bk_lo[k] + (size_t)t->world * t->bk_c[k]);
+  }
+  return rc;
+}
+
 /* After backward: starts the buckets the hook did not, waits for all, sums loss, squares and
  * tail across ranks and clips. Afterwards grads + bk_lo[b] holds this rank's summed block of
  * bucket b and grads + tail_lo the summed tail. */
@@ -289,16 +305,7 @@ static dt_status finish_block_sums(trainer *t, double wloss, double *loss) {
     start_block_sum(t);
     rc = t->hook_rc;
   }
-  /* the progress thread runs them in order: waiting for the last first sleeps only once */
-  for (size_t k = t->nreqs; k-- > 0;) {
-    if (!t->reqs[k])
-      continue;
-    dt_status w = dt_request_wait(t->reqs[k]);
-    t->reqs[k] = NULL;
-    if (w != DT_OK && rc == DT_OK)
-      rc = dt__error_prefix(w, "gradient reduce-scatter, bucket %zu of %zu (floats %zu..%zu)", k,
-                            t->nbk, t->bk_lo[k], t->bk_lo[k] + (size_t)t->world * t->bk_c[k]);
-  }
+  rc = wait_blocks(t, t->reqs, t->nreqs, "gradient reduce-scatter", rc);
   t->rs_span_ns = t->nreqs ? dt_now_ns() - t->first_start_ns : 0;
   t->nreqs = 0;
   t->hook_rc = DT_OK;
@@ -334,21 +341,6 @@ static dt_status finish_block_sums(trainer *t, double wloss, double *loss) {
   return DT_OK;
 }
 
-/* Collects the allgathers still in flight (first failure wins); records the wait. */
-static dt_status wait_gathers(trainer *t, dt_status rc) {
-  int64_t w0 = dt_now_ns();
-  for (size_t k = t->nbk; k-- > 0;) {
-    if (!t->ag[k])
-      continue;
-    dt_status w = dt_request_wait(t->ag[k]);
-    t->ag[k] = NULL;
-    if (w != DT_OK && rc == DT_OK)
-      rc = dt__error_prefix(w, "parameter allgather, bucket %zu of %zu (floats %zu..%zu)", k, t->nbk,
-                            t->bk_lo[k], t->bk_lo[k] + (size_t)t->world * t->bk_c[k]);
-  }
-  t->ag_wait_ns = dt_now_ns() - w0;
-  return rc;
-}
 
 /* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. */
 static dt_status update_blocks(trainer *t, float lr) {
@@ -370,7 +362,9 @@ static dt_status update_blocks(trainer *t, float lr) {
   }
   if (rc == DT_OK && tail_count(t) > 0)
     rc = dt_optim_step_range(t->optim, t->nbk, g + t->tail_lo);
-  rc = wait_gathers(t, rc);
+  int64_t w0 = dt_now_ns();
+  rc = wait_blocks(t, t->ag, t->nbk, "parameter allgather", rc);
+  t->ag_wait_ns = dt_now_ns() - w0;
   t->ag_span_ns = dt_now_ns() - a0;
   return rc;
 }
@@ -954,7 +948,7 @@ fail:
         t->reqs[i] = NULL;
       }
     if (t->zero)
-      wait_gathers(t, rc);
+      wait_blocks(t, t->ag, t->nbk, "parameter allgather", rc);
   }
   return rc;
 }

@@ -130,6 +130,11 @@ static void test_ceilings(void) {
   }
   snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw --exchange --seconds 0 >/dev/null 2>&1", tmp_dir);
   CHECK(run(cmd, NULL, 0) == 2, "tcp_bw accepted --seconds 0");
+  const char *bad[] = {"--buffer x", "--buffer 4M", "--buffer -1", "--seconds 1s"};
+  for (int b = 0; b < 4; b++) {
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/tcp_bw --exchange %s >/dev/null 2>&1", tmp_dir, bad[b]);
+    CHECK(run(cmd, NULL, 0) == 2, "tcp_bw accepted %s", bad[b]);
+  }
   snprintf(cmd, sizeof cmd, "timeout 60 %s/sgemm_peak --n 128 --reps 2 --threads 1", tmp_dir);
   rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "\"check_ok\": true"), "sgemm_peak: %d %s", rc, out);

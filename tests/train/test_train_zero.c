@@ -188,13 +188,23 @@ static void copy_dir(const char *from, const char *to) {
   CHECK(system(cmd) == 0, "copy %s to %s", from, to);
 }
 
-static void resume_from(int n, const char *ck, int zero, const char *out) {
+/* Resumes a copy of checkpoint directory `src` (as `ck`; NULL: src itself) on n workers with
+ * --zero `zero` into run `out`, which must continue after step 12 and match run `ref` from step
+ * 13 on: exactly when tol is 0, else losses and parameters within tol. */
+static void resume_matches(int n, const char *src, const char *ck, int zero, const char *out,
+                           const char *ref, double tol, const char *what) {
+  if (ck)
+    copy_dir(src, ck);
   char extra[4096];
-  snprintf(extra, sizeof extra, ADAMW " --epochs 2 --checkpoint-dir %s/%s --resume --zero %d", dir, ck, zero);
+  snprintf(extra, sizeof extra, ADAMW " --epochs 2 --checkpoint-dir %s/%s --resume --zero %d", dir,
+           ck ? ck : src, zero);
   train_n(n, extra, out);
   double l[64];
   losses(out, l, 64);
   CHECK(isnan(l[12]) && !isnan(l[13]), "%s should resume after step 12", out);
+  check_losses(out, ref, 13, 40, tol);
+  double d = model_diff(out, ref);
+  CHECK(tol == 0 ? d == 0 : d <= tol, "%s: parameters differ from %s by %g", what, ref, d);
 }
 
 static void group_resume(void) {
@@ -224,34 +234,18 @@ static void group_resume(void) {
   }
 
   /* same world, same --zero: exactly the uninterrupted run */
-  copy_dir("ck1", "ck1a");
-  resume_from(2, "ck1a", 1, "r1_2");
-  check_losses("r1_2", "full1", 13, 40, 0);
-  CHECK(model_diff("r1_2", "full1") == 0, "--zero 1 resumed on 2 workers: parameters differ");
+  resume_matches(2, "ck1", "ck1a", 1, "r1_2", "full1", 0, "--zero 1 resumed on 2 workers");
   /* --zero 1 checkpoint resumed with --zero 0, and on 4 workers */
-  copy_dir("ck1", "ck1b");
-  resume_from(2, "ck1b", 0, "r0_2");
-  check_losses("r0_2", "full1", 13, 40, 1e-5);
-  CHECK(model_diff("r0_2", "full1") <= 1e-5, "--zero 1 checkpoint resumed with --zero 0 differs");
-  copy_dir("ck1", "ck1c");
-  resume_from(4, "ck1c", 1, "r1_4");
-  check_losses("r1_4", "full1", 13, 40, 1e-5);
-  CHECK(model_diff("r1_4", "full1") <= 1e-5, "--zero 1 checkpoint resumed on 4 workers differs");
+  resume_matches(2, "ck1", "ck1b", 0, "r0_2", "full1", 1e-5, "--zero 1 checkpoint resumed with --zero 0");
+  resume_matches(4, "ck1", "ck1c", 1, "r1_4", "full1", 1e-5, "--zero 1 checkpoint resumed on 4 workers");
   /* a --zero 0 checkpoint resumed with --zero 1 (on 4 workers too) */
-  copy_dir("ck0", "ck0a");
-  resume_from(2, "ck0a", 1, "r01_2");
-  check_losses("r01_2", "full0", 13, 40, 1e-5);
-  CHECK(model_diff("r01_2", "full0") <= 1e-5, "--zero 0 checkpoint resumed with --zero 1 differs");
-  copy_dir("ck0", "ck0b");
-  resume_from(4, "ck0b", 1, "r01_4");
-  check_losses("r01_4", "full0", 13, 40, 1e-5);
-  CHECK(model_diff("r01_4", "full0") <= 1e-5, "--zero 0 checkpoint resumed with --zero 1 on 4 workers differs");
+  resume_matches(2, "ck0", "ck0a", 1, "r01_2", "full0", 1e-5, "--zero 0 checkpoint resumed with --zero 1");
+  resume_matches(4, "ck0", "ck0b", 1, "r01_4", "full0", 1e-5,
+                 "--zero 0 checkpoint resumed with --zero 1 on 4 workers");
   /* and a checkpoint written by 4 sharded workers resumed on 2 */
   snprintf(extra, sizeof extra, ADAMW " --epochs 2 --max-steps 12 --checkpoint-dir %s/ck4 --zero 1", dir);
   train_n(4, extra, "part4");
-  resume_from(2, "ck4", 1, "r41_2");
-  check_losses("r41_2", "full1", 13, 40, 1e-5);
-  CHECK(model_diff("r41_2", "full1") <= 1e-5, "4-worker --zero 1 checkpoint resumed on 2 differs");
+  resume_matches(2, "ck4", NULL, 1, "r41_2", "full1", 1e-5, "4-worker --zero 1 checkpoint resumed on 2");
 }
 
 static void group_errors(void) {
