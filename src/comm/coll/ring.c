@@ -5,19 +5,21 @@
  * into n segments of count/n (+1 for the first count%n), possibly empty; empty segments still
  * exchange a zero-byte message so every rank stays in the same step.
  *
- * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes of
- * what travels at that step (default 256 KiB, so a piece and the matching input stay in L2). A
- * piece is received into a small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
- * sending the next piece into the transport's buffers (socket buffer, shm ring), so the
- * reduction of piece p overlaps the transfer of piece p+1. All ranks use the same number of
- * pieces per step (from the largest segment), so the calls pair up.
+ * Pipelining: every step, the allgather's too, is cut into pieces of at most DTRAIN_RING_PIECE
+ * bytes (default 128 KiB, so a piece and what it meets stay in L2), the same number per
+ * step on every rank (from the largest segment), so the calls pair up. A reduce-scatter piece is
+ * received into a small temporary and reduced at once while it is hot. The pieces of all steps
+ * run as one wavefront (ring_flow below): the allgather starts on the first reduced pieces while
+ * the later ones are still being reduced, a piece is forwarded while still in cache, and each
+ * sendrecv sends one piece ahead of the one it receives, so a rank finds its next piece already
+ * queued instead of sleeping until its neighbour sends it.
  *
  * f16/bf16 with sum/prod/avg accumulate in f32 and round once. Two ranks: the one step sends
  * the half-precision input and the owner reduces it with its own. More ranks: direct_rs below
  * sends every piece of input straight to its segment's owner (pairwise steps), which reduces all
  * n contributions in one pass; so the half types move (n-1)/n of their input bytes, as f32
  * does, where ring partials in f32 would carry 4 bytes per element on steps 1..n-2. The
- * allgather moves half precision. The ring_rs code for partials of another type stays general.
+ * allgather moves half precision.
  * min/max of half types are exact in any order and run on half precision directly.
  *
  * Result bits are identical on every rank: each segment is reduced along one path by its owner
@@ -27,13 +29,25 @@
 
 #include "comm/coll/coll.h"
 
+/* Default piece: 128 KiB. A rank's working set per piece is the piece it receives, the input it
+ * reduces it with, the result, and the two pieces in the socket buffers; at 128 KiB that stays
+ * within the 1 MiB L2 and the kernel's copies in and out of the sockets hit the cache. Measured
+ * on the 2-core EPYC guest (another helper's benchmark loading it, load 3.3-3.6), 4 alternated
+ * runs of `perf stat -e task-clock dtrain bench allreduce --transport tcp -n 2 --sizes 16M:16M
+ * --iters 40` per piece size, medians of CPU ms per call (both ranks) / wall us: 64 KiB 21.0 /
+ * 20,081, 96 KiB 18.6 / 15,038, 128 KiB 18.2 / 16,005, 160 KiB 18.4 / 14,528, 192 KiB 20.1 /
+ * 19,344, 256 KiB 21.2-24.5 / 18,568-23,772 (two runs); 4 ranks (rhd), 16 MiB: 128 KiB 65.9 /
+ * 34,384 against 256 KiB's 75.1 / 44,729. The step-by-step ring before the wavefront (ring_flow)
+ * did not gain from smaller pieces (128 KiB: 24.0 / 22,213 against 21.9 / 16,793 at 256 KiB). */
+#define RING_PIECE_DEFAULT (128u << 10)
+
 size_t dt__ring_piece_bytes(void) {
   static _Atomic size_t cached;
   size_t v = cached;
   if (v == 0) {
     uint64_t b;
-    if (dt__env_size("DTRAIN_RING_PIECE", 256 << 10, &b) != DT_OK || b < 4096)
-      b = 256 << 10;
+    if (dt__env_size("DTRAIN_RING_PIECE", RING_PIECE_DEFAULT, &b) != DT_OK || b < 4096)
+      b = RING_PIECE_DEFAULT;
     v = (size_t)b;
     cached = v;
   }
@@ -64,8 +78,8 @@ static void ring_segments(size_t count, int n, size_t *off, size_t *len) {
  * r-2, ..., the same for a segment on every run). Each rank sends (n-1)/n of its input in half
  * precision, the same bytes per input byte as the f32 ring, where the ring's f32 partials carried
  * 4 bytes per element on steps 1..n-2 (4 ranks: 4/3 of f32's bytes per input byte). Same
- * segment ownership as ring_rs with `shift`: rank r ends with segment (r + shift + 1) mod n in
- * out. Scratch: n-1 pieces. */
+ * segment ownership as the ring's reduce-scatter with `shift`: rank r ends with segment
+ * (r + shift + 1) mod n in out. Scratch: n-1 pieces. */
 static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const size_t *len, dt_dtype t, dt_op op,
                            int shift, void *out, const dt__fp *fp, int64_t deadline) {
   int n = c->size, r = c->rank, mine = mod(r + shift + 1, n);
