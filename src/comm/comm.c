@@ -495,10 +495,18 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     c->local_rank = env.local_rank;
     c->local_size = env.local_size;
   }
+  /* DTRAIN_BIND (bind.c) before the transport, so that whatever the transport starts runs where
+   * the rank will; the shm transport judges oversubscription by the CPUs from before. */
+  c->host_cpus = dt__comm_cpus();
+  {
+    pthread_t own[2];
+    int nown = 0;
+    own[nown++] = dt__health_thread(c->health);
+    if (c->server)
+      own[nown++] = dt__store_server_thread(c->server);
+    DT_CHECK_GOTO(dt__comm_bind(cfg ? cfg->bind : NULL, c->local_rank, c->local_size, own, nown), st, fail);
+  }
   DT_CHECK_GOTO(comm_connect_transport(c, ids), st, fail);
-  /* DTRAIN_BIND (bind.c), after the transport: shm reads the unbound CPU set to tell whether
-   * the host is oversubscribed */
-  DT_CHECK_GOTO(dt__comm_bind(cfg ? cfg->bind : NULL, c->local_rank, c->local_size, NULL), st, fail);
   dt__free(ids);
   DT_LOG_DEBUG("joined: rank %d of %d (local %d of %d), transport %s, store %s:%d (%s)", c->rank, c->size,
                c->local_rank, c->local_size, c->ops->name, c->env.store_host, c->env.store_port, env.source);
@@ -592,6 +600,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   }
   n->env = c->env;
   n->timeout_ms = c->timeout_ms;
+  n->host_cpus = c->host_cpus;
   n->health = c->health;
   dt__health_retain(c->health);
   for (int i = 0; i < m; i++) {

@@ -25,6 +25,8 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
  * called, the store is named by its address only. Thread-safe. */
 #define DT_HEALTH_STORE_OUTSIDE (-1)
 void dt__health_set_store_rank(dt__health *h, int rank);
+/* The heartbeat thread (for DTRAIN_BIND). */
+pthread_t dt__health_thread(const dt__health *h);
 void dt__health_retain(dt__health *h);
 /* Says goodbye to the store (so leaving is not a failure) and stops the thread at refcount 0. */
 void dt__health_release(dt__health *h);
@@ -36,10 +38,12 @@ void dt__health_verdict(const dt__health *h, char *buf, size_t n);
  * rank stops within a heartbeat interval. Never blocks longer than a short fixed bound. */
 void dt__health_raise(dt__health *h, const char *msg);
 
-/* DTRAIN_BIND=auto pins this thread (and the threads it starts later) to local rank
- * local_rank's share of the CPUs; none/unset does nothing (bind.c). *bound_cpus (may be NULL):
- * CPUs in the share, 0 when nothing was bound. DT_ERR_INVALID for another value. */
-dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, int *bound_cpus);
+/* DTRAIN_BIND=auto pins this thread (and the threads it starts later) and threads[0..nthreads)
+ * to local rank local_rank's share of the CPUs (one CPU when oversubscribed); none/unset does
+ * nothing (bind.c). DT_ERR_INVALID for another value. */
+dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, const pthread_t *threads, int nthreads);
+/* CPUs this thread may run on (sched_getaffinity), else the online CPUs. */
+int dt__comm_cpus(void);
 
 /* Resolves a dt_comm_config (NULL fields and -1 from the environment, as dtrain/comm.h says). */
 typedef struct dt__comm_env {
@@ -69,6 +73,8 @@ struct dt_comm {
   int local_rank, local_size;
   int *world_ranks;     /* [size]: each member's rank in the world communicator */
   bool same_host;       /* every member runs on this host */
+  int host_cpus;        /* CPUs the process could run on before DTRAIN_BIND pinned it (what
+                         * the shm transport compares the ranks on the host against) */
   dt__comm_env env;     /* how the world was joined (store address, secret, knobs) */
   dt__store *store;     /* this communicator's own store connection (application thread) */
   dt__store_server *server; /* non-NULL on the rank hosting the store (world only) */

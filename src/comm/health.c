@@ -253,6 +253,8 @@ void dt__health_set_store_rank(dt__health *h, int rank) {
     atomic_store(&h->store_rank, rank >= 0 ? rank : DT_HEALTH_STORE_OUTSIDE);
 }
 
+pthread_t dt__health_thread(const dt__health *h) { return h->thread; }
+
 void dt__health_retain(dt__health *h) { atomic_fetch_add(&h->refs, 1); }
 
 void dt__health_release(dt__health *h) {

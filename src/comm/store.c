@@ -949,6 +949,8 @@ fail:
   return st;
 }
 
+pthread_t dt__store_server_thread(const dt__store_server *s) { return s->thread; }
+
 void dt__store_server_stop(dt__store_server *s) {
   if (!s)
     return;

@@ -35,6 +35,8 @@ dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secr
  * treat a vanished store as its host's failure, so the hosting rank should first release its
  * own health (goodbye) and dt__store_server_drain with a short deadline. */
 void dt__store_server_stop(dt__store_server *s);
+/* The server's thread (for DTRAIN_BIND). */
+pthread_t dt__store_server_thread(const dt__store_server *s);
 /* Waits (at most until the deadline) until every rank that ever sent a heartbeat has said
  * goodbye or been declared failed, so the hosting rank can stop the server without the others'
  * health threads seeing the store vanish under them. Returns the number of ranks still live

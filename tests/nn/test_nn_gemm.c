@@ -1,7 +1,8 @@
 /* test_nn_gemm.c - dt__nn_sgemm against a double-precision reference: all four transpose
  * combinations, every size in {1, 7, 15, 17, 31, 33, 100, 257} for M, N and K, alpha and beta in
  * {0, 1, other} (beta == 0 must ignore NaN already in C), leading dimensions wider than the
- * matrices (the padding must stay untouched), and the engine's own layer shapes.
+ * matrices (the padding must stay untouched), the engine's own layer shapes, and the tiles and
+ * limits of the few-rows x W^T path.
  *
  * The implementation is chosen once per process from DTRAIN_GEMM, so the test runs itself as
  * child processes: "own" (dtrain's AVX-512 kernel, when this CPU has AVX-512F) and "blas"
@@ -155,6 +156,25 @@ static void test_engine_shapes(void **state) {
   assert_int_equal(bad, 0);
 }
 
+/* x W^T with few rows (gemm.c's dot-product path, op(A) = A, op(B) = B^T, M <= 64, K <= 1024)
+ * and just past its limits (M = 65, K = 1025 take the packing path): every row tail of its 4-row
+ * tiles, every column tail of its 6-column blocks (N = 4 runs the 4-column tile, N >= 12 the
+ * prefetch of the next block), K in whole 16-float loads and with a tail, padded leading
+ * dimensions, alpha and beta general, 1 and 0. */
+static void test_dot_shapes(void **state) {
+  static const int Ms[] = {1, 3, 4, 5, 63, 64, 65}, Ns[] = {1, 4, 5, 6, 7, 11, 12, 13, 25};
+  static const int Ks[] = {16, 48, 1024, 1025};
+  static const float AB[][2] = {{1.25f, -0.5f}, {1.0f, 1.0f}, {-0.75f, 0.0f}};
+  int bad = 0;
+  for (int a = 0; a < 7; a++)
+    for (int b = 0; b < 9; b++)
+      for (int c = 0; c < 4; c++) {
+        int v = (a + b + c) % 3;
+        bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], (a + c) % 2 ? 5 : 0) != 0;
+      }
+  assert_int_equal(bad, 0);
+}
+
 /* Runs this program with DTRAIN_GEMM=mode and argument arg; returns its exit status. */
 static int run_child(const char *self, const char *mode, const char *arg) {
   char var[64];
@@ -219,6 +239,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_alpha_beta),
         cmocka_unit_test(test_leading_dims),
         cmocka_unit_test(test_engine_shapes),
+        cmocka_unit_test(test_dot_shapes),
     };
     return cmocka_run_group_tests_name(want, tests, NULL, NULL) == 0 ? 0 : 1;
   }

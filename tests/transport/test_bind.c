@@ -1,14 +1,18 @@
 /* test_bind.c - DTRAIN_BIND (src/comm/bind.c): each local rank gets its own equal, consecutive
- * share of the CPUs it was allowed; nothing changes with one rank, with more ranks than CPUs, or
- * with DTRAIN_BIND unset / none; any other value is DT_ERR_INVALID naming it; dt_comm_config.bind,
- * when set, wins over DTRAIN_BIND. Then a real
- * 2-rank tcp job with DTRAIN_BIND=auto: each rank's mask is the expected share (disjoint from
- * the other's when there are 2 CPUs or more) and an allreduce still gives the right sum.
+ * share of the CPUs it was allowed, or with more ranks than CPUs the one CPU local rank mod CPUs;
+ * nothing changes with one rank, or with DTRAIN_BIND unset / none; any other value is
+ * DT_ERR_INVALID naming it; dt_comm_config.bind, when set, wins over DTRAIN_BIND. Then real tcp
+ * jobs with DTRAIN_BIND=auto: 2 ranks, each rank's mask is the expected share (disjoint from the
+ * other's when there are 2 CPUs or more); 3 ranks on 2 CPUs (or 2 on 1), ranks 0 and 2 share a
+ * CPU and rank 1 has the other; in both, the communicator's own threads (heartbeat, store
+ * server) carry the rank's mask, and an allreduce still gives the right sum.
  * Each case runs in its own child process, so masks never leak between cases. */
+#include <dirent.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,14 +24,41 @@ static cpu_set_t start_mask; /* what the test process was allowed at start */
 
 /* The expected share of local rank lr of ls in `have` (the policy stated in bind.c). */
 static void share_of(const cpu_set_t *have, int lr, int ls, cpu_set_t *out) {
-  int ncpu = CPU_COUNT(have), per = ncpu / ls, k = 0;
+  int ncpu = CPU_COUNT(have), per = ls > ncpu ? 1 : ncpu / ls, lo = ls > ncpu ? lr % ncpu : lr * per, k = 0;
   CPU_ZERO(out);
   for (int i = 0; i < CPU_SETSIZE; i++)
     if (CPU_ISSET(i, have)) {
-      if (k >= lr * per && k < (lr + 1) * per)
+      if (k >= lo && k < lo + per)
         CPU_SET(i, out);
       k++;
     }
+}
+
+/* Every other thread of this process (in the job's ranks: the communicator's own, the heartbeat
+ * thread and, on rank 0, the store server; a thread may not have named itself yet, so names are
+ * not relied on) has the calling thread's mask; returns how many it checked, -1 on a mismatch
+ * (printed). */
+static int own_threads_follow(const cpu_set_t *mine) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d)
+    return -1;
+  int n = 0;
+  pid_t self = (pid_t)syscall(SYS_gettid);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL && n >= 0) {
+    pid_t tid = (pid_t)atoi(e->d_name);
+    if (e->d_name[0] == '.' || tid == self)
+      continue;
+    cpu_set_t m;
+    if (sched_getaffinity(tid, sizeof m, &m) != 0 || !CPU_EQUAL(&m, mine)) {
+      fprintf(stderr, "thread %d is not bound with its rank\n", (int)tid);
+      n = -1;
+    } else {
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
 }
 
 static int in_child(int (*fn)(void *), void *arg) {
@@ -60,8 +91,7 @@ static int unit_body(void *arg) {
     setenv("DTRAIN_BIND", u->env, 1);
   else
     unsetenv("DTRAIN_BIND");
-  int bound = -1;
-  dt_status st = dt__comm_bind(u->mode, u->lr, u->ls, &bound);
+  dt_status st = dt__comm_bind(u->mode, u->lr, u->ls, NULL, 0);
   CHECK(sched_getaffinity(0, sizeof got, &got) == 0, "sched_getaffinity after");
   const char *v = u->mode ? u->mode : u->env, *name = u->mode ? "dt_comm_config.bind=" : "DTRAIN_BIND=";
   if (v && strcmp(v, "auto") && strcmp(v, "none")) {
@@ -74,15 +104,14 @@ static int unit_body(void *arg) {
   }
   CHECK(st == DT_OK, "%s%s: %s", name, v ? v : "(unset)", dt_last_error());
   int ncpu = CPU_COUNT(&have);
-  if (!v || !strcmp(v, "none") || u->ls <= 1 || u->ls > ncpu) {
-    CHECK(bound == 0 && CPU_EQUAL(&got, &have), "%s%s, local rank %d of %d, %d CPUs: mask changed (%d bound)", name,
-          v ? v : "(unset)", u->lr, u->ls, ncpu, bound);
+  if (!v || !strcmp(v, "none") || u->ls <= 1) {
+    CHECK(CPU_EQUAL(&got, &have), "%s%s, local rank %d of %d, %d CPUs: mask changed", name, v ? v : "(unset)", u->lr,
+          u->ls, ncpu);
     return 0;
   }
   share_of(&have, u->lr, u->ls, &want);
-  CHECK(CPU_EQUAL(&got, &want) && bound == ncpu / u->ls && CPU_COUNT(&got) == bound,
-        "local rank %d of %d: bound to %d CPUs, expected the %d-CPU share of %d", u->lr, u->ls, CPU_COUNT(&got),
-        ncpu / u->ls, ncpu);
+  CHECK(CPU_EQUAL(&got, &want), "local rank %d of %d: bound to %d CPUs, expected the %d-CPU share of %d", u->lr, u->ls,
+        CPU_COUNT(&got), CPU_COUNT(&want), ncpu);
   return 0;
 }
 
@@ -92,26 +121,31 @@ static int job_body(int rank, int size, void *arg) {
   setenv("DTRAIN_BIND", "auto", 1);
   dt_comm *c = NULL;
   CHECK(dt_comm_create(NULL, &c) == DT_OK, "create: %s", dt_last_error());
-  cpu_set_t got, want;
+  cpu_set_t have, got, want;
   CHECK(sched_getaffinity(0, sizeof got, &got) == 0, "sched_getaffinity");
-  int ncpu = CPU_COUNT(&start_mask);
-  if (size <= ncpu)
-    share_of(&start_mask, rank, size, &want);
-  else
-    want = start_mask;
-  CHECK(CPU_EQUAL(&got, &want), "rank %d of %d on %d CPUs: not bound to its share", rank, size, ncpu);
-  /* the ranks' masks (first 64 CPUs) side by side: disjoint when each got a share */
-  int64_t bits = 0, all[2] = {0, 0};
+  have = *(const cpu_set_t *)arg; /* what the job's processes were started with */
+  int ncpu = CPU_COUNT(&have);
+  share_of(&have, rank, size, &want);
+  CHECK(CPU_EQUAL(&got, &want), "rank %d of %d on %d CPUs: bound to %d CPU(s), not its share", rank, size, ncpu,
+        CPU_COUNT(&got));
+  int nown = own_threads_follow(&got);
+  CHECK(nown >= (rank == 0 ? 2 : 1), "rank %d: %d of the communicator's threads carry its mask", rank, nown);
+  /* the ranks' masks (first 64 CPUs) side by side: disjoint when each got a share, and with
+   * more ranks than CPUs rank r shares a CPU with rank r + ncpu only */
+  int64_t bits = 0, all[8] = {0};
   for (int i = 0; i < 64; i++)
     if (CPU_ISSET(i, &got))
       bits |= (int64_t)(1ull << i);
-  CHECK(dt_comm_allgather(c, &bits, all, 1, DT_I64) == DT_OK, "allgather: %s", dt_last_error());
-  if (size <= ncpu)
-    CHECK((all[0] & all[1]) == 0 && all[0] && all[1], "masks overlap: %#llx %#llx", (unsigned long long)all[0],
-          (unsigned long long)all[1]);
+  CHECK(size <= 8 && dt_comm_allgather(c, &bits, all, 1, DT_I64) == DT_OK, "allgather: %s", dt_last_error());
+  for (int a = 0; a < size; a++)
+    for (int b = a + 1; b < size; b++)
+      CHECK(all[a] && ((all[a] & all[b]) != 0) == (size > ncpu && a % ncpu == b % ncpu),
+            "ranks %d and %d of %d on %d CPUs: masks %#llx and %#llx", a, b, size, ncpu, (unsigned long long)all[a],
+            (unsigned long long)all[b]);
   float x[3] = {1.0f + (float)rank, 2, 3}, y[3];
-  CHECK(dt_comm_allreduce(c, x, y, 3, DT_F32, DT_SUM) == DT_OK && y[0] == 3.0f && y[2] == 6.0f, "allreduce: %s",
-        dt_last_error());
+  float want0 = (float)(size * (size + 1) / 2);
+  CHECK(dt_comm_allreduce(c, x, y, 3, DT_F32, DT_SUM) == DT_OK && y[0] == want0 && y[2] == 3.0f * (float)size,
+        "allreduce: %s", dt_last_error());
   dt_comm_destroy(c);
   return 0;
 }
@@ -141,8 +175,23 @@ int main(void) {
     }
   }
   ran++;
-  if (mp_run(2, job_body, NULL, 60)) {
+  if (mp_run(2, job_body, &start_mask, 60)) {
     fprintf(stderr, "FAIL: 2-rank tcp job with DTRAIN_BIND=auto\n");
+    bad++;
+  }
+  /* oversubscribed: the job's processes start on the first one or two allowed CPUs */
+  cpu_set_t few;
+  CPU_ZERO(&few);
+  for (int i = 0, k = 0; i < CPU_SETSIZE && k < 2; i++)
+    if (CPU_ISSET(i, &start_mask)) {
+      CPU_SET(i, &few);
+      k++;
+    }
+  int nover = CPU_COUNT(&few) + 1;
+  ran++;
+  if (sched_setaffinity(0, sizeof few, &few) != 0 || mp_run(nover, job_body, &few, 60) ||
+      sched_setaffinity(0, sizeof start_mask, &start_mask) != 0) {
+    fprintf(stderr, "FAIL: %d-rank tcp job on %d CPU(s) with DTRAIN_BIND=auto\n", nover, CPU_COUNT(&few));
     bad++;
   }
   printf("%d passed, %d failed\n", ran - bad, bad);

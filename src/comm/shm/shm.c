@@ -535,8 +535,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     return DT_ERR_NOMEM;
   }
   /* Oversubscribed: more ranks of the job on this host than CPUs we may run on. */
-  cpu_set_t cpus;
-  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
   int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
   t->oversubscribed = ncpu > 0 && on_host > ncpu;
   int64_t spin_us, yield_us;
