@@ -300,9 +300,7 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   case DT_COLL_ALLGATHER:
     if (a == DT_ALGO_SHM)
       return c->ops->allgather(c->tp, k->sbuf, rb, k->count, k->dtype, fp, deadline);
-    if (sb && sb != rb + (size_t)r * bytes)
-      memmove(rb + (size_t)r * bytes, sb, bytes);
-    return dt__allgather_ring(c, rb, k->count, k->dtype, fp, deadline);
+    return dt__allgather_ring(c, sb, rb, k->count, k->dtype, fp, deadline);
   case DT_COLL_REDUCE_SCATTER:
     if (a == DT_ALGO_SHM)
       return c->ops->reduce_scatter(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);

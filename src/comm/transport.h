@@ -64,6 +64,11 @@ typedef struct dt_transport_ops {
    * raised anywhere in the job (dt__comm_aborted), DT_ERR_ABORTED with the verdict. */
   dt_status (*sendrecv)(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf,
                         size_t rn, const dt__fp *fp, int64_t deadline);
+  /* Bytes of messages to one peer that a sendrecv can hand over while that peer is not yet
+   * receiving them (socket buffers, shm ring slots), frame headers included. The pipelined ring
+   * (ring.c) sends one piece ahead of the one it receives only when two pieces fit. NULL or 0:
+   * a send may wait for its matching receive (MPI's rendezvous), so nothing is sent ahead. */
+  size_t (*queue_bytes)(dt_transport *t);
   /* Optional whole-collective fast paths, NULL when absent. Same contract as the public call
    * (sendbuf may be DT_IN_PLACE); the fingerprint is already built. The comm layer uses them
    * when the algorithm choice says so. */

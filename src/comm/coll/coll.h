@@ -107,11 +107,18 @@ dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t co
                              const dt__fp *fp, int64_t deadline);
 dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
                                   const dt__fp *fp, int64_t deadline);
-/* rbuf already holds this rank's block at r * count. */
-dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp, int64_t deadline);
+/* own: this rank's block, copied to r * count of rbuf piece by piece as it is sent (while the
+ * send left it in cache), or NULL when rbuf already holds it there. */
+dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp,
+                             int64_t deadline);
 
-/* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 256 KiB (ring.c). */
+/* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 128 KiB (ring.c). */
 size_t dt__ring_piece_bytes(void);
+
+/* 1 when an exchange cut into `pieces` pieces of up to piece_bytes may send each piece one
+ * ahead of the one it receives: at least two pieces, and two of them fit in what the transport
+ * queues for a peer that is not receiving yet (ops->queue_bytes; ring.c says why). */
+int dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes);
 
 /* rhd.c: Rabenseifner's allreduce, any n (a fold for non-powers of two); half types with
  * sum/prod/avg run the ring. */

@@ -7,9 +7,10 @@
  * cores) each hand-over waits for a rank that shares a core to be scheduled; halving the number
  * of steps halves those waits. Round k (mask = p2/2, p2/4, ..., 1) pairs rank v with v ^ mask:
  * both hold the same window of the buffer, each keeps one half (the upper half when its mask bit
- * is set), sends the other and reduces the half it keeps with what arrives. The exchange is cut
- * into pieces of DTRAIN_RING_PIECE bytes (ring.c) so that the reduction of a piece overlaps the
- * transfer of the next. After log2(p2) rounds rank v owns window v (1/p2 of the buffer, fully
+ * is set), sends the other and reduces the half it keeps with what arrives. Every exchange, the
+ * doubling ones too, is cut into pieces of DTRAIN_RING_PIECE bytes (ring.c) so that the reduction
+ * of a piece overlaps the transfer of the next, and sends one piece ahead where the transport
+ * queues it (rhd_swap), so that neither side of a pair waits for the other to start. After log2(p2) rounds rank v owns window v (1/p2 of the buffer, fully
  * reduced, avg finished there), and the allgather retraces the windows in reverse, doubling.
  *
  * Non-power-of-two n: as in rd.c, with p2 the largest power of two <= n and extra = n - p2,
@@ -22,34 +23,39 @@
  * ranks end bit-identical; each exchange computes lower-rank operand op higher-rank operand.
  * f16/bf16 with sum/prod/avg go to the ring (ring.c's direct reduce-scatter), which rounds once
  * without sending f32 partials: halving would have to carry f32 partials after its first round.
- * It deliberately does not pipeline across rounds: a round's partner is known only once the
- * previous round's window is reduced. */
+ * It deliberately does not pipeline across rounds: what a round sends is the half of the window
+ * that the previous round finished reducing only at its end. */
 #include "comm/coll/coll.h"
 
-/* One round of recursive halving with `peer`: this rank keeps [klo, klo + kn) and sends
- * [slo, slo + sn) of `src` (elements), receiving the peer's copy of the kept window in pieces
- * into tmp and reducing each at once into dst (dst may equal src). Both sides cut the same
- * number of pieces, from the longer of the two halves. */
-static dt_status rhd_halve(dt_comm *c, int peer, const char *src, char *dst, size_t slo, size_t sn, size_t klo,
-                           size_t kn, dt_dtype t, dt_op op, char *tmp, size_t pe, const dt__fp *fp,
-                           int64_t deadline) {
-  size_t es = dt_dtype_size(t), most = DT_MAX(sn, kn);
+/* One exchange with `peer`: sends sn elements from sp while receiving rn elements, in pieces of
+ * pe elements (both sides cut the same number, from the longer side). Received pieces land at
+ * rp, or, when tmp is given, in tmp and are reduced at once with `mine` (at the same offsets)
+ * into rp, lower rank's operand first. When the transport queues two pieces (ring.c), each
+ * sendrecv sends the piece after the one it receives, so the peer finds its next piece already
+ * there; the pieces sent never depend on the ones received within one exchange. */
+static dt_status rhd_swap(dt_comm *c, int peer, const char *sp, size_t sn, char *rp, size_t rn, char *tmp,
+                          const char *mine, dt_dtype t, dt_op op, size_t pe, const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(t), most = DT_MAX(sn, rn);
   size_t pieces = most ? (most + pe - 1) / pe : 1;
-  int peer_first = peer < c->rank;
+  int peer_first = peer < c->rank, lag = dt__coll_send_ahead(c, pieces, pe * es);
+  if (lag)
+    DT_CHECK(c->ops->sendrecv(c->tp, peer, sp, DT_MIN(pe, sn) * es, -1, NULL, 0, fp, deadline));
   for (size_t p = 0; p < pieces; p++) {
-    size_t so = DT_MIN(p * pe, sn), sm = DT_MIN(so + pe, sn) - so;
-    size_t ko = DT_MIN(p * pe, kn), km = DT_MIN(ko + pe, kn) - ko;
-    dt_status st = c->ops->sendrecv(c->tp, peer, src + (slo + so) * es, sm * es, peer, tmp, km * es, fp, deadline);
+    size_t q = p + (size_t)lag; /* the piece sent now */
+    size_t so = DT_MIN(q * pe, sn), sm = DT_MIN(so + pe, sn) - so;
+    size_t ro = DT_MIN(p * pe, rn), rm = DT_MIN(ro + pe, rn) - ro;
+    dt_status st = c->ops->sendrecv(c->tp, q < pieces ? peer : -1, sp + so * es, sm * es, peer,
+                                    tmp ? tmp : rp + ro * es, rm * es, fp, deadline);
     if (st)
       return st;
-    if (km == 0)
+    if (!tmp || rm == 0)
       continue;
-    const char *mine = src + (klo + ko) * es;
-    char *out = dst + (klo + ko) * es;
+    const char *m = mine + ro * es;
+    char *out = rp + ro * es;
     if (peer_first)
-      dt__reduce2(out, tmp, mine, km, t, op);
+      dt__reduce2(out, tmp, m, rm, t, op);
     else
-      dt__reduce2(out, mine, tmp, km, t, op);
+      dt__reduce2(out, m, tmp, rm, t, op);
   }
   return DT_OK;
 }
@@ -99,7 +105,8 @@ dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
     int upper = (vr & mask) != 0;
     size_t slo = upper ? wlo : mid, sn = upper ? mid - wlo : whi - mid;
     size_t klo = upper ? mid : wlo, kn = upper ? whi - mid : mid - wlo;
-    st = rhd_halve(c, peer, src, rbuf, slo, sn, klo, kn, t, op, tmp, pe, fp, deadline);
+    st = rhd_swap(c, peer, src + slo * es, sn, (char *)rbuf + klo * es, kn, tmp, src + klo * es, t, op, pe, fp,
+                  deadline);
     if (st)
       return st;
     src = rbuf; /* from the second round on, the partials live in rbuf */
@@ -114,8 +121,8 @@ dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
     /* the sibling half, by the mask bit: a window's halves may be empty, so bounds cannot tell */
     size_t mid = lo[i] + (hi[i] - lo[i]) / 2;
     size_t olo = (vr & mask) ? lo[i] : mid, ohi = (vr & mask) ? mid : hi[i];
-    st = c->ops->sendrecv(c->tp, peer, (char *)rbuf + wlo * es, (whi - wlo) * es, peer, (char *)rbuf + olo * es,
-                          (ohi - olo) * es, fp, deadline);
+    st = rhd_swap(c, peer, (char *)rbuf + wlo * es, whi - wlo, (char *)rbuf + olo * es, ohi - olo, NULL, NULL, t, op,
+                  pe, fp, deadline);
     if (st)
       return st;
     wlo = lo[i];

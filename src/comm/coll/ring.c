@@ -5,19 +5,21 @@
  * into n segments of count/n (+1 for the first count%n), possibly empty; empty segments still
  * exchange a zero-byte message so every rank stays in the same step.
  *
- * Pipelining: each reduce-scatter step is cut into pieces of at most DTRAIN_RING_PIECE bytes of
- * what travels at that step (default 256 KiB, so a piece and the matching input stay in L2). A
- * piece is received into a small temporary and reduced at once while it is hot; meanwhile the left neighbour is already
- * sending the next piece into the transport's buffers (socket buffer, shm ring), so the
- * reduction of piece p overlaps the transfer of piece p+1. All ranks use the same number of
- * pieces per step (from the largest segment), so the calls pair up.
+ * Pipelining: every step, the allgather's too, is cut into pieces of at most DTRAIN_RING_PIECE
+ * bytes (default 128 KiB, so a piece and what it meets stay in L2), the same number per
+ * step on every rank (from the largest segment), so the calls pair up. A reduce-scatter piece is
+ * received into a small temporary and reduced at once while it is hot. The pieces of all steps
+ * run as one wavefront (ring_flow below): the allgather starts on the first reduced pieces while
+ * the later ones are still being reduced, a piece is forwarded while still in cache, and each
+ * sendrecv sends one piece ahead of the one it receives, so a rank finds its next piece already
+ * queued instead of sleeping until its neighbour sends it.
  *
  * f16/bf16 with sum/prod/avg accumulate in f32 and round once. Two ranks: the one step sends
  * the half-precision input and the owner reduces it with its own. More ranks: direct_rs below
  * sends every piece of input straight to its segment's owner (pairwise steps), which reduces all
  * n contributions in one pass; so the half types move (n-1)/n of their input bytes, as f32
  * does, where ring partials in f32 would carry 4 bytes per element on steps 1..n-2. The
- * allgather moves half precision. The ring_rs code for partials of another type stays general.
+ * allgather moves half precision.
  * min/max of half types are exact in any order and run on half precision directly.
  *
  * Result bits are identical on every rank: each segment is reduced along one path by its owner
@@ -27,17 +29,34 @@
 
 #include "comm/coll/coll.h"
 
+/* Default piece: 128 KiB. A rank's working set per piece is the piece it receives, the input it
+ * reduces it with, the result, and the two pieces in the socket buffers; at 128 KiB that stays
+ * within the 1 MiB L2 and the kernel's copies in and out of the sockets hit the cache. Measured
+ * on the 2-core EPYC guest (another helper's benchmark loading it, load 3.3-3.6), 4 alternated
+ * runs of `perf stat -e task-clock dtrain bench allreduce --transport tcp -n 2 --sizes 16M:16M
+ * --iters 40` per piece size, medians of CPU ms per call (both ranks) / wall us: 64 KiB 21.0 /
+ * 20,081, 96 KiB 18.6 / 15,038, 128 KiB 18.2 / 16,005, 160 KiB 18.4 / 14,528, 192 KiB 20.1 /
+ * 19,344, 256 KiB 21.2-24.5 / 18,568-23,772 (two runs); 4 ranks (rhd), 16 MiB: 128 KiB 65.9 /
+ * 34,384 against 256 KiB's 75.1 / 44,729. The step-by-step ring before the wavefront (ring_flow)
+ * did not gain from smaller pieces (128 KiB: 24.0 / 22,213 against 21.9 / 16,793 at 256 KiB). */
+#define RING_PIECE_DEFAULT (128u << 10)
+
 size_t dt__ring_piece_bytes(void) {
   static _Atomic size_t cached;
   size_t v = cached;
   if (v == 0) {
     uint64_t b;
-    if (dt__env_size("DTRAIN_RING_PIECE", 256 << 10, &b) != DT_OK || b < 4096)
-      b = 256 << 10;
+    if (dt__env_size("DTRAIN_RING_PIECE", RING_PIECE_DEFAULT, &b) != DT_OK || b < 4096)
+      b = RING_PIECE_DEFAULT;
     v = (size_t)b;
     cached = v;
   }
   return v;
+}
+
+int dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes) {
+  size_t q = c->ops->queue_bytes ? c->ops->queue_bytes(c->tp) : 0;
+  return pieces >= 2 && q / 2 >= piece_bytes + 64; /* 64: a frame's header, with room to spare */
 }
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -52,67 +71,6 @@ static void ring_segments(size_t count, int n, size_t *off, size_t *len) {
   }
 }
 
-/* The reduce-scatter core. in: the full input (type t) with segment i at off[i]. At step s a
- * rank sends segment (r - s + shift) and receives (r - s - 1 + shift), so after n-1 steps it
- * owns segment (r + 1 + shift - n) = (r + shift + 1) mod n, which lands in `out` (type t).
- * Partials live in acc (type acc_t): at off[seg] when acc_per_seg, else at 0 (one segment). */
-static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const size_t *len, dt_dtype t, dt_op op,
-                         int shift, void *acc, dt_dtype acc_t, int acc_per_seg, void *out, const dt__fp *fp,
-                         int64_t deadline) {
-  int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
-  size_t es = dt_dtype_size(t), aes = dt_dtype_size(acc_t);
-  size_t maxseg = 0;
-  for (int i = 0; i < n; i++)
-    maxseg = DT_MAX(maxseg, len[i]);
-  /* Pieces are sized in bytes of what travels at the step, not in elements of the widest type:
-   * sized by the f32 partials, a half-type input went out in pieces of half the bytes, twice
-   * as many sendrecvs (each a poll wake-up on tcp). */
-  size_t pb = dt__ring_piece_bytes();
-  size_t pe0 = DT_MIN(DT_MAX((size_t)1, pb / es), DT_MAX(maxseg, (size_t)1));  /* step 0: the input type */
-  size_t pe1 = DT_MIN(DT_MAX((size_t)1, pb / aes), DT_MAX(maxseg, (size_t)1)); /* later: the partials */
-  void *tmp = dt__coll_scratch(c, 1, DT_MAX(pe0 * es, n > 2 ? pe1 * aes : 0));
-  if (!tmp)
-    return DT_ERR_NOMEM;
-  int wide = acc_t != t;
-  for (int s = 0; s < n - 1; s++) {
-    int sseg = mod(r - s + shift, n), rseg = mod(r - s - 1 + shift, n);
-    int last = s == n - 2;
-    size_t ses = s == 0 ? es : aes; /* what travels at this step */
-    size_t pe = s == 0 ? pe0 : pe1;  /* elements per piece; every rank cuts a step alike */
-    size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
-    for (size_t p = 0; p < pieces; p++) {
-      size_t slo = DT_MIN(p * pe, len[sseg]), shi = DT_MIN(slo + pe, len[sseg]);
-      size_t rlo = DT_MIN(p * pe, len[rseg]), rhi = DT_MIN(rlo + pe, len[rseg]);
-      const char *sp = s == 0 ? (const char *)in + (off[sseg] + slo) * es
-                              : (const char *)acc + ((acc_per_seg ? off[sseg] : 0) + slo) * aes;
-      dt_status st = c->ops->sendrecv(c->tp, right, sp, (shi - slo) * ses, left, tmp, (rhi - rlo) * ses, fp, deadline);
-      if (st)
-        return st;
-      size_t m = rhi - rlo;
-      if (m == 0)
-        continue;
-      const char *mine = (const char *)in + (off[rseg] + rlo) * es;
-      dt_dtype tt = s == 0 ? t : acc_t; /* type of what arrived */
-      if (last) {
-        char *o = (char *)out + rlo * es;
-        if (wide) {
-          dt__reduce_mix(o, t, mine, t, tmp, tt, m, op, op == DT_AVG ? n : 1);
-        } else {
-          dt__reduce2(o, mine, tmp, m, t, op);
-          dt__reduce_finish(o, m, t, op, n);
-        }
-      } else {
-        char *a = (char *)acc + ((acc_per_seg ? off[rseg] : 0) + rlo) * aes;
-        if (wide)
-          dt__reduce_mix(a, acc_t, mine, t, tmp, tt, m, op, 1);
-        else
-          dt__reduce2(a, mine, tmp, m, t, op);
-      }
-    }
-  }
-  return DT_OK;
-}
-
 /* Reduce-scatter of a half type with sum/prod/avg for n > 2, rounding once without f32 partials
  * on the wire: at step s = 1..n-1 each rank sends the piece of its input that belongs to the
  * owner r+s and receives from r-s the piece of its own segment; after the n-1 arrivals of a
@@ -120,8 +78,8 @@ static dt_status ring_rs(dt_comm *c, const void *in, const size_t *off, const si
  * r-2, ..., the same for a segment on every run). Each rank sends (n-1)/n of its input in half
  * precision, the same bytes per input byte as the f32 ring, where the ring's f32 partials carried
  * 4 bytes per element on steps 1..n-2 (4 ranks: 4/3 of f32's bytes per input byte). Same
- * segment ownership as ring_rs with `shift`: rank r ends with segment (r + shift + 1) mod n in
- * out. Scratch: n-1 pieces. */
+ * segment ownership as the ring's reduce-scatter with `shift`: rank r ends with segment
+ * (r + shift + 1) mod n in out. Scratch: n-1 pieces. */
 static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const size_t *len, dt_dtype t, dt_op op,
                            int shift, void *out, const dt__fp *fp, int64_t deadline) {
   int n = c->size, r = c->rank, mine = mod(r + shift + 1, n);
@@ -158,17 +116,170 @@ static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const 
   return st;
 }
 
-/* The allgather core: rbuf (type size es) holds segment (r + shift) complete; at step s a rank
- * sends segment (r + shift - s) and receives (r + shift - s - 1) in place. */
-static dt_status ring_ag(dt_comm *c, void *rbuf, const size_t *off, const size_t *len, size_t es, int shift,
-                         const dt__fp *fp, int64_t deadline) {
+/* ---- the pipelined ring ----
+ *
+ * A ring collective is T steps (reduce-scatter steps, then allgather steps) of P pieces each;
+ * at every (step s, piece p) a rank sends one piece to its right neighbour and receives one from
+ * its left. Piece p of step s needs only piece p of step s-1 (the partial it forwards, or the
+ * reduced segment the allgather starts from), so the calls run in wavefront order: by s*2 + p,
+ * then by step. Steps overlap: the allgather of piece 0 starts while later pieces are still
+ * being reduced, and a piece is forwarded about two pieces after it arrived, while it is still
+ * in this core's cache. With lag 1 every sendrecv sends the item after the one it receives, so
+ * the neighbour always finds its next piece already queued and neither side sleeps waiting for
+ * the other to start sending (wavefront order keeps an item's inputs at least two calls back,
+ * so lag 1 never sends what has not arrived). That needs the transport to take a piece while
+ * the receiver is still busy with the previous one: used only when two pieces fit in what
+ * ops->queue_bytes says it can hold (socket buffers, shm ring slots), and with at least two
+ * pieces per step; otherwise lag 0, the classic step-by-step exchange. */
+
+typedef struct ring_flow {
+  int rs, T;             /* reduce-scatter steps (the first rs of the T steps) */
+  size_t P, pe, es;      /* pieces per step, elements per piece, element size */
+  const size_t *off, *len;
+  const char *in;        /* reduce-scatter input: sent at step 0, reduced with at every step */
+  char *acc;             /* partials of steps 0..rs-2: at off[seg] when acc_per_seg, else at 0 */
+  int acc_per_seg;
+  char *out;             /* the owned segment's result (last reduce-scatter step) */
+  char *ag;              /* allgather buffer: segment i at off[i] */
+  const char *own;       /* allgather: the segment the first step sends, when not yet in ag */
+  int shift_rs, shift_ag;
+  dt_dtype t;
+  dt_op op;
+  int wide;              /* half type reduced in f32 (n = 2 only: the one step is the last) */
+  char *tmp;             /* one received reduce-scatter piece */
+} ring_flow;
+
+/* Wavefront position: item (s, k - 2s). */
+typedef struct ring_wave {
+  size_t k;
+  int s, valid;
+} ring_wave;
+
+/* Moves w to the first item at key >= k (lowest step first). */
+static void wave_seek(const ring_flow *f, ring_wave *w, size_t k) {
+  size_t kmax = (f->P - 1) + 2 * (size_t)(f->T - 1);
+  for (; k <= kmax; k++) {
+    size_t slo = k > f->P - 1 ? (k - (f->P - 1) + 1) / 2 : 0;
+    if (slo <= (size_t)(f->T - 1) && 2 * slo <= k) {
+      w->k = k;
+      w->s = (int)slo;
+      w->valid = 1;
+      return;
+    }
+  }
+  w->valid = 0;
+}
+
+static void wave_next(const ring_flow *f, ring_wave *w) {
+  int s = w->s + 1;
+  if (s <= f->T - 1 && 2 * (size_t)s <= w->k) {
+    w->s = s;
+    return;
+  }
+  wave_seek(f, w, w->k + 1);
+}
+
+/* Element range [lo, hi) of piece p in segment seg. */
+static void flow_piece(const ring_flow *f, int seg, size_t p, size_t *lo, size_t *hi) {
+  *lo = DT_MIN(p * f->pe, f->len[seg]);
+  *hi = DT_MIN(*lo + f->pe, f->len[seg]);
+}
+
+static void flow_send(const ring_flow *f, int r, int n, const ring_wave *w, const char **buf, size_t *bytes) {
+  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  if (w->s < f->rs) {
+    int seg = mod(r - w->s + f->shift_rs, n);
+    flow_piece(f, seg, p, &lo, &hi);
+    *buf = w->s == 0 ? f->in + (f->off[seg] + lo) * f->es
+                     : f->acc + ((f->acc_per_seg ? f->off[seg] : 0) + lo) * f->es;
+  } else {
+    int seg = mod(r + f->shift_ag - (w->s - f->rs), n);
+    flow_piece(f, seg, p, &lo, &hi);
+    *buf = (f->own && w->s == f->rs ? f->own + lo * f->es : f->ag + (f->off[seg] + lo) * f->es);
+  }
+  *bytes = (hi - lo) * f->es;
+}
+
+static void flow_recv(const ring_flow *f, int r, int n, const ring_wave *w, char **buf, size_t *bytes) {
+  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  if (w->s < f->rs) {
+    flow_piece(f, mod(r - w->s - 1 + f->shift_rs, n), p, &lo, &hi);
+    *buf = f->tmp;
+  } else {
+    int seg = mod(r + f->shift_ag - (w->s - f->rs) - 1, n);
+    flow_piece(f, seg, p, &lo, &hi);
+    *buf = f->ag + (f->off[seg] + lo) * f->es;
+  }
+  *bytes = (hi - lo) * f->es;
+}
+
+/* After a piece of `own` went out (buf, bytes from flow_send): its copy into the allgather
+ * buffer, while the send left it in cache. */
+static void flow_own(const ring_flow *f, int r, int n, const ring_wave *w, const char *buf, size_t bytes) {
+  if (!f->own || w->s != f->rs || buf == NULL || bytes == 0)
+    return;
+  int seg = mod(r + f->shift_ag, n);
+  char *dst = f->ag + f->off[seg] * f->es + (size_t)(buf - f->own);
+  if (dst != buf)
+    memmove(dst, buf, bytes);
+}
+
+/* After a reduce-scatter piece arrived in tmp: reduce it with this rank's input into the
+ * partials, or on the last step into the result (finishing avg there). */
+static void flow_reduce(const ring_flow *f, int r, int n, const ring_wave *w) {
+  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  int seg = mod(r - w->s - 1 + f->shift_rs, n);
+  flow_piece(f, seg, p, &lo, &hi);
+  size_t m = hi - lo;
+  if (m == 0)
+    return;
+  const char *mine = f->in + (f->off[seg] + lo) * f->es;
+  if (w->s == f->rs - 1) {
+    char *o = f->out + lo * f->es;
+    if (f->wide) {
+      dt__reduce_mix(o, f->t, mine, f->t, f->tmp, f->t, m, f->op, f->op == DT_AVG ? n : 1);
+    } else {
+      dt__reduce2(o, mine, f->tmp, m, f->t, f->op);
+      dt__reduce_finish(o, m, f->t, f->op, n);
+    }
+  } else {
+    dt__reduce2(f->acc + ((f->acc_per_seg ? f->off[seg] : 0) + lo) * f->es, mine, f->tmp, m, f->t, f->op);
+  }
+}
+
+/* Runs f: T steps of P pieces, in wavefront order, lag 0 or 1 as the header above says. */
+static dt_status flow_run(dt_comm *c, ring_flow *f, const dt__fp *fp, int64_t deadline) {
   int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
-  for (int s = 0; s < n - 1; s++) {
-    int sseg = mod(r + shift - s, n), rseg = mod(r + shift - s - 1, n);
-    dt_status st = c->ops->sendrecv(c->tp, right, (char *)rbuf + off[sseg] * es, len[sseg] * es, left,
-                                    (char *)rbuf + off[rseg] * es, len[rseg] * es, fp, deadline);
-    if (st)
-      return st;
+  size_t piece = f->pe * f->es;
+  if (f->rs > 0 && !(f->tmp = dt__coll_scratch(c, 1, piece)))
+    return DT_ERR_NOMEM;
+  int lag = dt__coll_send_ahead(c, f->P, piece);
+  ring_wave sw, rw;
+  wave_seek(f, &sw, 0);
+  wave_seek(f, &rw, 0);
+  const char *sb;
+  char *rb;
+  size_t sn, rn;
+  if (lag) {
+    flow_send(f, r, n, &sw, &sb, &sn);
+    DT_CHECK(c->ops->sendrecv(c->tp, right, sb, sn, -1, NULL, 0, fp, deadline));
+    flow_own(f, r, n, &sw, sb, sn);
+    wave_next(f, &sw);
+  }
+  while (rw.valid) {
+    sb = NULL;
+    sn = 0;
+    if (sw.valid)
+      flow_send(f, r, n, &sw, &sb, &sn);
+    flow_recv(f, r, n, &rw, &rb, &rn);
+    DT_CHECK(c->ops->sendrecv(c->tp, sw.valid ? right : -1, sb, sn, left, rb, rn, fp, deadline));
+    if (sw.valid)
+      flow_own(f, r, n, &sw, sb, sn);
+    if (rw.s < f->rs)
+      flow_reduce(f, r, n, &rw);
+    wave_next(f, &rw);
+    if (sw.valid)
+      wave_next(f, &sw);
   }
   return DT_OK;
 }
@@ -197,6 +308,17 @@ static void segs_free(segs *g) {
     dt__free(g->off);
 }
 
+/* A flow over the segments g with pieces of DTRAIN_RING_PIECE bytes of type t (every step
+ * moves type t: the half types' f32 partials never travel, see direct_rs). */
+static void flow_init(ring_flow *f, const segs *g, int n, dt_dtype t, dt_op op) {
+  size_t es = dt_dtype_size(t), maxseg = 0;
+  for (int i = 0; i < n; i++)
+    maxseg = DT_MAX(maxseg, g->len[i]);
+  *f = (ring_flow){.off = g->off, .len = g->len, .es = es, .t = t, .op = op};
+  f->pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
+  f->P = maxseg ? (maxseg + f->pe - 1) / f->pe : 1;
+}
+
 dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
                              const dt__fp *fp, int64_t deadline) {
   int n = c->size;
@@ -204,19 +326,28 @@ dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t co
   DT_CHECK(segs_init(&g, n));
   ring_segments(count, n, g.off, g.len);
   size_t es = dt_dtype_size(t);
-  dt_status st;
   int owned = mod(c->rank + 1, n);
+  ring_flow f;
+  flow_init(&f, &g, n, t, op);
+  f.ag = rbuf;
+  f.shift_ag = 1; /* rank r's allgather starts from segment r + 1, the one it reduced */
+  f.T = n - 1;
+  dt_status st = DT_OK;
   if (dt__coll_wide(t, op) && n > 2) {
     st = direct_rs(c, sbuf, g.off, g.len, t, op, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
-  } else if (dt__coll_wide(t, op)) {
-    /* two ranks: the one step carries the half-precision input, nothing to accumulate */
-    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, NULL, DT_F32, 0, (char *)rbuf + g.off[owned] * es, fp, deadline);
   } else {
-    /* partials accumulate in rbuf itself: no extra memory */
-    st = ring_rs(c, sbuf, g.off, g.len, t, op, 0, rbuf, t, 1, (char *)rbuf + g.off[owned] * es, fp, deadline);
+    /* reduce-scatter and allgather as one flow; partials accumulate in rbuf itself. Two ranks
+     * of a half type: the one step carries the half-precision input, reduced in f32 */
+    f.rs = n - 1;
+    f.T = 2 * (n - 1);
+    f.in = sbuf;
+    f.acc = rbuf;
+    f.acc_per_seg = 1;
+    f.out = (char *)rbuf + g.off[owned] * es;
+    f.wide = dt__coll_wide(t, op);
   }
   if (st == DT_OK)
-    st = ring_ag(c, rbuf, g.off, g.len, es, 1, fp, deadline);
+    st = flow_run(c, &f, fp, deadline);
   segs_free(&g);
   return st;
 }
@@ -230,26 +361,33 @@ dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size
     g.off[i] = (size_t)i * count;
     g.len[i] = count;
   }
-  dt_dtype acc_t = dt__coll_wide(t, op) ? DT_F32 : t;
   dt_status st;
-  void *acc = NULL;
-  if (acc_t != t && n > 2) {
+  if (dt__coll_wide(t, op) && n > 2) {
     /* shift -1: rank r ends owning block r */
     st = direct_rs(c, sbuf, g.off, g.len, t, op, -1, rbuf, fp, deadline);
     goto done;
   }
-  if (n > 2 && !(acc = dt__coll_scratch(c, 0, count * dt_dtype_size(acc_t)))) {
+  ring_flow f;
+  flow_init(&f, &g, n, t, op);
+  f.rs = f.T = n - 1;
+  f.shift_rs = -1; /* rank r ends owning block r */
+  f.in = sbuf;
+  f.out = rbuf;
+  f.wide = dt__coll_wide(t, op); /* two ranks only, see above */
+  /* partials of one block at a time (the pieces of a step overwrite the previous step's only
+   * after forwarding them: a piece is sent before the one it is reduced into is received) */
+  if (n > 2 && !(f.acc = dt__coll_scratch(c, 0, count * dt_dtype_size(t)))) {
     st = DT_ERR_NOMEM;
     goto done;
   }
-  /* shift -1: rank r ends owning block r */
-  st = ring_rs(c, sbuf, g.off, g.len, t, op, -1, acc, acc_t, 0, rbuf, fp, deadline);
+  st = flow_run(c, &f, fp, deadline);
 done:
   segs_free(&g);
   return st;
 }
 
-dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp, int64_t deadline) {
+dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp,
+                             int64_t deadline) {
   int n = c->size;
   segs g;
   DT_CHECK(segs_init(&g, n));
@@ -257,7 +395,12 @@ dt_status dt__allgather_ring(dt_comm *c, void *rbuf, size_t count, dt_dtype t, c
     g.off[i] = (size_t)i * count;
     g.len[i] = count;
   }
-  dt_status st = ring_ag(c, rbuf, g.off, g.len, dt_dtype_size(t), 0, fp, deadline);
+  ring_flow f;
+  flow_init(&f, &g, n, t, DT_SUM);
+  f.T = n - 1;
+  f.ag = rbuf;
+  f.own = own;
+  dt_status st = flow_run(c, &f, fp, deadline);
   segs_free(&g);
   return st;
 }

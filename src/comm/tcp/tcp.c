@@ -81,6 +81,7 @@ struct dt_transport {
   size_t spin_max; /* sendrecvs whose messages each have up to this many bytes spin */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
   dt__tcp_loss *loss;
+  size_t queue; /* bytes every connection's send buffer holds for a peer not reading (tcp_ready) */
 };
 
 static void tcp_put(uint8_t *p, uint64_t v, int bytes) {
@@ -194,6 +195,13 @@ static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
   if (st != DT_OK)
     return st;
   dt__sock_tune(fd, buf > (64u << 20) ? (64 << 20) : (int)buf);
+  /* What this connection queues for a peer that is not reading: the kernel reports twice the
+   * size asked for (it counts its bookkeeping too); half of that is the payload it is sure to
+   * hold, however the bytes are cut into packets. */
+  int sb = 0;
+  socklen_t sl = sizeof sb;
+  size_t q = getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, &sl) == 0 && sb > 0 ? (size_t)sb / 2 : 0;
+  t->queue = t->queue ? DT_MIN(t->queue, q) : q;
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
     return dt__errno(DT_ERR_SYSTEM, "fcntl O_NONBLOCK");
@@ -638,9 +646,12 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   }
 }
 
+static size_t tcp_queue_bytes(dt_transport *t) { return t->queue; }
+
 const dt_transport_ops dt__transport_tcp = {
     .name = "tcp",
     .create = tcp_create,
     .sendrecv = tcp_sendrecv,
+    .queue_bytes = tcp_queue_bytes,
     .destroy = tcp_destroy,
 };
