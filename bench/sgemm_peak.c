@@ -7,11 +7,13 @@
  * (dt__nn_sgemm, src/nn/gemm.c, forced with DTRAIN_GEMM=own), which is single-threaded, split by
  * rows over T threads as the engine splits its work. The square shape is the ceiling, not a model
  * of the network's smaller shapes: --shapes adds, for the chosen implementation on one thread, the
- * products a training step of mlp and cnn runs (one engine thread's slice at batch 128).
+ * products a training step of mlp and cnn runs (one engine thread's slice at batch 128, or at
+ * --batch B rows: 64 is each worker's shard of a 2-worker run at global batch 128), warm in cache
+ * and timed in thread CPU time.
  *
  * Build (links libdtrain for --gemm own):
  *   gcc -O2 -Iinclude -Isrc bench/sgemm_peak.c -o sgemm_peak build/libdtrain.a -lopenblas -lz -lm -lpthread
- * Usage: sgemm_peak [--n 1024] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes]
+ * Usage: sgemm_peak [--n 1024] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes] [--batch B]
  *   -> one JSON object on stdout. */
 #include <cblas.h>
 #include <pthread.h>
@@ -79,31 +81,56 @@ static int square(int n, int T, const float *a, const float *b, float *c) {
 
 /* The products of one engine thread's training step at batch 128 (src/nn/layers.c): linear
  * forward x W^T, dW = dy^T x, dx = dy W; conv forward col W^T, dW = dy^T col, dcol = dy W, for a
- * 6-sample im2col chunk of conv2 and a 53-sample chunk of conv1 (one thread, batch 128). */
+ * 6-sample im2col chunk of conv2 and a 53-sample chunk of conv1 (one thread, batch 128). bat
+ * names the dimension that is the batch ('M' or 'K'), which --batch sets for the linear layers
+ * (the conv shapes are im2col chunks and keep theirs). */
 static const struct {
   const char *name;
   bool ta, tb;
   int M, N, K;
+  char bat;
 } SHAPES[] = {
-    {"mlp fc1 forward", false, true, 128, 1024, 784},  {"mlp fc1 dW", true, false, 1024, 784, 128},
-    {"mlp fc2 forward", false, true, 128, 1024, 1024}, {"mlp fc2 dW", true, false, 1024, 1024, 128},
-    {"mlp fc2 dx", false, false, 128, 1024, 1024},     {"mlp fc3 forward", false, true, 128, 10, 1024},
-    {"cnn conv1 forward", false, true, 41552, 32, 25}, {"cnn conv1 dW", true, false, 32, 25, 41552},
-    {"cnn conv2 forward", false, true, 1176, 64, 800}, {"cnn conv2 dW", true, false, 64, 800, 1176},
-    {"cnn conv2 dcol", false, false, 1176, 800, 64},   {"cnn fc1 forward", false, true, 128, 512, 3136},
-    {"cnn fc1 dW", true, false, 512, 3136, 128},       {"cnn fc1 dx", false, false, 128, 3136, 512},
+    {"mlp fc1 forward", false, true, 128, 1024, 784, 'M'},
+    {"mlp fc1 dW", true, false, 1024, 784, 128, 'K'},
+    {"mlp fc2 forward", false, true, 128, 1024, 1024, 'M'},
+    {"mlp fc2 dW", true, false, 1024, 1024, 128, 'K'},
+    {"mlp fc2 dx", false, false, 128, 1024, 1024, 'M'},
+    {"mlp fc3 forward", false, true, 128, 10, 1024, 'M'},
+    {"cnn conv1 forward", false, true, 41552, 32, 25, 0},
+    {"cnn conv1 dW", true, false, 32, 25, 41552, 0},
+    {"cnn conv2 forward", false, true, 1176, 64, 800, 0},
+    {"cnn conv2 dW", true, false, 64, 800, 1176, 0},
+    {"cnn conv2 dcol", false, false, 1176, 800, 64, 0},
+    {"cnn fc1 forward", false, true, 128, 512, 3136, 'M'},
+    {"cnn fc1 dW", true, false, 512, 3136, 128, 'K'},
+    {"cnn fc1 dx", false, false, 128, 3136, 512, 'M'},
 };
+#define NSHAPES (sizeof SHAPES / sizeof SHAPES[0])
 
-/* Best rate of each shape on the calling thread over about 0.3 s of calls; prints JSON rows. */
-static void shapes(int reps) {
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Best rate of each shape on the calling thread over about 0.3 s of calls, timed in the thread's
+ * CPU time (other jobs on the machine take turns, not rate); batch rows per thread for the
+ * linear layers. Prints JSON rows. */
+static void shapes(int reps, int batch) {
+  int dims[NSHAPES][3];
   size_t most = 0;
-  for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
-    size_t m = (size_t)SHAPES[i].M, n = (size_t)SHAPES[i].N, k = (size_t)SHAPES[i].K;
+  for (size_t i = 0; i < NSHAPES; i++) {
+    dims[i][0] = SHAPES[i].bat == 'M' ? batch : SHAPES[i].M;
+    dims[i][1] = SHAPES[i].N;
+    dims[i][2] = SHAPES[i].bat == 'K' ? batch : SHAPES[i].K;
+    size_t m = (size_t)dims[i][0], n = (size_t)dims[i][1], k = (size_t)dims[i][2];
     size_t e = m * k > k * n ? m * k : k * n;
     e = e > m * n ? e : m * n;
     most = e > most ? e : most;
   }
-  float *a = calloc(most, sizeof(float)), *b = calloc(most, sizeof(float)), *c = calloc(most, sizeof(float));
+  /* on 64-byte lines, as the engine's activations and weights are (gemm.c's x W^T path needs it) */
+  size_t bytes = (most * sizeof(float) + 63) / 64 * 64;
+  float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes), *c = aligned_alloc(64, bytes);
   if (!a || !b || !c) {
     fprintf(stderr, "sgemm_peak: cannot allocate the shape buffers\n");
     exit(1);
@@ -114,17 +141,17 @@ static void shapes(int reps) {
   }
   openblas_set_num_threads(1);
   printf(", \"shapes\": [");
-  for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
-    int M = SHAPES[i].M, N = SHAPES[i].N, K = SHAPES[i].K;
+  for (size_t i = 0; i < NSHAPES; i++) {
+    int M = dims[i][0], N = dims[i][1], K = dims[i][2];
     int lda = SHAPES[i].ta ? M : K, ldb = SHAPES[i].tb ? K : N;
     double flop = 2.0 * M * N * K;
     int calls = (int)(1e8 / flop) + 1;
     double best = 1e30;
     for (int r = 0; r < reps + 1; r++) {
-      double t0 = now_s();
+      double t0 = thread_cpu_s();
       for (int q = 0; q < calls; q++)
         product(SHAPES[i].ta, SHAPES[i].tb, M, N, K, a, lda, b, ldb, c, N);
-      double dt = (now_s() - t0) / calls;
+      double dt = (thread_cpu_s() - t0) / calls;
       if (r >= 1 && dt < best)
         best = dt;
     }
@@ -139,7 +166,7 @@ static void shapes(int reps) {
 }
 
 int main(int argc, char **argv) {
-  int n = 1024, reps = 10;
+  int n = 1024, reps = 10, batch = 128;
   bool with_shapes = false;
   char threads_arg[64] = "1,2";
   for (int i = 1; i < argc; i++) {
@@ -153,8 +180,11 @@ int main(int argc, char **argv) {
       g_own = !strcmp(argv[++i], "own");
     else if (!strcmp(argv[i], "--shapes"))
       with_shapes = true;
+    else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+      batch = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: sgemm_peak [--n N] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes]\n");
+      fprintf(stderr, "usage: sgemm_peak [--n N] [--threads 1,2] [--reps R] [--gemm blas|own] [--shapes] "
+                      "[--batch B]\n");
       return 2;
     }
   }
@@ -165,8 +195,8 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  if (n < 16 || n > 8192 || reps < 1) {
-    fprintf(stderr, "sgemm_peak: --n must be in 16..8192 and --reps >= 1\n");
+  if (n < 16 || n > 8192 || reps < 1 || batch < 1 || batch > 4096) {
+    fprintf(stderr, "sgemm_peak: --n must be in 16..8192, --reps >= 1, --batch in 1..4096\n");
     return 2;
   }
   size_t nn = (size_t)n * n;
@@ -214,7 +244,7 @@ int main(int argc, char **argv) {
   int ok = (got - ref) * (got - ref) <= 1e-6 * (1.0 + ref * ref) * n;
   printf("], \"check_ok\": %s", ok ? "true" : "false");
   if (with_shapes)
-    shapes(reps);
+    shapes(reps, batch);
   printf("}\n");
   free(a);
   free(b);

@@ -381,19 +381,33 @@ AVX512 static inline __attribute__((always_inline)) void dot_tile(
 }
 
 /* C = alpha A B^T + beta C, A M x K and B N x K both row-major: the linear layer's forward
- * product (x W^T) without packing W. Each block of DN_MAIN rows of B stays in L1 while every row
+ * product (x W^T) without packing W, for at most DOT_MAX_M rows of 64-byte aligned rows. Each block of DN_MAIN rows of B stays in L1 while every row
  * of A passes it, so B is read from memory once and A from L2 once per block; the block's first
  * row tile prefetches the next block's rows, which the packing path cannot do (W arrives cold
  * each step: the optimizer's update has streamed params, grads and momentum since).
  * When (measured on this machine, AMD Zen 5, 2026-11-22): the mlp step at batch 64 on one
  * thread, packing vs this path alternated step by step in one process (thread CPU time, p10 of
- * 400 steps, two rounds): forward 1.65 -> 1.49 ms, whole step 4.93 -> 4.79 ms. At M = 128 this
- * path lost (forward 3.04 -> 3.43 ms: packing is shared by 9 row blocks there), and with K = 3136
- * (cnn fc1) the 6 W rows (75 KiB) no longer fit L1 and it lost slightly (1.37-1.42 -> 1.45-1.49
- * ms warm), hence the limits. Without the prefetch it gained about a third as much. */
+ * 400-500 steps): at load 2-3, forward 1.65 -> 1.49 and 1.63 -> 1.46 ms, whole step 4.93 -> 4.79
+ * and 4.89 -> 4.72 ms; with another process training beside it (as a 2-worker run has), forward
+ * 1.78-1.80 -> 1.64-1.76 ms but backward 0.05 ms slower, the step level. Cold in cache (64 MiB
+ * swept before each call) x W1^T at M = 64 took 870-950 -> 680-710 us; warm the two are within
+ * noise of each other. At M = 128 this path lost (forward 3.04 -> 3.43 ms: packing is shared by
+ * 9 row blocks there), and with K = 3136 (cnn fc1) the 6 W rows (75 KiB) no longer fit L1 and it
+ * lost slightly (1.37-1.42 -> 1.45-1.49 ms warm), hence the limits. Without the prefetch it
+ * gained about a third as much; prefetching the next block in the packing path instead, or
+ * packing op(B) row by row for dX = dY W, gained nothing measurable. */
 #define DN_MAIN 6
 #define DOT_MAX_M 64
 #define DOT_MAX_K 1024
+/* Whether gemm_dot should take x W^T (see above for M and K). Its rows must start on 64-byte
+ * lines: every load is 16 floats along a row, and straddling two lines cost it about 40% (mlp fc2
+ * forward at 64 rows, warm: 116-120 GFLOP/s misaligned against 203-210 aligned, packing 165-177).
+ * The engine's activations and weights are aligned whenever the row length is a multiple of 16. */
+static bool dot_suits(int M, int K, const float *A, int lda, const float *B, int ldb) {
+  return M <= DOT_MAX_M && K <= DOT_MAX_K && lda % 16 == 0 && ldb % 16 == 0 &&
+         ((uintptr_t)A | (uintptr_t)B) % 64 == 0;
+}
+
 AVX512 static void gemm_dot(int M, int N, int K, float alpha, const float *A, int lda,
                             const float *B, int ldb, float beta, float *C, int ldc) {
   for (int j0 = 0; j0 < N; j0 += DN_MAIN) {
@@ -466,7 +480,7 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
   if (g_mode == GEMM_OWN && (ws = ws_get()) != NULL) {
     if (K <= 0 || alpha == 0.0f)
       scale_c(M, N, beta, C, ldc);
-    else if (!transA && transB && M <= DOT_MAX_M && K <= DOT_MAX_K)
+    else if (!transA && transB && dot_suits(M, K, A, lda, B, ldb))
       gemm_dot(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
       gemm_own(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);

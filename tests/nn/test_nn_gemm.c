@@ -33,6 +33,10 @@ static float frand(void) { /* [-1, 1) */
   return (float)((double)(g_seed >> 40) / (double)(1ULL << 23) - 1.0);
 }
 
+/* n bytes on a 64-byte boundary, as the engine's buffers are (gemm.c's dot-product path runs
+ * only on rows that start on one). */
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+
 /* One product: op(A) M x K, op(B) K x N, each stored with its leading dimension padded by pad
  * floats of NaN; C likewise. Checks every element of C against the reference and that C's
  * padding is still NaN. Returns the number of wrong elements (and prints the first). */
@@ -40,9 +44,9 @@ static int check_one(bool ta, bool tb, int M, int N, int K, float alpha, float b
   int ar = ta ? K : M, ac = ta ? M : K; /* stored shapes */
   int br = tb ? N : K, bc = tb ? K : N;
   int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
-  float *A = malloc(sizeof(float) * (size_t)ar * lda);
-  float *B = malloc(sizeof(float) * (size_t)br * ldb);
-  float *C = malloc(sizeof(float) * (size_t)M * ldc);
+  float *A = alloc64(sizeof(float) * (size_t)ar * lda);
+  float *B = alloc64(sizeof(float) * (size_t)br * ldb);
+  float *C = alloc64(sizeof(float) * (size_t)M * ldc);
   double *R = malloc(sizeof(double) * (size_t)M * N); /* reference */
   double *S = malloc(sizeof(double) * (size_t)M * N); /* magnitude: sum |alpha a b| + |beta c| */
   assert_non_null(A);
@@ -156,21 +160,25 @@ static void test_engine_shapes(void **state) {
   assert_int_equal(bad, 0);
 }
 
-/* x W^T with few rows (gemm.c's dot-product path, op(A) = A, op(B) = B^T, M <= 64, K <= 1024)
- * and just past its limits (M = 65, K = 1025 take the packing path): every row tail of its 4-row
+/* x W^T with few rows (gemm.c's dot-product path: op(A) = A, op(B) = B^T, M <= 64, K <= 1024,
+ * rows 64-byte aligned, so leading dimensions a multiple of 16) and just past its limits (M = 65,
+ * K = 1040, and rows off the 64-byte grid take the packing path): every row tail of its 4-row
  * tiles, every column tail of its 6-column blocks (N = 4 runs the 4-column tile, N >= 12 the
- * prefetch of the next block), K in whole 16-float loads and with a tail, padded leading
- * dimensions, alpha and beta general, 1 and 0. */
+ * prefetch of the next block), K in whole 16-float loads and with a tail, alpha and beta general,
+ * 1 and 0. */
 static void test_dot_shapes(void **state) {
   static const int Ms[] = {1, 3, 4, 5, 63, 64, 65}, Ns[] = {1, 4, 5, 6, 7, 11, 12, 13, 25};
-  static const int Ks[] = {16, 48, 1024, 1025};
+  static const int Ks[] = {16, 17, 48, 1000, 1024, 1040};
   static const float AB[][2] = {{1.25f, -0.5f}, {1.0f, 1.0f}, {-0.75f, 0.0f}};
   int bad = 0;
   for (int a = 0; a < 7; a++)
     for (int b = 0; b < 9; b++)
-      for (int c = 0; c < 4; c++) {
+      for (int c = 0; c < 6; c++) {
         int v = (a + b + c) % 3;
-        bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], (a + c) % 2 ? 5 : 0) != 0;
+        int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
+        bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
+        if (b == 8) /* rows off the 64-byte grid */
+          bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
       }
   assert_int_equal(bad, 0);
 }
