@@ -65,6 +65,13 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
+ *     n=2 since the ring's wavefront (ring.c): rd up to 512 KiB. `DTRAIN_ALGO={rd,ring} dtrain
+ *     bench allreduce -n 2 --transport tcp --sizes 32K:2M --iters 100 --warmup 10`, 4 alternated
+ *     repetitions in each of three runs, 2026-11-22 18:25-18:45 UTC, load 1.6-4.5 (another
+ *     helper's benchmarks), medians: f32 rd/ring 35/48, 58/91, 105/150 us at 128/256/512 KiB in
+ *     the first run, 32/38, 53/60, 99/115 in the second, 35/39, 64/63, 123/125 in the third;
+ *     f16 (--dtype f16) 36/47, 64/84, 117/163; at 1 MiB the ring leads (252-278 against rd's
+ *     449-556), at 2 MiB by 2-3x.
  *   allreduce without a fast path, n a power of two > 2: rhd (rhd.c: the ring's bytes in 2 log2(n)
  *     exchanges instead of 2(n-1) steps) above 32 KiB, replacing rd's range up to 128 KiB and the
  *     ring above it. Measured 2026-11-22 15:49-16:05 UTC, 4 ranks on the 2 cores, tcp, medians of
@@ -137,7 +144,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
-    return bytes <= (n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
+    return bytes <= (n == 2 ? (512u << 10) : n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
     return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER:

@@ -36,6 +36,8 @@
 static dt_status rhd_swap(dt_comm *c, int peer, const char *sp, size_t sn, char *rp, size_t rn, char *tmp,
                           const char *mine, dt_dtype t, dt_op op, size_t pe, const dt__fp *fp, int64_t deadline) {
   size_t es = dt_dtype_size(t), most = DT_MAX(sn, rn);
+  if (most <= 2 * pe)
+    pe = DT_MAX(most, (size_t)1); /* two pieces overlap little and cost a third call when sent ahead */
   size_t pieces = most ? (most + pe - 1) / pe : 1;
   int peer_first = peer < c->rank, lag = dt__coll_send_ahead(c, pieces, pe * es);
   if (lag)
@@ -71,7 +73,7 @@ dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
     p2 *= 2;
   int extra = n - p2, vr;
   size_t pe = DT_MAX((size_t)1, dt__ring_piece_bytes() / es);
-  size_t tmp_n = DT_MIN(pe, (count + 1) / 2 + 1) * es;
+  size_t tmp_n = DT_MIN(2 * pe, (count + 1) / 2 + 1) * es;
   char *tmp = dt__coll_scratch(c, 1, r < 2 * extra && r % 2 ? DT_MAX(tmp_n, bytes) : tmp_n);
   if (!tmp)
     return DT_ERR_NOMEM;
