@@ -381,7 +381,7 @@ AVX512 static inline __attribute__((always_inline)) void dot_tile(
 }
 
 /* C = alpha A B^T + beta C, A M x K and B N x K both row-major: the linear layer's forward
- * product (x W^T) without packing W, for at most DOT_MAX_M rows of 64-byte aligned rows. Each block of DN_MAIN rows of B stays in L1 while every row
+ * product (x W^T) without packing W, for at most DOT_MAX_M rows of A on 64-byte lines. Each block of DN_MAIN rows of B stays in L1 while every row
  * of A passes it, so B is read from memory once and A from L2 once per block; the block's first
  * row tile prefetches the next block's rows, which the packing path cannot do (W arrives cold
  * each step: the optimizer's update has streamed params, grads and momentum since).
@@ -399,13 +399,17 @@ AVX512 static inline __attribute__((always_inline)) void dot_tile(
 #define DN_MAIN 6
 #define DOT_MAX_M 64
 #define DOT_MAX_K 1024
-/* Whether gemm_dot should take x W^T (see above for M and K). Its rows must start on 64-byte
- * lines: every load is 16 floats along a row, and straddling two lines cost it about 40% (mlp fc2
- * forward at 64 rows, warm: 116-120 GFLOP/s misaligned against 203-210 aligned, packing 165-177).
- * The engine's activations and weights are aligned whenever the row length is a multiple of 16. */
-static bool dot_suits(int M, int K, const float *A, int lda, const float *B, int ldb) {
-  return M <= DOT_MAX_M && K <= DOT_MAX_K && lda % 16 == 0 && ldb % 16 == 0 &&
-         ((uintptr_t)A | (uintptr_t)B) % 64 == 0;
+/* Whether gemm_dot should take x W^T (see above for M and K). The rows of A, streamed from L2,
+ * must start on 64-byte lines: every load is 16 floats along a row, and with both operands'
+ * rows straddling two lines it lost about 40% (mlp fc2 forward at 64 rows, warm: 116-120
+ * GFLOP/s against 165-177 packing). The rows of B are read from L1 and may be anywhere: the
+ * engine's weights are not on 64-byte lines (the parameter arena holds each bias right after
+ * its weight, so W2 and W1 of mlp start 40 bytes past a line), and with A aligned and B 40 bytes
+ * off it ran at packing's rate warm (199-203 against 185-202 GFLOP/s) and faster in training
+ * (the figures above were taken that way). The engine's activations are aligned whenever the
+ * row length is a multiple of 16. */
+static bool dot_suits(int M, int K, const float *A, int lda) {
+  return M <= DOT_MAX_M && K <= DOT_MAX_K && lda % 16 == 0 && (uintptr_t)A % 64 == 0;
 }
 
 AVX512 static void gemm_dot(int M, int N, int K, float alpha, const float *A, int lda,
@@ -480,7 +484,7 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
   if (g_mode == GEMM_OWN && (ws = ws_get()) != NULL) {
     if (K <= 0 || alpha == 0.0f)
       scale_c(M, N, beta, C, ldc);
-    else if (!transA && transB && dot_suits(M, K, A, lda, B, ldb))
+    else if (!transA && transB && dot_suits(M, K, A, lda))
       gemm_dot(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
       gemm_own(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);

@@ -37,6 +37,10 @@ static float frand(void) { /* [-1, 1) */
  * only on rows that start on one). */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
+/* Floats by which check_one shifts B off its 64-byte line (the engine's weights sit 40 bytes
+ * past one). */
+static int g_boff;
+
 /* One product: op(A) M x K, op(B) K x N, each stored with its leading dimension padded by pad
  * floats of NaN; C likewise. Checks every element of C against the reference and that C's
  * padding is still NaN. Returns the number of wrong elements (and prints the first). */
@@ -45,7 +49,7 @@ static int check_one(bool ta, bool tb, int M, int N, int K, float alpha, float b
   int br = tb ? N : K, bc = tb ? K : N;
   int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
   float *A = alloc64(sizeof(float) * (size_t)ar * lda);
-  float *B = alloc64(sizeof(float) * (size_t)br * ldb);
+  float *B = (float *)alloc64(sizeof(float) * ((size_t)br * ldb + (size_t)g_boff)) + g_boff;
   float *C = alloc64(sizeof(float) * (size_t)M * ldc);
   double *R = malloc(sizeof(double) * (size_t)M * N); /* reference */
   double *S = malloc(sizeof(double) * (size_t)M * N); /* magnitude: sum |alpha a b| + |beta c| */
@@ -95,7 +99,7 @@ static int check_one(bool ta, bool tb, int M, int N, int K, float alpha, float b
                 "expected %.9g\n", ta, tb, M, N, K, alpha, beta, pad, i, j, got, ref);
     }
   free(A);
-  free(B);
+  free(B - g_boff);
   free(C);
   free(R);
   free(S);
@@ -161,11 +165,11 @@ static void test_engine_shapes(void **state) {
 }
 
 /* x W^T with few rows (gemm.c's dot-product path: op(A) = A, op(B) = B^T, M <= 64, K <= 1024,
- * rows 64-byte aligned, so leading dimensions a multiple of 16) and just past its limits (M = 65,
- * K = 1040, and rows off the 64-byte grid take the packing path): every row tail of its 4-row
- * tiles, every column tail of its 6-column blocks (N = 4 runs the 4-column tile, N >= 12 the
- * prefetch of the next block), K in whole 16-float loads and with a tail, alpha and beta general,
- * 1 and 0. */
+ * A's rows on 64-byte lines, so lda a multiple of 16) and just past its limits (M = 65, K = 1040
+ * and A's rows off the 64-byte grid take the packing path; B's rows may be off it, as the
+ * engine's weights are): every row tail of its 4-row tiles, every column tail of its 6-column
+ * blocks (N = 4 runs the 4-column tile, N >= 12 the prefetch of the next block), K in whole
+ * 16-float loads and with a tail, alpha and beta general, 1 and 0. */
 static void test_dot_shapes(void **state) {
   static const int Ms[] = {1, 3, 4, 5, 63, 64, 65}, Ns[] = {1, 4, 5, 6, 7, 11, 12, 13, 25};
   static const int Ks[] = {16, 17, 48, 1000, 1024, 1040};
@@ -177,8 +181,12 @@ static void test_dot_shapes(void **state) {
         int v = (a + b + c) % 3;
         int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
         bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
-        if (b == 8) /* rows off the 64-byte grid */
+        if (b == 8) { /* A's rows off the 64-byte grid; B's rows off it (as the engine's W) */
           bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
+          g_boff = 10;
+          bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
+          g_boff = 0;
+        }
       }
   assert_int_equal(bad, 0);
 }
