@@ -64,11 +64,11 @@ typedef struct dt_transport_ops {
    * raised anywhere in the job (dt__comm_aborted), DT_ERR_ABORTED with the verdict. */
   dt_status (*sendrecv)(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf,
                         size_t rn, const dt__fp *fp, int64_t deadline);
-  /* Bytes of messages to one peer that a sendrecv can hand over while that peer is not yet
-   * receiving them (socket buffers, shm ring slots), frame headers included. The pipelined ring
-   * (ring.c) sends one piece ahead of the one it receives only when two pieces fit. NULL or 0:
-   * a send may wait for its matching receive (MPI's rendezvous), so nothing is sent ahead. */
-  size_t (*queue_bytes)(dt_transport *t);
+  /* How many messages of `bytes` bytes each sendrecvs can hand over to one peer that is not yet
+   * receiving them (socket buffers, shm ring slots). The pipelined algorithms (ring.c, rhd.c)
+   * send pieces ahead of the one they receive only as far as this allows. NULL or 0: a send may
+   * wait for its matching receive (MPI's rendezvous), so nothing is sent ahead. */
+  size_t (*queue_msgs)(dt_transport *t, size_t bytes);
   /* Optional whole-collective fast paths, NULL when absent. Same contract as the public call
    * (sendbuf may be DT_IN_PLACE); the fingerprint is already built. The comm layer uses them
    * when the algorithm choice says so. */

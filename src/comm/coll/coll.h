@@ -115,10 +115,11 @@ dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t cou
 /* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 128 KiB (ring.c). */
 size_t dt__ring_piece_bytes(void);
 
-/* 1 when an exchange cut into `pieces` pieces of up to piece_bytes may send each piece one
- * ahead of the one it receives: at least two pieces, and two of them fit in what the transport
- * queues for a peer that is not receiving yet (ops->queue_bytes; ring.c says why). */
-int dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes);
+/* How many pieces ahead of the one it receives an exchange cut into `pieces` pieces of up to
+ * piece_bytes may send: at most DTRAIN_RING_AHEAD (ring.c), at most pieces - 1, and so that the
+ * pieces ahead and the one being received fit in what the transport queues for a peer that is
+ * not receiving yet (ops->queue_msgs). 0: step by step. ring.c says why it is safe. */
+size_t dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes);
 
 /* rhd.c: Rabenseifner's allreduce, any n (a fold for non-powers of two); half types with
  * sum/prod/avg run the ring. */

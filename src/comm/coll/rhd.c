@@ -30,20 +30,24 @@
 /* One exchange with `peer`: sends sn elements from sp while receiving rn elements, in pieces of
  * pe elements (both sides cut the same number, from the longer side). Received pieces land at
  * rp, or, when tmp is given, in tmp and are reduced at once with `mine` (at the same offsets)
- * into rp, lower rank's operand first. When the transport queues two pieces (ring.c), each
- * sendrecv sends the piece after the one it receives, so the peer finds its next piece already
- * there; the pieces sent never depend on the ones received within one exchange. */
+ * into rp, lower rank's operand first. Pieces go out dt__coll_send_ahead pieces ahead of the
+ * one received (ring.c), so the peer finds its next pieces already there; the pieces sent never
+ * depend on the ones received within one exchange. */
 static dt_status rhd_swap(dt_comm *c, int peer, const char *sp, size_t sn, char *rp, size_t rn, char *tmp,
                           const char *mine, dt_dtype t, dt_op op, size_t pe, const dt__fp *fp, int64_t deadline) {
   size_t es = dt_dtype_size(t), most = DT_MAX(sn, rn);
   if (most <= 2 * pe)
     pe = DT_MAX(most, (size_t)1); /* two pieces overlap little and cost a third call when sent ahead */
   size_t pieces = most ? (most + pe - 1) / pe : 1;
-  int peer_first = peer < c->rank, lag = dt__coll_send_ahead(c, pieces, pe * es);
-  if (lag)
-    DT_CHECK(c->ops->sendrecv(c->tp, peer, sp, DT_MIN(pe, sn) * es, -1, NULL, 0, fp, deadline));
+  int peer_first = peer < c->rank;
+  size_t ahead = dt__coll_send_ahead(c, pieces, pe * es);
+  for (size_t q = 0; q < ahead; q++) {
+    size_t so = DT_MIN(q * pe, sn);
+    DT_CHECK(c->ops->sendrecv(c->tp, peer, sp + so * es, (DT_MIN(so + pe, sn) - so) * es, -1, NULL, 0, fp,
+                              deadline));
+  }
   for (size_t p = 0; p < pieces; p++) {
-    size_t q = p + (size_t)lag; /* the piece sent now */
+    size_t q = p + ahead; /* the piece sent now */
     size_t so = DT_MIN(q * pe, sn), sm = DT_MIN(so + pe, sn) - so;
     size_t ro = DT_MIN(p * pe, rn), rm = DT_MIN(ro + pe, rn) - ro;
     dt_status st = c->ops->sendrecv(c->tp, q < pieces ? peer : -1, sp + so * es, sm * es, peer,

@@ -54,9 +54,32 @@ size_t dt__ring_piece_bytes(void) {
   return v;
 }
 
-int dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes) {
-  size_t q = c->ops->queue_bytes ? c->ops->queue_bytes(c->tp) : 0;
-  return pieces >= 2 && q / 2 >= piece_bytes + 64; /* 64: a frame's header, with room to spare */
+/* How many pieces a rank sends ahead of the one it receives (DTRAIN_RING_AHEAD overrides, up to
+ * 64): one. Deeper lets a rank run further while its neighbour is descheduled, but spreads the
+ * wavefront (a piece is forwarded `ahead` + 1 pieces after it arrived, colder) and keeps more in
+ * the socket buffers; measured it lost. `dtrain bench {allgather,allreduce} -n 2 --transport tcp
+ * --sizes 2M:32M --iters 10`, 4 alternated repetitions, 2026-11-22 18:53 UTC, load 6-7 (another
+ * helper's sanitizer tests), medians at 4 / 16 / 32 MiB: allgather ahead 1: 823 / 8,419 / 18,254
+ * us, ahead 4: 1,354 / 15,951 / 35,995, the step-by-step ring before this file's wavefront: 1,619
+ * / 10,023 / 22,863; allreduce 2,545 / 14,766 / 30,469, 3,099 / 20,534 / 38,731, 5,015 / 17,522 /
+ * 32,784. */
+#define RING_AHEAD_DEFAULT 1
+
+size_t dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes) {
+  static _Atomic size_t cached; /* DTRAIN_RING_AHEAD + 1, 0 until read */
+  size_t want = cached;
+  if (want == 0) {
+    uint64_t v;
+    if (dt__env_size("DTRAIN_RING_AHEAD", RING_AHEAD_DEFAULT, &v) != DT_OK || v > 64)
+      v = RING_AHEAD_DEFAULT;
+    want = (size_t)v + 1;
+    cached = want;
+  }
+  want--;
+  size_t q = c->ops->queue_msgs ? c->ops->queue_msgs(c->tp, piece_bytes) : 0;
+  size_t ahead = DT_MIN(want, pieces ? pieces - 1 : 0);
+  /* the pieces ahead and the one the receiver has yet to take must all fit */
+  return q == 0 ? 0 : DT_MIN(ahead, q - 1);
 }
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -121,16 +144,19 @@ static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const 
  * A ring collective is T steps (reduce-scatter steps, then allgather steps) of P pieces each;
  * at every (step s, piece p) a rank sends one piece to its right neighbour and receives one from
  * its left. Piece p of step s needs only piece p of step s-1 (the partial it forwards, or the
- * reduced segment the allgather starts from), so the calls run in wavefront order: by s*2 + p,
+ * reduced segment the allgather starts from), so the calls run in wavefront order: by p + D*s,
  * then by step. Steps overlap: the allgather of piece 0 starts while later pieces are still
- * being reduced, and a piece is forwarded about two pieces after it arrived, while it is still
- * in this core's cache. With lag 1 every sendrecv sends the item after the one it receives, so
- * the neighbour always finds its next piece already queued and neither side sleeps waiting for
- * the other to start sending (wavefront order keeps an item's inputs at least two calls back,
- * so lag 1 never sends what has not arrived). That needs the transport to take a piece while
- * the receiver is still busy with the previous one: used only when two pieces fit in what
- * ops->queue_bytes says it can hold (socket buffers, shm ring slots), and with at least two
- * pieces per step; otherwise lag 0, the classic step-by-step exchange. */
+ * being reduced, and a piece is forwarded about D pieces after it arrived, while it is still
+ * in this core's cache. Each sendrecv sends the item `ahead` (dt__coll_send_ahead, default 1)
+ * items after the one it receives, so the neighbour finds its next piece already queued and
+ * neither side sleeps waiting for the other to start sending. The wavefront's skew D = ahead + 1
+ * keeps an item's input more than `ahead` calls back, so nothing is sent before it arrived
+ * (checked exhaustively for P <= 11 pieces, T <= 8 steps, ahead <= 7). Why this cannot deadlock:
+ * the rank furthest behind, at call i, waits only for item i from its left neighbour, which sent
+ * it `ahead` calls ago, and sends item i + ahead to its right neighbour, which is at call i or
+ * later and so takes item i, leaving at most `ahead` + 1 items to queue; dt__coll_send_ahead
+ * bounds `ahead` by what the transport can queue (ops->queue_msgs: socket buffers, shm ring
+ * slots), else 0: the classic step-by-step exchange. */
 
 typedef struct ring_flow {
   int rs, T;             /* reduce-scatter steps (the first rs of the T steps) */
@@ -147,9 +173,10 @@ typedef struct ring_flow {
   dt_op op;
   int wide;              /* half type reduced in f32 (n = 2 only: the one step is the last) */
   char *tmp;             /* one received reduce-scatter piece */
+  size_t D;              /* wavefront skew: item (s, p) has key p + D*s */
 } ring_flow;
 
-/* Wavefront position: item (s, k - 2s). */
+/* Wavefront position: item (s, k - D*s). */
 typedef struct ring_wave {
   size_t k;
   int s, valid;
@@ -157,10 +184,10 @@ typedef struct ring_wave {
 
 /* Moves w to the first item at key >= k (lowest step first). */
 static void wave_seek(const ring_flow *f, ring_wave *w, size_t k) {
-  size_t kmax = (f->P - 1) + 2 * (size_t)(f->T - 1);
+  size_t kmax = (f->P - 1) + f->D * (size_t)(f->T - 1);
   for (; k <= kmax; k++) {
-    size_t slo = k > f->P - 1 ? (k - (f->P - 1) + 1) / 2 : 0;
-    if (slo <= (size_t)(f->T - 1) && 2 * slo <= k) {
+    size_t slo = k > f->P - 1 ? (k - (f->P - 1) + f->D - 1) / f->D : 0;
+    if (slo <= (size_t)(f->T - 1) && f->D * slo <= k) {
       w->k = k;
       w->s = (int)slo;
       w->valid = 1;
@@ -172,7 +199,7 @@ static void wave_seek(const ring_flow *f, ring_wave *w, size_t k) {
 
 static void wave_next(const ring_flow *f, ring_wave *w) {
   int s = w->s + 1;
-  if (s <= f->T - 1 && 2 * (size_t)s <= w->k) {
+  if (s <= f->T - 1 && f->D * (size_t)s <= w->k) {
     w->s = s;
     return;
   }
@@ -186,7 +213,7 @@ static void flow_piece(const ring_flow *f, int seg, size_t p, size_t *lo, size_t
 }
 
 static void flow_send(const ring_flow *f, int r, int n, const ring_wave *w, const char **buf, size_t *bytes) {
-  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  size_t p = w->k - f->D * (size_t)w->s, lo, hi;
   if (w->s < f->rs) {
     int seg = mod(r - w->s + f->shift_rs, n);
     flow_piece(f, seg, p, &lo, &hi);
@@ -201,7 +228,7 @@ static void flow_send(const ring_flow *f, int r, int n, const ring_wave *w, cons
 }
 
 static void flow_recv(const ring_flow *f, int r, int n, const ring_wave *w, char **buf, size_t *bytes) {
-  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  size_t p = w->k - f->D * (size_t)w->s, lo, hi;
   if (w->s < f->rs) {
     flow_piece(f, mod(r - w->s - 1 + f->shift_rs, n), p, &lo, &hi);
     *buf = f->tmp;
@@ -227,7 +254,7 @@ static void flow_own(const ring_flow *f, int r, int n, const ring_wave *w, const
 /* After a reduce-scatter piece arrived in tmp: reduce it with this rank's input into the
  * partials, or on the last step into the result (finishing avg there). */
 static void flow_reduce(const ring_flow *f, int r, int n, const ring_wave *w) {
-  size_t p = w->k - 2 * (size_t)w->s, lo, hi;
+  size_t p = w->k - f->D * (size_t)w->s, lo, hi;
   int seg = mod(r - w->s - 1 + f->shift_rs, n);
   flow_piece(f, seg, p, &lo, &hi);
   size_t m = hi - lo;
@@ -247,20 +274,22 @@ static void flow_reduce(const ring_flow *f, int r, int n, const ring_wave *w) {
   }
 }
 
-/* Runs f: T steps of P pieces, in wavefront order, lag 0 or 1 as the header above says. */
+/* Runs f: T steps of P pieces, in wavefront order, sending as far ahead as the header above
+ * says. */
 static dt_status flow_run(dt_comm *c, ring_flow *f, const dt__fp *fp, int64_t deadline) {
   int n = c->size, r = c->rank, right = mod(r + 1, n), left = mod(r - 1, n);
   size_t piece = f->pe * f->es;
   if (f->rs > 0 && !(f->tmp = dt__coll_scratch(c, 1, piece)))
     return DT_ERR_NOMEM;
-  int lag = dt__coll_send_ahead(c, f->P, piece);
+  size_t ahead = dt__coll_send_ahead(c, f->P, piece);
+  f->D = ahead + 1; /* keeps what a piece forwards more than `ahead` calls back (see above) */
   ring_wave sw, rw;
   wave_seek(f, &sw, 0);
   wave_seek(f, &rw, 0);
   const char *sb;
   char *rb;
   size_t sn, rn;
-  if (lag) {
+  for (size_t i = 0; i < ahead && sw.valid; i++) {
     flow_send(f, r, n, &sw, &sb, &sn);
     DT_CHECK(c->ops->sendrecv(c->tp, right, sb, sn, -1, NULL, 0, fp, deadline));
     flow_own(f, r, n, &sw, sb, sn);

@@ -1146,15 +1146,17 @@ static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline
   return shm_wait_all(t, offsetof(shm_rank, bar_seq), g, offsetof(shm_rank, bar_fp), b, fp, deadline);
 }
 
-/* A message takes whole slots of the ring to its peer: two messages of up to half the
- * (even) number of slots each always fit. */
-static size_t shm_queue_bytes(dt_transport *t) { return (size_t)(t->h->nslots & ~1u) * t->h->slot_bytes; }
+/* A message takes whole slots of the ring to its peer (an empty one, one slot). */
+static size_t shm_queue_msgs(dt_transport *t, size_t bytes) {
+  size_t per = bytes ? (bytes + t->h->slot_bytes - 1) / t->h->slot_bytes : 1;
+  return t->h->nslots / per;
+}
 
 const dt_transport_ops dt__transport_shm = {
     .name = "shm",
     .create = shm_create,
     .sendrecv = shm_sendrecv,
-    .queue_bytes = shm_queue_bytes,
+    .queue_msgs = shm_queue_msgs,
     .allreduce = shm_allreduce,
     .allreduce_flat = shm_allreduce_flat,
     .broadcast = shm_broadcast,

@@ -646,12 +646,13 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   }
 }
 
-static size_t tcp_queue_bytes(dt_transport *t) { return t->queue; }
+/* Each message carries a header (TCP_HDR_BYTES) and is counted with room to spare. */
+static size_t tcp_queue_msgs(dt_transport *t, size_t bytes) { return t->queue / (bytes + 2 * TCP_HDR_BYTES); }
 
 const dt_transport_ops dt__transport_tcp = {
     .name = "tcp",
     .create = tcp_create,
     .sendrecv = tcp_sendrecv,
-    .queue_bytes = tcp_queue_bytes,
+    .queue_msgs = tcp_queue_msgs,
     .destroy = tcp_destroy,
 };
