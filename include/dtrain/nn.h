@@ -122,6 +122,12 @@ size_t dt_model_grad_segments(const dt_model *m, size_t *ends, size_t cap);
 
 /* Sets every gradient to zero (start of a step; backward accumulates). */
 void dt_model_zero_grad(dt_model *m);
+/* Start of a step without the zeroing pass: the next dt_model_backward writes the gradients
+ * instead of adding to them (later ones add again, for accumulation), which saves a pass over
+ * the whole gradient buffer (and, for linear layers, reading it back). Until that backward has
+ * run, the gradients' contents are unspecified: a step that may run no backward at all must use
+ * dt_model_zero_grad. */
+void dt_model_discard_grad(dt_model *m);
 
 /* Evaluation in eval mode of batch samples (any number >= 1: more than max_batch are done in
  * pieces): adds the SUM of per-sample losses to *loss_sum and the number of samples whose

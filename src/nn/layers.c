@@ -60,8 +60,10 @@ static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool
   int o0 = (int)((int64_t)out * s->t / s->T), o1 = (int)((int64_t)out * (s->t + 1) / s->T);
   if (o1 > o0) {
     dt__nn_sgemm(true, false, o1 - o0, in, s->B, 1.0f, l->dy + o0, out,
-                l->x, in, 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
+                l->x, in, s->fresh ? 0.0f : 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
     float *db = s->model_grads + l->b_off;
+    if (s->fresh)
+      memset(db + o0, 0, (size_t)(o1 - o0) * sizeof(float));
     for (int r = 0; r < s->B; r++) {
       const float *d = l->dy + (size_t)r * out;
       for (int k = o0; k < o1; k++)

@@ -611,17 +611,18 @@ static void backward_job(void *arg, int t) {
     bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
     if (split)
       dt__nn_pool_barrier(m->pool);
-    else if (ly->nparams && t > 0)
-      memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float));
+    else if (ly->nparams && (t > 0 || (s->fresh && ly->kind != NN_LINEAR)))
+      memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float)); /* a fresh linear writes */
     dt__nn_backward_layer(ly, m->params, s, m->want_dinput || i > first);
     layer_done(m, j, t, ly, split, &done);
   }
   if (sub_end == stop)
     return;
   for (int i = sub_end - 1; i >= stop; i--)
-    if (m->layers[i].nparams && t > 0)
+    if (m->layers[i].nparams && (t > 0 || s->fresh))
       memset(s->grads + m->layers[i].p_off, 0, m->layers[i].nparams * sizeof(float));
   nn_slice sub = *s;
+  sub.fresh = false; /* the sub-slices add up */
   for (int b = 0; b < s->nb; b += m->stem_nb) {
     sub.b0 = s->b0 + b;
     sub.nb = DT_MIN(m->stem_nb, s->nb - b);
@@ -639,7 +640,10 @@ dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale
     return dt_set_error(DT_ERR_STATE, "model backward: needs a forward pass in train mode first");
   DT_CHECK(check_labels(m, labels, m->batch, "model backward"));
   bwd_job j = {m, labels, loss_scale, hook, ctx};
+  for (int t = 0; t < m->nthreads; t++)
+    m->slices[t].fresh = m->discarded;
   dt__nn_parallel(m, backward_job, &j);
+  m->discarded = false;
   double total = 0.0;
   for (int t = 0; t < m->nthreads; t++)
     total += m->loss_part[t];
@@ -656,7 +660,12 @@ static void zero_job(void *arg, int t) {
   memset(m->grads + a, 0, (b - a) * sizeof(float));
 }
 
-void dt_model_zero_grad(dt_model *m) { dt__nn_parallel(m, zero_job, m); }
+void dt_model_zero_grad(dt_model *m) {
+  m->discarded = false;
+  dt__nn_parallel(m, zero_job, m);
+}
+
+void dt_model_discard_grad(dt_model *m) { m->discarded = true; }
 
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct) {

@@ -71,6 +71,9 @@ typedef struct nn_slice {
   float *col, *dcol;        /* conv im2col / d(im2col) chunk, max over layers */
   uint64_t key;             /* dropout key of this forward */
   bool pack;                /* first call of this pass on this thread: conv.c packs weights */
+  bool fresh;               /* backward after dt_model_discard_grad: a linear layer writes its
+                             * rows of model_grads instead of adding (other layers' ranges are
+                             * cleared before their backward, model.c) */
 } nn_slice;
 
 typedef struct nn_pool nn_pool;
@@ -94,6 +97,7 @@ struct dt_model {
   size_t nout;
   int batch;                /* batch of the last forward */
   bool trained_forward;     /* last forward was train mode: backward allowed */
+  bool discarded;           /* dt_model_discard_grad since the last backward */
   bool want_dinput;         /* tests: also compute d(loss)/d(input) */
   dt_rng rng;
   uint64_t fwd_key;         /* dropout key of the last forward */

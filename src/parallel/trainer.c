@@ -773,7 +773,12 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     dt_batch b;
     DT_CHECK_GOTO(dt_loader_next(t->loader, &b), rc, fail);
     int64_t s1 = dt_now_ns();
-    dt_model_zero_grad(t->model);
+    /* the first micro-batch's backward writes the gradients (it is never empty when the shard
+     * is not); a rank with nothing this step contributes zeros */
+    if (b.n > 0)
+      dt_model_discard_grad(t->model);
+    else
+      dt_model_zero_grad(t->model);
     double wloss = 0;
     int k = c->accumulate;
     uint64_t off = 0;

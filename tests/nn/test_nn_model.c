@@ -454,6 +454,62 @@ static void test_threads_match(void **s) {
   dt_nn_set_threads(1);
 }
 
+/* dt_model_discard_grad: over gradients holding NaN, the next backward writes them and the one
+ * after adds, giving what zero_grad then the same two backwards gives (equal floats), for every
+ * layer kind (conv stem in sub-slices, layernorm, linear split across threads), 1-3 threads,
+ * batches smaller than the thread count; zero_grad after a discard zeros again. */
+static void test_discard_grad(void **s) {
+  const char *specs[] = {
+      "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
+      "dropout:0.3,linear:12,relu,linear:4",
+      "in=30,linear:40,relu,dropout:0.5,linear:20,relu,linear:7",
+  };
+  const int batches[] = {7, 1, 2};
+  for (size_t si = 0; si < 2; si++)
+    for (size_t bi = 0; bi < 3; bi++)
+      for (int T = 1; T <= 3; T++) {
+        int B = batches[bi];
+        dt_nn_set_threads(T);
+        dt_model *m = make(specs[si], 8, 5);
+        size_t n = dt_model_param_count(m), in = dt_model_input_size(m);
+        float x[8 * 100], *g = dt_model_grads(m), *ref = malloc(n * sizeof(float));
+        int32_t y[8];
+        dt_rng r;
+        dt_rng_seed(&r, 12);
+        rand_batch(&r, x, y, in, B, (int)dt_model_output_size(m));
+        for (int pass = 0; pass < 2; pass++) {
+          if (pass == 0) {
+            dt_model_zero_grad(m);
+          } else {
+            for (size_t i = 0; i < n; i++)
+              g[i] = NAN;
+            dt_model_discard_grad(m);
+          }
+          for (int rep = 0; rep < 2; rep++) { /* two accumulated backwards */
+            dt_rng_seed(dt_model_rng(m), 77 + (uint64_t)rep);
+            assert_int_equal(dt_model_forward(m, x + (size_t)rep * in, B - rep * (B > 1), 1, NULL), DT_OK);
+            assert_int_equal(dt_model_backward(m, y + rep, 0.5f, NULL, NULL, NULL), DT_OK);
+          }
+          if (pass == 0)
+            memcpy(ref, g, n * sizeof(float));
+        }
+        size_t bad = 0, first = n;
+        for (size_t i = 0; i < n; i++)
+          if (!(g[i] == ref[i]) && bad++ == 0)
+            first = i;
+        if (bad)
+          fail_msg("%s B=%d T=%d: %zu of %zu gradients differ after discard, first #%zu: %g vs %g", specs[si], B, T,
+                   bad, n, first, g[first], ref[first]);
+        dt_model_discard_grad(m);
+        dt_model_zero_grad(m);
+        for (size_t i = 0; i < n; i++)
+          assert_true(g[i] == 0.0f);
+        free(ref);
+        dt_model_destroy(m);
+      }
+  dt_nn_set_threads(1);
+}
+
 int main(void) {
   dt_nn_set_threads(1);
   assert_int_equal(dt_nn_threads(), 1);
@@ -463,7 +519,7 @@ int main(void) {
       cmocka_unit_test(test_init),           cmocka_unit_test(test_hook_and_state),
       cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),
       cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
-      cmocka_unit_test(test_threads_match),
+      cmocka_unit_test(test_threads_match),  cmocka_unit_test(test_discard_grad),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
