@@ -6,8 +6,8 @@
  * exchange a zero-byte message so every rank stays in the same step.
  *
  * Pipelining: every step, the allgather's too, is cut into pieces of at most DTRAIN_RING_PIECE
- * bytes (default 128 KiB, so a piece and what it meets stay in L2), the same number per
- * step on every rank (from the largest segment), so the calls pair up. A reduce-scatter piece is
+ * bytes (default 128 KiB less 152 bytes, so a piece and what it meets stay in L2), the same
+ * number per step on every rank (from the largest segment), so the calls pair up. A reduce-scatter piece is
  * received into a small temporary and reduced at once while it is hot. The pieces of all steps
  * run as one wavefront (ring_flow below): the allgather starts on the first reduced pieces while
  * the later ones are still being reduced, a piece is forwarded while still in cache, and each
@@ -38,8 +38,18 @@
  * 20,081, 96 KiB 18.6 / 15,038, 128 KiB 18.2 / 16,005, 160 KiB 18.4 / 14,528, 192 KiB 20.1 /
  * 19,344, 256 KiB 21.2-24.5 / 18,568-23,772 (two runs); 4 ranks (rhd), 16 MiB: 128 KiB 65.9 /
  * 34,384 against 256 KiB's 75.1 / 44,729. The step-by-step ring before the wavefront (ring_flow)
- * did not gain from smaller pieces (128 KiB: 24.0 / 22,213 against 21.9 / 16,793 at 256 KiB). */
-#define RING_PIECE_DEFAULT (128u << 10)
+ * did not gain from smaller pieces (128 KiB: 24.0 / 22,213 against 21.9 / 16,793 at 256 KiB).
+ * Trimmed to 130,920 bytes: a 128 KiB piece after the tcp transport's 40-byte frame header left
+ * loopback as two full 65,483-byte segments and a 146-byte one; 130,920 + 40 fill exactly two.
+ * TCP segments per 16 MiB allreduce (/proc/net/snmp OutSegs): 684 against 993; `perf stat -e
+ * task-clock dtrain bench {allgather,allreduce} --transport tcp -n 2 --sizes 16M:16M --iters
+ * 60`, 6 alternated runs (2026-11-22 19:20 UTC, load 4.3-4.9), medians of CPU ms per call /
+ * wall us: allgather 9.84 / 3,567 against 10.78 / 4,135, allreduce 18.06 / 6,680 against 19.78
+ * / 7,643. It is a constant, not asked of the transport: every rank must cut the same pieces,
+ * and the segment size a socket reports differs between the ends of one connection and while
+ * its window opens (32,741 or 32,768 on loopback at first). Divisible by 8: whole elements of
+ * every dtype. */
+#define RING_PIECE_DEFAULT 130920u
 
 size_t dt__ring_piece_bytes(void) {
   static _Atomic size_t cached;
