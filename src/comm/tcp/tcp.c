@@ -81,7 +81,8 @@ struct dt_transport {
   size_t spin_max; /* sendrecvs whose messages each have up to this many bytes spin */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
   dt__tcp_loss *loss;
-  size_t queue; /* bytes every connection's send buffer holds for a peer not reading (tcp_ready) */
+  size_t queue; /* bytes every connection's send buffer holds for a peer not reading (tcp_ready);
+                 * SIZE_MAX while no connection is up */
 };
 
 static void tcp_put(uint8_t *p, uint64_t v, int bytes) {
@@ -201,7 +202,7 @@ static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
   int sb = 0;
   socklen_t sl = sizeof sb;
   size_t q = getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, &sl) == 0 && sb > 0 ? (size_t)sb / 2 : 0;
-  t->queue = t->queue ? DT_MIN(t->queue, q) : q;
+  t->queue = DT_MIN(t->queue, q);
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
     return dt__errno(DT_ERR_SYSTEM, "fcntl O_NONBLOCK");
@@ -296,6 +297,7 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   }
   t->spin_ns = spin_us * 1000;
   t->spin_max = (size_t)spin_max;
+  t->queue = SIZE_MAX; /* until tcp_ready lowers it to the smallest connection's */
   if (t->n == 1) {
     *out = t;
     return DT_OK;
@@ -647,7 +649,9 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
 }
 
 /* Each message carries a header (TCP_HDR_BYTES) and is counted with room to spare. */
-static size_t tcp_queue_msgs(dt_transport *t, size_t bytes) { return t->queue / (bytes + 2 * TCP_HDR_BYTES); }
+static size_t tcp_queue_msgs(dt_transport *t, size_t bytes) {
+  return t->queue == SIZE_MAX ? 0 : t->queue / (bytes + 2 * TCP_HDR_BYTES);
+}
 
 const dt_transport_ops dt__transport_tcp = {
     .name = "tcp",
