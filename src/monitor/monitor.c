@@ -74,7 +74,7 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
     fprintf(m->metrics,
             "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld,\"loss\":%.9g,"
             "\"lr\":%.9g,\"samples_per_s\":%.1f,\"compute_ms\":%.4f,\"comm_ms\":%.4f,"
-            "\"data_ms\":%.4f,\"allreduce_bytes\":%.0f,\"busbw_gbps\":%.4f,\"world_size\":%d,"
+            "\"data_ms\":%.4f,\"allreduce_bytes\":%.0f,\"busbw_gbps\":%.6g,\"world_size\":%d,"
             "\"time\":%.3f}\n",
             (long long)s->step, s->epoch, (long long)s->step_in_epoch, (double)s->loss,
             (double)s->lr, s->samples_per_s, s->compute_ms, s->comm_ms, s->data_ms,
