@@ -58,6 +58,9 @@ typedef struct dt__comm_env {
   char job_id[64];
   int timeout_ms, fault_timeout_ms;
   int progress_follow; /* DTRAIN_PROGRESS_FOLLOW (1): the progress thread runs on its caller's CPU */
+  int ring_piece;       /* DTRAIN_RING_PIECE bytes, 0: ring.c's default */
+  int ring_ahead;       /* DTRAIN_RING_AHEAD, -1: ring.c's default */
+  int chain_piece;      /* DTRAIN_CHAIN_PIECE bytes, 0: tree.c's default */
   char source[32]; /* "dtrain", "torchrun", "openmpi", "slurm", "config", "single" */
   int mpi_boot;     /* started by mpirun with no store address: MPI tells rank 0's store address */
 } dt__comm_env;

@@ -250,5 +250,12 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
   if (!env->fault_timeout_ms)
     DT_CHECK(cfg_int("DTRAIN_FAULT_TIMEOUT_MS", 10000, 1, INT_MAX, &env->fault_timeout_ms));
   DT_CHECK(cfg_int("DTRAIN_PROGRESS_FOLLOW", 1, 0, 1, &env->progress_follow));
+  /* pipelined pieces of the ring and rhd (coll/ring.c): every rank must cut the same pieces,
+   * whole elements of every dtype */
+  DT_CHECK(cfg_int("DTRAIN_RING_PIECE", 0, 4096, 64 << 20, &env->ring_piece));
+  if (env->ring_piece % 8)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_RING_PIECE=%d is not a multiple of 8 bytes", env->ring_piece);
+  DT_CHECK(cfg_int("DTRAIN_RING_AHEAD", -1, 0, 64, &env->ring_ahead));
+  DT_CHECK(cfg_int("DTRAIN_CHAIN_PIECE", 0, 1024, 64 << 20, &env->chain_piece));
   return DT_OK;
 }

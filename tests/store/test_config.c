@@ -20,6 +20,7 @@ static const char *all_vars[] = {
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST",
     "SLURM_JOB_NODELIST", "DTRAIN_JOB_ID", "DTRAIN_TIMEOUT_MS", "DTRAIN_FAULT_TIMEOUT_MS", "DTRAIN_TRANSPORT",
     "DTRAIN_BIND_ADDR", "DTRAIN_IFNAME", "DTRAIN_JOB_SECRET", "DTRAIN_JOB_SECRET_FILE", "DTRAIN_HOST_STORE", "DTRAIN_PROGRESS_FOLLOW",
+    "DTRAIN_RING_PIECE", "DTRAIN_RING_AHEAD", "DTRAIN_CHAIN_PIECE",
 };
 
 static int clean_env(void **unused) {
@@ -257,6 +258,12 @@ static void test_malformed(void **unused) {
   expect_invalid("DTRAIN_TRANSPORT", "udp", "DTRAIN_TRANSPORT");
   expect_invalid("DTRAIN_PROGRESS_FOLLOW", "yes", "DTRAIN_PROGRESS_FOLLOW=yes");
   expect_invalid("DTRAIN_PROGRESS_FOLLOW", "2", "DTRAIN_PROGRESS_FOLLOW=2 is out of range 0..1");
+  expect_invalid("DTRAIN_RING_PIECE", "1000", "DTRAIN_RING_PIECE=1000 is out of range 4096..67108864");
+  expect_invalid("DTRAIN_RING_PIECE", "64k", "DTRAIN_RING_PIECE=64k");
+  expect_invalid("DTRAIN_RING_PIECE", "65540", "DTRAIN_RING_PIECE=65540 is not a multiple of 8 bytes");
+  expect_invalid("DTRAIN_RING_AHEAD", "65", "DTRAIN_RING_AHEAD=65 is out of range 0..64");
+  expect_invalid("DTRAIN_RING_AHEAD", "-1", "DTRAIN_RING_AHEAD=-1 is out of range 0..64");
+  expect_invalid("DTRAIN_CHAIN_PIECE", "512", "DTRAIN_CHAIN_PIECE=512 is out of range 1024..67108864");
   expect_invalid("DTRAIN_LOCAL_RANK", "x", "DTRAIN_LOCAL_RANK=x");
   setenv("DTRAIN_LOCAL_WORLD_SIZE", "2", 1);
   expect_invalid("DTRAIN_LOCAL_RANK", "2", "local rank 2 of local size 2");

@@ -113,7 +113,7 @@ dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t cou
                              int64_t deadline);
 
 /* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 130,920 bytes (ring.c). */
-size_t dt__ring_piece_bytes(void);
+size_t dt__ring_piece_bytes(const dt_comm *c);
 
 /* How many pieces ahead of the one it receives an exchange cut into `pieces` pieces of up to
  * piece_bytes may send: at most DTRAIN_RING_AHEAD (ring.c), at most pieces - 1, and so that the

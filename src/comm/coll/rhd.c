@@ -76,7 +76,7 @@ dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
   while (p2 * 2 <= n)
     p2 *= 2;
   int extra = n - p2, vr;
-  size_t pe = DT_MAX((size_t)1, dt__ring_piece_bytes() / es);
+  size_t pe = DT_MAX((size_t)1, dt__ring_piece_bytes(c) / es);
   size_t tmp_n = DT_MIN(2 * pe, (count + 1) / 2 + 1) * es;
   char *tmp = dt__coll_scratch(c, 1, r < 2 * extra && r % 2 ? DT_MAX(tmp_n, bytes) : tmp_n);
   if (!tmp)

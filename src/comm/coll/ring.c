@@ -51,17 +51,8 @@
  * every dtype. */
 #define RING_PIECE_DEFAULT 130920u
 
-size_t dt__ring_piece_bytes(void) {
-  static _Atomic size_t cached;
-  size_t v = cached;
-  if (v == 0) {
-    uint64_t b;
-    if (dt__env_size("DTRAIN_RING_PIECE", RING_PIECE_DEFAULT, &b) != DT_OK || b < 4096)
-      b = RING_PIECE_DEFAULT;
-    v = (size_t)b;
-    cached = v;
-  }
-  return v;
+size_t dt__ring_piece_bytes(const dt_comm *c) {
+  return c->env.ring_piece > 0 ? (size_t)c->env.ring_piece : RING_PIECE_DEFAULT; /* checked in config.c */
 }
 
 /* How many pieces a rank sends ahead of the one it receives (DTRAIN_RING_AHEAD overrides, up to
@@ -76,16 +67,7 @@ size_t dt__ring_piece_bytes(void) {
 #define RING_AHEAD_DEFAULT 1
 
 size_t dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes) {
-  static _Atomic size_t cached; /* DTRAIN_RING_AHEAD + 1, 0 until read */
-  size_t want = cached;
-  if (want == 0) {
-    uint64_t v;
-    if (dt__env_size("DTRAIN_RING_AHEAD", RING_AHEAD_DEFAULT, &v) != DT_OK || v > 64)
-      v = RING_AHEAD_DEFAULT;
-    want = (size_t)v + 1;
-    cached = want;
-  }
-  want--;
+  size_t want = c->env.ring_ahead >= 0 ? (size_t)c->env.ring_ahead : RING_AHEAD_DEFAULT; /* config.c checks */
   size_t q = c->ops->queue_msgs ? c->ops->queue_msgs(c->tp, piece_bytes) : 0;
   size_t ahead = DT_MIN(want, pieces ? pieces - 1 : 0);
   /* the pieces ahead and the one the receiver has yet to take must all fit */
@@ -119,7 +101,7 @@ static dt_status direct_rs(dt_comm *c, const void *in, const size_t *off, const 
   size_t es = dt_dtype_size(t), maxseg = 0;
   for (int i = 0; i < n; i++)
     maxseg = DT_MAX(maxseg, len[i]);
-  size_t pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
+  size_t pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes(c) / es), DT_MAX(maxseg, (size_t)1));
   size_t pieces = maxseg ? (maxseg + pe - 1) / pe : 1;
   char *tmp = dt__coll_scratch(c, 1, (size_t)(n - 1) * pe * es);
   const void *small[16], **srcs = n <= 16 ? small : dt__alloc((size_t)n * sizeof *srcs);
@@ -349,12 +331,12 @@ static void segs_free(segs *g) {
 
 /* A flow over the segments g with pieces of DTRAIN_RING_PIECE bytes of type t (every step
  * moves type t: the half types' f32 partials never travel, see direct_rs). */
-static void flow_init(ring_flow *f, const segs *g, int n, dt_dtype t, dt_op op) {
+static void flow_init(const dt_comm *c, ring_flow *f, const segs *g, int n, dt_dtype t, dt_op op) {
   size_t es = dt_dtype_size(t), maxseg = 0;
   for (int i = 0; i < n; i++)
     maxseg = DT_MAX(maxseg, g->len[i]);
   *f = (ring_flow){.off = g->off, .len = g->len, .es = es, .t = t, .op = op};
-  f->pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes() / es), DT_MAX(maxseg, (size_t)1));
+  f->pe = DT_MIN(DT_MAX((size_t)1, dt__ring_piece_bytes(c) / es), DT_MAX(maxseg, (size_t)1));
   f->P = maxseg ? (maxseg + f->pe - 1) / f->pe : 1;
   /* A step of 3-4 pieces goes in two: there the calls cost more than the finer overlap gains.
    * `dtrain bench allreduce -n 2 --transport tcp --sizes 1M:2M --iters 100 --warmup 10`, 5
@@ -377,7 +359,7 @@ dt_status dt__allreduce_ring(dt_comm *c, const void *sbuf, void *rbuf, size_t co
   size_t es = dt_dtype_size(t);
   int owned = mod(c->rank + 1, n);
   ring_flow f;
-  flow_init(&f, &g, n, t, op);
+  flow_init(c, &f, &g, n, t, op);
   f.ag = rbuf;
   f.shift_ag = 1; /* rank r's allgather starts from segment r + 1, the one it reduced */
   f.T = n - 1;
@@ -417,7 +399,7 @@ dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size
     goto done;
   }
   ring_flow f;
-  flow_init(&f, &g, n, t, op);
+  flow_init(c, &f, &g, n, t, op);
   f.rs = f.T = n - 1;
   f.shift_rs = -1; /* rank r ends owning block r */
   f.in = sbuf;
@@ -445,7 +427,7 @@ dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t cou
     g.len[i] = count;
   }
   ring_flow f;
-  flow_init(&f, &g, n, t, DT_SUM);
+  flow_init(c, &f, &g, n, t, DT_SUM);
   f.T = n - 1;
   f.ag = rbuf;
   f.own = own;

@@ -106,23 +106,14 @@ dt_status dt__broadcast_tree(dt_comm *c, void *buf, size_t bytes, int root, cons
   return DT_OK;
 }
 
-static size_t chain_piece_bytes(void) {
-  static _Atomic size_t cached;
-  size_t v = cached;
-  if (v == 0) {
-    uint64_t b;
-    if (dt__env_size("DTRAIN_CHAIN_PIECE", 256 << 10, &b) != DT_OK || b < 1024)
-      b = 256 << 10;
-    v = (size_t)b;
-    cached = v;
-  }
-  return v;
+static size_t chain_piece_bytes(const dt_comm *c) {
+  return c->env.chain_piece > 0 ? (size_t)c->env.chain_piece : 256u << 10; /* checked in config.c */
 }
 
 dt_status dt__broadcast_chain(dt_comm *c, void *buf, size_t bytes, int root, const dt__fp *fp, int64_t deadline) {
   int n = c->size, vr = (c->rank - root + n) % n;
   int prev = vr > 0 ? real_rank(vr - 1, root, n) : -1, next = vr < n - 1 ? real_rank(vr + 1, root, n) : -1;
-  size_t pb = chain_piece_bytes(), pieces = bytes ? (bytes + pb - 1) / pb : 1;
+  size_t pb = chain_piece_bytes(c), pieces = bytes ? (bytes + pb - 1) / pb : 1;
   char *b = buf;
   /* iteration i forwards piece i-1 and receives piece i */
   for (size_t i = 0; i <= pieces; i++) {
