@@ -386,17 +386,20 @@ static void test_determinism(void **s) {
   assert_memory_equal(out[0], out[1], sizeof out[0]);
 }
 
+/* Every layer kind (conv stem in sub-slices, layernorm, dropout, linear split across threads),
+ * and batches of 7, and smaller than the thread counts the tests use (1-3). */
+static const char *const specs[] = {
+    "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
+    "dropout:0.3,linear:12,relu,linear:4",
+    "in=30,linear:40,relu,dropout:0.5,linear:20,relu,linear:7",
+};
+static const int batches[] = {7, 1, 2};
+
 /* Gradients, loss and logits with 2 and 3 threads equal the single-thread ones up to float
  * summation order, for every layer kind (dropout masks do not depend on the split), also when
  * the batch is smaller than the thread count and when convolutions run in many im2col chunks;
  * the hook still reports contiguous prefixes. */
 static void test_threads_match(void **s) {
-  const char *specs[] = {
-      "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
-      "dropout:0.3,linear:12,relu,linear:4",
-      "in=30,linear:40,relu,dropout:0.5,linear:20,relu,linear:7",
-  };
-  const int batches[] = {7, 1, 2};
   for (size_t si = 0; si < 2; si++)
     for (size_t bi = 0; bi < 3; bi++) {
       int B = batches[bi];
@@ -459,12 +462,6 @@ static void test_threads_match(void **s) {
  * layer kind (conv stem in sub-slices, layernorm, linear split across threads), 1-3 threads,
  * batches smaller than the thread count; zero_grad after a discard zeros again. */
 static void test_discard_grad(void **s) {
-  const char *specs[] = {
-      "in=1x10x10,conv3x3:6:p1,relu,maxpool2,conv3x3:5:s2:p1,gelu,avgpool2,flatten,layernorm,"
-      "dropout:0.3,linear:12,relu,linear:4",
-      "in=30,linear:40,relu,dropout:0.5,linear:20,relu,linear:7",
-  };
-  const int batches[] = {7, 1, 2};
   for (size_t si = 0; si < 2; si++)
     for (size_t bi = 0; bi < 3; bi++)
       for (int T = 1; T <= 3; T++) {
