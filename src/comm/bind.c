@@ -17,17 +17,18 @@
  * consecutive shares and local rank i takes share i, so threads the rank starts afterwards
  * (progress thread, loader, BLAS pools created later) stay in its share. With more local ranks
  * than CPUs (oversubscribed), local rank i takes CPU i mod ncpu: measured on the 2-core guest,
- * 4 ranks, `DTRAIN_TRANSPORT=tcp dtrain run -n 4` of a loop of 3,000 4-byte allreduces, load 3
- * (other jobs building), median per call 28-41 us pinned against 48-96 unpinned; with the
- * ranks spread by the scheduler, which ranks share a core changes during a run and the
- * median jumps between about 35 and 100 us (docs/BENCHMARKS.md). Nothing happens with one
+ * quiet, 4 ranks, `DTRAIN_TRANSPORT=tcp DTRAIN_BIND=auto|none dtrain run -n 4 -- first_calls
+ * --calls 3000` (bench/first_calls.c), the 4-byte allreduce's window medians 24-40 us pinned
+ * against 27-95 unpinned (the unpinned median jumps as the scheduler regroups the ranks). But
+ * the first ~300 calls (~100 ms) of a pinned run average 290-340 us, with single calls of
+ * 0.5-2.5 ms, so a 3,000-call loop takes 140-168 ms pinned against 122-149 unpinned; the cause
+ * of that start-up transient was not found (pinning the threads below did not remove it; with
+ * tcp's spinning off it goes, but the steady state doubles). docs/BENCHMARKS.md. Nothing happens with one
  * local rank or when the launcher did not say how many ranks share the host. It deliberately is
  * off by default: see above, and a rank running many compute threads may want every core.
  * The calling thread, the threads it starts later (Linux semantics) and the communicator's own
  * threads passed in (the heartbeat thread, the store server) are bound; other threads that
- * already exist keep their mask. Leaving the heartbeat thread unbound gave oversubscribed
- * pinned ranks a start-up transient: in 5 of 16 runs of the loop above one of the first 12
- * calls took 1-7 ms (the median call 35 us); with it bound, 0 of 16. It runs before the world
+ * already exist keep their mask (a pinned rank's own threads then stay on its CPU). It runs before the world
  * communicator's transport is connected; the shm transport judges oversubscription by the
  * CPUs from before (dt_comm.host_cpus). `dtrain bench` turns it on for its ranks (bench.c). */
 #include <errno.h>

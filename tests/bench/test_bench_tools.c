@@ -1,7 +1,8 @@
 /* test_bench_tools.c - the comparison benchmarks' own programs under bench/ (the C helpers and
  * the harness scripts) build cleanly and tell the truth: the Open MPI peer program checks every
  * collective's result and reports it in dtrain bench's JSON row format, the ceilings programs
- * report positive rates, and the harnesses reject bad usage with exit code 2 before installing or
+ * report positive rates, first_calls (linked with libdtrain, run under `dtrain run`) reports every
+ * call-time field, and the harnesses reject bad usage with exit code 2 before installing or
  * running anything.
  *
  * It deliberately times nothing (rates are only checked to be positive and finite) and never
@@ -213,6 +214,37 @@ static void test_harness_usage(void) {
   }
 }
 
+/* first_calls: builds against libdtrain, runs under `dtrain run` on 2 ranks and prints every
+ * field with positive times; bad usage exits 2. */
+static void test_first_calls(void) {
+  char cmd[4096], out[8192], build_dir[1024];
+  const char *bin = getenv("DTRAIN_BIN");
+  snprintf(build_dir, sizeof build_dir, "%s", bin ? bin : "./dtrain");
+  char *slash = strrchr(build_dir, '/');
+  if (slash)
+    *slash = '\0';
+  snprintf(cmd, sizeof cmd,
+           "timeout 120 mpicc -O2 -Wall -Wextra -Werror -I%s/include -o %s/first_calls %s/bench/first_calls.c "
+           "%s/libdtrain.a $(pkg-config --libs openblas) -lz -lm -lpthread 2>&1",
+           src_dir, tmp_dir, src_dir, build_dir);
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0, "compiling bench/first_calls.c failed: %s", out);
+  if (rc)
+    return;
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/dtrain run -n 2 --raw-stdout -- %s/first_calls --calls 40 2>/dev/null",
+           build_dir, tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "\"first_us\": [") && count(out, "\"median_us\": ") == 10 &&
+            count(out, "\"mean_us\": ") == 10 && strstr(out, "\"total_ms\": ") && !strstr(out, ": 0.0,") &&
+            !strstr(out, "nan"),
+        "first_calls: %d %s", rc, out);
+  static const char *bad[] = {"--calls 5", "--calls x", "--count 0", "--frobnicate"};
+  for (int b = 0; b < 4; b++) {
+    snprintf(cmd, sizeof cmd, "timeout 30 %s/first_calls %s 2>/dev/null", tmp_dir, bad[b]);
+    CHECK(run(cmd, NULL, 0) == 2, "first_calls accepted %s", bad[b]);
+  }
+}
+
 int main(void) {
   src_dir = getenv("DTRAIN_SOURCE_DIR");
   if (!src_dir) {
@@ -227,6 +259,7 @@ int main(void) {
   test_mpi_coll();
   test_ceilings();
   test_harness_usage();
+  test_first_calls();
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
   if (system(cmd) != 0)
