@@ -109,6 +109,21 @@ dt_status dt_comm_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t
 dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t);
 dt_status dt_comm_barrier(dt_comm *c);
 
+/* Shared window: `bytes` of memory per rank (rounded up to 64) that the communicator's ranks map
+ * into each other's address space, so that an allreduce over it copies nothing in or out: each
+ * rank reduces its slice of the range straight from every rank's window and writes the result
+ * into every rank's window (per rank, the range is read once and written once, against about
+ * 4.5 times its size through the staging buffers). An in-place allreduce (sendbuf DT_IN_PLACE,
+ * or equal to recvbuf) whose buffer lies inside the window takes that path, blocking or not;
+ * every rank must then pass the same offset into its window (else DT_ERR_MISMATCH). DTRAIN_ALGO
+ * does not apply to it. While such an allreduce runs, other ranks read and write its range of
+ * this rank's window; the rest of the window is the caller's. *out: this rank's part, zeroed,
+ * 64-byte aligned, valid until dt_comm_destroy. Collective over c; at most one per
+ * communicator; waits for the nonblocking calls in flight first. DT_ERR_UNSUPPORTED (on every
+ * rank) when the transport shares no memory (tcp, mpi, or a single rank); DT_ERR_SYSTEM on
+ * every rank when any rank could not map it (a full /dev/shm). */
+dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
+
 /* Point to point. Not collective: the peer must make the matching call with the same count,
  * dtype and tag, in the same order. */
 dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);

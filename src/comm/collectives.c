@@ -281,6 +281,9 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   k = &kk;
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
+    if (fp->flags & DT__FP_WINDOW)
+      return c->ops->allreduce_window(c->tp, (size_t)fp->root, k->count, k->dtype, k->op, fp,
+                                      deadline ? deadline : dt__comm_deadline(c));
     if (a == DT_ALGO_FLAT)
       return c->ops->allreduce_flat(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     if (a == DT_ALGO_SHM)
@@ -373,6 +376,17 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
   k->fp.dtype = (uint8_t)t;
   k->fp.op = (uint8_t)op;
   k->fp.root = root;
+  /* In place inside the shared window (dt_comm_window): the window's own algorithm, and the
+   * offset joins the fingerprint, so ranks passing different offsets fail as a mismatch. */
+  if (kind == DT_COLL_ALLREDUCE && c->win && rbuf && (!sbuf || sbuf == DT_IN_PLACE || sbuf == rbuf) &&
+      (unsigned)t < DT_DTYPE_COUNT && count > 0) {
+    size_t es = dt_dtype_size(t);
+    uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
+    if (r >= w && (r - w) % es == 0 && (r - w) / es <= INT32_MAX && count <= (c->win_bytes - (r - w)) / es) {
+      k->fp.flags = DT__FP_WINDOW;
+      k->fp.root = (int32_t)((r - w) / es);
+    }
+  }
   const char *bad = NULL;
   char why[160];
   int has_op = kind == DT_COLL_ALLREDUCE || kind == DT_COLL_REDUCE || kind == DT_COLL_REDUCE_SCATTER;
@@ -472,3 +486,30 @@ dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_
 }
 
 dt_status dt_comm_barrier(dt_comm *c) { RUN(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }
+
+dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
+  if (!out)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_window: out is NULL");
+  *out = NULL;
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_window: communicator is NULL");
+  if (bytes == 0 || bytes > ((size_t)1 << 40))
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_window: %zu bytes (1 byte to 1 TiB)", bytes);
+  if (c->win)
+    return dt_set_error(DT_ERR_STATE, "dt_comm_window: this communicator has a window already");
+  if (c->size < 2 || !c->ops->window)
+    return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_window: transport %s with %d rank%s shares no memory",
+                        c->ops->name, c->size, c->size == 1 ? "" : "s");
+  dt__progress_drain(c); /* nothing of ours runs on the transport meanwhile */
+  bytes = (bytes + 63) / 64 * 64;
+  void *w = NULL;
+  pthread_mutex_lock(&c->lock);
+  dt_status st = c->ops->window(c->tp, bytes, &w, dt__comm_deadline(c));
+  pthread_mutex_unlock(&c->lock);
+  if (st != DT_OK)
+    return st;
+  c->win = w;
+  c->win_bytes = bytes;
+  *out = w;
+  return DT_OK;
+}

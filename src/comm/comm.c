@@ -98,6 +98,10 @@ void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
   case DT_COLL_ALLREDUCE:
   case DT_COLL_REDUCE_SCATTER:
     snprintf(buf, n, "%s #%llu with %llu x %s %s", name, seq, cnt, comm_dtype_name(fp->dtype), comm_op_name(fp->op));
+    if (fp->flags & DT__FP_WINDOW) {
+      size_t k = strlen(buf);
+      snprintf(buf + k, n - k, " in the shared window at element %d", (int)fp->root);
+    }
     break;
   case DT_COLL_REDUCE:
     snprintf(buf, n, "%s #%llu with %llu x %s %s to root %d", name, seq, cnt, comm_dtype_name(fp->dtype),
@@ -117,7 +121,7 @@ void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
 
 int dt__fp_equal(const dt__fp *a, const dt__fp *b) {
   return a->seq == b->seq && a->count == b->count && a->coll == b->coll && a->dtype == b->dtype &&
-         a->op == b->op && a->root == b->root;
+         a->op == b->op && a->root == b->root && a->flags == b->flags;
 }
 
 void dt__comm_peer_name(const dt_comm *c, int peer, char *buf, size_t n) {

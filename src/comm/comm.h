@@ -90,6 +90,8 @@ struct dt_comm {
   uint64_t nsplits;     /* splits made from this communicator (names their store prefix) */
   uint64_t *p2p_sent, *p2p_recvd; /* [size]: point-to-point message counters per peer */
   struct dt__progress *progress;
+  uint8_t *win;         /* this rank's part of the shared window (dt_comm_window), or NULL */
+  size_t win_bytes;
   pthread_mutex_t lock; /* serializes operations between the caller and the progress thread */
 };
 

@@ -39,9 +39,10 @@ typedef struct dt__fp {
   uint8_t coll;   /* dt__coll */
   uint8_t dtype;  /* dt_dtype */
   uint8_t op;     /* dt_op (0 when the call has none) */
-  uint8_t pad;
-  int32_t root; /* root rank, or tag for SEND, or -1 */
+  uint8_t flags; /* DT__FP_WINDOW: an allreduce in the shared window, root = element offset */
+  int32_t root;  /* root rank, or tag for SEND, or -1 */
 } dt__fp;
+#define DT__FP_WINDOW 1
 
 const char *dt__coll_name(int coll);
 /* "allreduce #17 with 4096 x f32 sum" / "broadcast #3 with 10 x i32 from root 1". */
@@ -85,6 +86,14 @@ typedef struct dt_transport_ops {
   dt_status (*reduce_scatter)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
                               dt_op op, const dt__fp *fp, int64_t deadline);
   dt_status (*barrier)(dt_transport *t, const dt__fp *fp, int64_t deadline);
+  /* Optional: the shared window (dt_comm_window). Collective: maps `bytes` (a multiple of 64)
+   * per rank that every rank can read and write, sets *out to this rank's part (zeroed, 64-byte
+   * aligned). Fails on every rank alike (rank 0 says whether all mapped it). */
+  dt_status (*window)(dt_transport *t, size_t bytes, void **out, int64_t deadline);
+  /* Optional with window: allreduce in place of elements [off, off + count) of every rank's
+   * window part (same off and count everywhere; the fingerprint carries off). */
+  dt_status (*allreduce_window)(dt_transport *t, size_t off, size_t count, dt_dtype dt, dt_op op, const dt__fp *fp,
+                                int64_t deadline);
   /* 1 when the fast paths above beat dtrain's own algorithms at every size, so they are used
    * whenever present (mpi: the library's tuned collectives); 0 lets the size decide. */
   int fast_paths_always;

@@ -391,7 +391,8 @@ void dt_model_destroy(dt_model *m) {
   if (!m)
     return;
   dt__free(m->params);
-  dt__free(m->grads);
+  if (!m->grads_lent)
+    dt__free(m->grads);
   dt__free(m->arena);
   dt__nn_pool_destroy(m->pool);
   dt__free(m->col_arena);
@@ -414,6 +415,29 @@ size_t dt_model_output_size(const dt_model *m) { return m->nout; }
 size_t dt_model_param_count(const dt_model *m) { return m->nparams; }
 float *dt_model_params(dt_model *m) { return m->params; }
 float *dt_model_grads(dt_model *m) { return m->grads; }
+
+dt_status dt_model_use_grads(dt_model *m, float *grads) {
+  if (!m)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_use_grads: model is NULL");
+  if ((uintptr_t)grads % 64)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_use_grads: the buffer %p is not 64-byte aligned", (void *)grads);
+  float *g = grads ? grads : dt__alloc(m->nparams * sizeof(float));
+  if (!g)
+    return dt_set_error(DT_ERR_NOMEM, "gradient buffer of %zu floats", m->nparams);
+  if (g == m->grads)
+    return DT_OK;
+  memcpy(g, m->grads, m->nparams * sizeof(float));
+  if (!m->grads_lent)
+    dt__free(m->grads);
+  m->grads = g;
+  m->grads_lent = grads != NULL;
+  for (int t = 0; t < m->nthreads; t++) {
+    m->slices[t].model_grads = g;
+    if (t == 0)
+      m->slices[t].grads = g;
+  }
+  return DT_OK;
+}
 size_t dt_model_tensor_count(const dt_model *m) { return m->ntensors; }
 dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }
 

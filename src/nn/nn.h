@@ -85,6 +85,7 @@ struct dt_model {
   int nlayers;
   nn_layer *layers;
   float *params, *grads;
+  bool grads_lent;          /* grads is the caller's (dt_model_use_grads), not freed here */
   size_t nparams;
   dt_tensor *tensors;
   char *names;              /* storage for tensor names */

@@ -693,6 +693,27 @@ typedef struct interval {
   double compute_ns, comm_ns, data_ns, span_ns;
 } interval;
 
+/* Moves the gradients into the communicator's shared window when it has one (shm: every worker
+ * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). The
+ * sharded optimizer reduce-scatters instead and keeps its own. A transport without a window, or
+ * a window that could not be made (a full /dev/shm: the same answer on every rank), leaves the
+ * gradients where they are. Measured (2 workers x 1 thread, alternated runs, see
+ * docs/BENCHMARKS.md): WINDOW_MEASURED. */
+static dt_status share_grads(trainer *t) {
+  if (t->zero || (dt__env_str("DTRAIN_WINDOW") && !strcmp(dt__env_str("DTRAIN_WINDOW"), "0")))
+    return DT_OK;
+  size_t bytes = dt_model_param_count(t->model) * sizeof(float);
+  void *w = NULL;
+  dt_status rc = dt_comm_window(t->comm, bytes, &w);
+  if (rc == DT_ERR_UNSUPPORTED)
+    return DT_OK;
+  if (rc != DT_OK) {
+    DT_LOG_WARN("gradients stay private (%s)", dt_last_error());
+    return DT_OK;
+  }
+  return dt_model_use_grads(t->model, w);
+}
+
 static dt_status train(trainer *t, dt_train_summary *sum) {
   const dt_train_config *c = t->cfg;
   int64_t t_start = dt_now_ns();
@@ -703,6 +724,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   DT_CHECK(build(t));
   if (t->world > 1) {
     DT_CHECK(check_settings(t));
+    DT_CHECK(share_grads(t));
     rc = dt_comm_broadcast(t->comm, dt_model_params(t->model), dt_model_param_count(t->model),
                            DT_F32, 0);
     if (rc != DT_OK)

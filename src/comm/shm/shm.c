@@ -112,6 +112,11 @@ typedef struct shm_rank {
    * can tell "slow" from "in a different call" and report a mismatch instead of a timeout. */
   alignas(SHM_LINE) _Atomic uint32_t cur_ver;
   _Atomic uint64_t cur_fp[3]; /* the dt__fp's 24 bytes, as words (all accesses seq_cst) */
+  /* Window allreduces: win_in = g once this rank's range of call g is in its window (win_fp
+   * says which call), win_out = g once it wrote its slice's result into every window. */
+  alignas(SHM_LINE) _Atomic uint64_t win_in;
+  dt__fp win_fp;
+  alignas(SHM_LINE) _Atomic uint64_t win_out;
 } shm_rank;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
@@ -156,6 +161,9 @@ struct dt_transport {
   int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
   bool oversubscribed; /* more ranks on this host than CPUs this process may use */
   const void **srcs; /* [n]: the operands of one reduction, in the order they are reduced */
+  uint8_t *win_base;  /* the shared window: rank r's part at win_base + r * win_stride */
+  size_t win_size, win_stride;
+  uint64_t wins;      /* window allreduces done (same on every rank) */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -396,6 +404,8 @@ static void shm_destroy(dt_transport *t) {
     return;
   if (t->base)
     munmap(t->base, t->size);
+  if (t->win_base)
+    munmap(t->win_base, t->win_size);
   dt__free(t->srcs);
   dt__free(t);
 }
@@ -450,6 +460,29 @@ static dt_status shm_env_size(const char *name, uint64_t def, uint64_t lo, uint6
   return DT_OK;
 }
 
+/* Creates shared memory `name` of `size` bytes, all of it backed now (so that a full /dev/shm
+ * fails here, not as a SIGBUS later), and maps it. On failure nothing is left behind. */
+static dt_status shm_alloc(const char *name, size_t size, void **out) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return dt__errno(DT_ERR_SYSTEM, "shm_open(%s)", name);
+  int e = ftruncate(fd, (off_t)size) != 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+  if (e) {
+    close(fd);
+    shm_unlink(name);
+    errno = e;
+    return dt__errno(DT_ERR_SYSTEM, "sizing shared memory %s to %zu bytes (is /dev/shm large enough?)", name, size);
+  }
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name);
+    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", size);
+  }
+  *out = p;
+  return DT_OK;
+}
+
 /* Rank 0: creates, sizes and initializes the segment. */
 static dt_status shm_make(dt_transport *t, const char *name) {
   uint64_t slot, nslots, chunk;
@@ -472,22 +505,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   size_t flat_stride = shm_align(SHM_FLAT_HDR + flat, SHM_LINE);
   size_t off_flat = shm_align(off_stage + n * 2 * chunk, 4096);
   size_t size = off_flat + n * 2 * flat_stride;
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return dt__errno(DT_ERR_SYSTEM, "shm_open(%s)", name);
-  int e = ftruncate(fd, (off_t)size) != 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
-  if (e) {
-    close(fd);
-    shm_unlink(name);
-    errno = e;
-    return dt__errno(DT_ERR_SYSTEM, "sizing shared memory %s to %zu bytes (is /dev/shm large enough?)", name, size);
-  }
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name);
-    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", size);
-  }
+  void *p;
+  DT_CHECK(shm_alloc(name, size, &p));
   t->base = p;
   t->size = size;
   t->h = p;
@@ -1146,6 +1165,157 @@ static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline
   return shm_wait_all(t, offsetof(shm_rank, bar_seq), g, offsetof(shm_rank, bar_fp), b, fp, deadline);
 }
 
+/* ---- the shared window (dt_comm_window) ---- */
+
+static uint8_t *shm_win(dt_transport *t, int r) { return t->win_base + (size_t)r * t->win_stride; }
+
+/* Rank 0 creates one object holding every rank's part and publishes "name bytes" (or "!why");
+ * each other rank maps it and answers "1" (or "0why"); rank 0 unlinks it and publishes the
+ * verdict ("1", or "0" and the first rank's reason), which every rank returns. */
+static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t deadline) {
+  dt_comm *c = t->c;
+  size_t stride = shm_align(bytes, 4096), size = stride * (size_t)t->n, len = 0;
+  char key[128], vkey[128], val[512], name[200] = "";
+  void *p = MAP_FAILED;
+  dt_status st = DT_OK;
+  dt__comm_key(c, key, sizeof key, "shm/win");
+  dt__comm_key(c, vkey, sizeof vkey, "shm/win/verdict");
+  if (t->rank == 0) {
+    uint8_t r[6];
+    char nonce[24];
+    st = dt__random_bytes(r, sizeof r);
+    if (st == DT_OK) {
+      snprintf(nonce, sizeof nonce, "w%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3], r[4], r[5]);
+      shm_name(c, nonce, name, sizeof name);
+      st = shm_alloc(name, size, &p);
+    }
+    if (st == DT_OK)
+      snprintf(val, sizeof val, "%s %zu", name, bytes);
+    else
+      snprintf(val, sizeof val, "!%s", dt_last_error());
+    char why[400];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    dt_status sst = dt__store_set(c->store, key, val, strlen(val), deadline);
+    if (st != DT_OK)
+      return dt_set_error(st, "%s", why);
+    if (sst != DT_OK) {
+      shm_unlink(name);
+      munmap(p, size);
+      return dt__error_prefix(sst, "publishing the shared window");
+    }
+    char verdict[512] = "1";
+    for (int q = 1; q < t->n; q++) {
+      char k2[128], v[400];
+      dt__comm_key(c, k2, sizeof k2, "shm/win/mapped/%d", q);
+      st = dt__store_wait(c->store, k2, v, sizeof v - 1, &len, deadline);
+      if (st != DT_OK) {
+        dt__error_prefix(st, "waiting for rank %d to map the shared window", q);
+        snprintf(verdict, sizeof verdict, "0rank %d did not answer: %s", q, dt_last_error());
+        break;
+      }
+      v[len] = '\0';
+      if (v[0] != '1' && verdict[0] == '1')
+        snprintf(verdict, sizeof verdict, "0rank %d: %s", q, v + 1);
+    }
+    shm_unlink(name);
+    dt_status vst = dt__store_set(c->store, vkey, verdict, strlen(verdict), deadline);
+    if (verdict[0] != '1' || vst != DT_OK) {
+      munmap(p, size);
+      if (verdict[0] != '1')
+        return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, verdict + 1);
+      return dt__error_prefix(vst, "publishing the shared window's verdict");
+    }
+  } else {
+    st = dt__store_wait(c->store, key, val, sizeof val - 1, &len, deadline);
+    if (st != DT_OK)
+      return dt__error_prefix(st, "waiting for rank 0 to create the shared window");
+    val[len] = '\0';
+    if (val[0] == '!')
+      return dt_set_error(DT_ERR_SYSTEM, "rank 0 could not create the shared window: %s", val + 1);
+    char k2[128], ans[400] = "1";
+    size_t theirs = 0;
+    if (sscanf(val, "%199s %zu", name, &theirs) != 2) {
+      snprintf(ans, sizeof ans, "0rank %d could not read the window's name", t->rank);
+    } else if (theirs != bytes) {
+      snprintf(ans, sizeof ans, "0it asked for %zu bytes per rank, rank 0 for %zu", bytes, theirs);
+    } else {
+      int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
+      struct stat sb;
+      if (fd < 0 || fstat(fd, &sb) != 0 || (size_t)sb.st_size != size)
+        snprintf(ans, sizeof ans, "0cannot open %s of %zu bytes: %s", name, size, strerror(errno));
+      else if ((p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        snprintf(ans, sizeof ans, "0mmap of %zu bytes: %s", size, strerror(errno));
+      if (fd >= 0)
+        close(fd);
+    }
+    dt__comm_key(c, k2, sizeof k2, "shm/win/mapped/%d", t->rank);
+    st = dt__store_set(c->store, k2, ans, strlen(ans), deadline);
+    if (st == DT_OK)
+      st = dt__store_wait(c->store, vkey, val, sizeof val - 1, &len, deadline);
+    if (st != DT_OK || len == 0 || val[0] != '1') {
+      if (p != MAP_FAILED)
+        munmap(p, size);
+      if (st != DT_OK)
+        return dt__error_prefix(st, "waiting for the shared window's verdict");
+      val[len] = '\0';
+      return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, len ? val + 1 : "?");
+    }
+  }
+  t->win_base = p;
+  t->win_size = size;
+  t->win_stride = stride;
+  *out = shm_win(t, t->rank);
+  return DT_OK;
+}
+
+/* Elements per piece of a window allreduce: the reduced piece is still in L1/L2 when it is
+ * copied into the other ranks' windows. */
+#define SHM_WIN_PIECE (32u << 10)
+
+/* Allreduce in place of elements [off, off + count) of every rank's window. Every rank
+ * publishes that its range is ready (win_in = g), waits for all, then reduces its line-aligned
+ * slice of the range from every window (rank order) into its own window and copies the result
+ * into the others', piece by piece, publishes win_out = g and waits until every rank wrote its
+ * slice into ours. No rank touches another's range outside a call, and a rank enters call g + 1
+ * only after every rank's win_out = g, so no range is read while it is rewritten. Each slice is
+ * reduced once, so every rank ends with the same bits. */
+static dt_status shm_allreduce_window(dt_transport *t, size_t off, size_t count, dt_dtype dt, dt_op op,
+                                      const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(dt);
+  if (!t->win_base || (off + count) * es > t->win_stride)
+    return dt_set_error(DT_ERR_STATE, "rank %d: window allreduce of elements %zu..%zu outside the window", t->rank,
+                        off, off + count);
+  bool done;
+  dt_status st = shm_allreduce_prelude(t, NULL, NULL, 0, dt, op, &done);
+  if (st != DT_OK || done)
+    return st;
+  shm_board_set(t, fp);
+  uint64_t g = ++t->wins;
+  t->ranks[t->rank].win_fp = *fp;
+  shm_publish(t, offsetof(shm_rank, win_in), g);
+  DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, win_in), g, offsetof(shm_rank, win_fp), 0, fp, deadline), st,
+                fail);
+  size_t lo, hi;
+  shm_slice(count, es, t->n, t->rank, &lo, &hi);
+  const size_t per = DT_MAX((size_t)1, SHM_WIN_PIECE / es);
+  for (size_t a = lo; a < hi; a += per) {
+    size_t m = DT_MIN(per, hi - a), at = (off + a) * es;
+    for (int r = 0; r < t->n; r++)
+      t->srcs[r] = shm_win(t, r) + at;
+    uint8_t *mine = shm_win(t, t->rank) + at;
+    dt__reduce_many(mine, t->srcs, t->n, m, dt, op, op == DT_AVG ? t->n : 1);
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        memcpy(shm_win(t, r) + at, mine, m * es);
+  }
+  shm_publish(t, offsetof(shm_rank, win_out), g);
+  DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, win_out), g, 0, 0, fp, deadline), st, fail);
+  return DT_OK;
+fail:
+  t->broken = true;
+  return st;
+}
+
 /* A message takes whole slots of the ring to its peer (an empty one, one slot). */
 static size_t shm_queue_msgs(dt_transport *t, size_t bytes) {
   size_t per = bytes ? (bytes + t->h->slot_bytes - 1) / t->h->slot_bytes : 1;
@@ -1163,5 +1333,7 @@ const dt_transport_ops dt__transport_shm = {
     .allgather = shm_allgather,
     .reduce_scatter = shm_reduce_scatter,
     .barrier = shm_barrier,
+    .window = shm_window,
+    .allreduce_window = shm_allreduce_window,
     .destroy = shm_destroy,
 };
