@@ -1274,7 +1274,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
 
 /* Allreduce in place of elements [off, off + count) of every rank's window. Every rank
  * publishes that its range is ready (win_in = g), waits for all, then reduces its line-aligned
- * slice of the range from every window (rank order) into its own window and copies the result
+ * slice of the range from every window (its own first, then the others in rank order) into its
+ * own window in place and copies the result
  * into the others', piece by piece, publishes win_out = g and waits until every rank wrote its
  * slice into ours. No rank touches another's range outside a call, and a rank enters call g + 1
  * only after every rank's win_out = g, so no range is read while it is rewritten. Each slice is
@@ -1300,9 +1301,13 @@ static dt_status shm_allreduce_window(dt_transport *t, size_t off, size_t count,
   const size_t per = DT_MAX((size_t)1, SHM_WIN_PIECE / es);
   for (size_t a = lo; a < hi; a += per) {
     size_t m = DT_MIN(per, hi - a), at = (off + a) * es;
-    for (int r = 0; r < t->n; r++)
-      t->srcs[r] = shm_win(t, r) + at;
+    /* own part first: dt__reduce_many writes its output while reading operands 2.. */
     uint8_t *mine = shm_win(t, t->rank) + at;
+    int k = 0;
+    t->srcs[k++] = mine;
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        t->srcs[k++] = shm_win(t, r) + at;
     dt__reduce_many(mine, t->srcs, t->n, m, dt, op, op == DT_AVG ? t->n : 1);
     for (int r = 0; r < t->n; r++)
       if (r != t->rank)

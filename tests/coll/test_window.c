@@ -1,0 +1,224 @@
+/* test_window.c - the shared window (dt_comm_window) and the allreduce over it, in real processes
+ * on the shm transport:
+ *   - results: 2, 3, 4 and 5 ranks; f32/f64/f16/bf16/i32 with sum, max, prod and avg; counts from 1
+ *     to past several pieces, at offsets that are not line-aligned; blocking and several
+ *     nonblocking calls in flight on disjoint ranges; the window outside each range keeps
+ *     what the caller wrote there, and every rank ends with the same bits;
+ *   - a buffer outside the window (or not in place) still takes the ordinary path;
+ *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
+ *     window and one outside, different sizes, a second window; tcp and a single rank have none;
+ *   - a rank that dies before the call is named by the survivors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/mp.h"
+#include "coll/sweep.h"
+
+static dt_comm *join(int rank) {
+  dt_comm *c = NULL;
+  if (dt_comm_create(NULL, &c)) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
+    return NULL;
+  }
+  dt_comm_set_timeout(c, 30000);
+  return c;
+}
+
+enum { WBYTES = 1 << 20 };
+
+/* One allreduce of count elements of t at element offset off of the window, checked against the
+ * serial reference; everything else in the window keeps its pattern. */
+static int one_call(dt_comm *c, int rank, int size, uint8_t *w, size_t off, size_t count, dt_dtype t, dt_op op,
+                    uint64_t salt) {
+  size_t es = dt_dtype_size(t), cap = WBYTES / es;
+  memset(w, 0xA5, WBYTES);
+  sw_fill(w + off * es, count, 0, salt, rank, t, op);
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, w + off * es, count, t, op) == DT_OK, "allreduce %zu at %zu: %s", count,
+        off, dt_last_error());
+  for (size_t i = 0; i < count; i++)
+    CHECK(sw_check_reduced(w + off * es, i, salt, size, i, t, op), "dtype %d op %d count %zu off %zu element %zu got %g",
+          (int)t, (int)op, count, off, i, sw_get(w + off * es, i, t));
+  for (size_t b = 0; b < cap * es; b++)
+    if (b < off * es || b >= (off + count) * es)
+      CHECK(w[b] == 0xA5, "byte %zu outside elements %zu..%zu changed", b, off, off + count);
+  return 0;
+}
+
+static int body_results(int rank, int size, void *arg) {
+  (void)arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  uint8_t *w = NULL;
+  CHECK(dt_comm_window(c, WBYTES, (void **)&w) == DT_OK, "window: %s", dt_last_error());
+  CHECK(w && (uintptr_t)w % 64 == 0, "window %p not 64-byte aligned", (void *)w);
+  for (size_t i = 0; i < WBYTES; i++)
+    CHECK(w[i] == 0, "fresh window byte %zu is %d", i, w[i]);
+  const struct {
+    dt_dtype t;
+    dt_op op;
+  } kinds[] = {{DT_F32, DT_SUM}, {DT_F64, DT_MAX}, {DT_F16, DT_SUM}, {DT_BF16, DT_AVG}, {DT_I32, DT_PROD}};
+  const size_t counts[] = {1, 7, 33, 4099, 50001}, offs[] = {0, 3, 1000};
+  uint64_t salt = 1;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+      for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+        size_t es = dt_dtype_size(kinds[k].t);
+        if ((offs[oi] + counts[ci]) * es > WBYTES)
+          continue;
+        if (one_call(c, rank, size, w, offs[oi], counts[ci], kinds[k].t, kinds[k].op, salt++))
+          return 1;
+      }
+
+  /* every rank the same bits: a checksum of the last result, compared through an allreduce
+   * of a private buffer (ordinary path) */
+  float *f = (float *)w;
+  sw_fill(f, 60000, 0, 77, rank, DT_F32, DT_SUM);
+  CHECK(dt_comm_allreduce(c, f, f, 60000, DT_F32, DT_SUM) == DT_OK, "allreduce sendbuf == recvbuf: %s",
+        dt_last_error());
+  uint64_t h = 1469598103934665603ull;
+  int64_t mx[2], mn[2];
+  for (size_t i = 0; i < 60000 * 4; i++)
+    h = (h ^ w[i]) * 1099511628211ull;
+  mx[0] = mn[0] = (int64_t)(h >> 32);
+  mx[1] = mn[1] = (int64_t)(h & 0xffffffffu);
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, mx, 2, DT_I64, DT_MAX) == DT_OK, "max: %s", dt_last_error());
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, mn, 2, DT_I64, DT_MIN) == DT_OK, "min: %s", dt_last_error());
+  CHECK(mx[0] == mn[0] && mx[1] == mn[1], "ranks ended with different bits");
+
+  /* nonblocking, several in flight on disjoint ranges, then a blocking one behind them */
+  enum { NB = 5, PER = 20000 };
+  dt_request *req[NB];
+  for (int k = 0; k < NB; k++) {
+    sw_fill(f + k * PER, PER, 0, 300 + (uint64_t)k, rank, DT_F32, DT_SUM);
+    CHECK(dt_comm_iallreduce(c, DT_IN_PLACE, f + k * PER, PER, DT_F32, DT_SUM, &req[k]) == DT_OK, "iallreduce %d: %s",
+          k, dt_last_error());
+  }
+  float *g = f + NB * PER;
+  sw_fill(g, 999, 0, 400, rank, DT_F32, DT_MAX);
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, g, 999, DT_F32, DT_MAX) == DT_OK, "blocking: %s", dt_last_error());
+  for (int k = NB - 1; k >= 0; k--)
+    CHECK(dt_request_wait(req[k]) == DT_OK, "wait %d: %s", k, dt_last_error());
+  for (int k = 0; k < NB; k++)
+    for (size_t i = 0; i < PER; i++)
+      CHECK(sw_check_reduced(f + k * PER, i, 300 + (uint64_t)k, size, i, DT_F32, DT_SUM), "iallreduce %d elem %zu", k,
+            i);
+  for (size_t i = 0; i < 999; i++)
+    CHECK(sw_check_reduced(g, i, 400, size, i, DT_F32, DT_MAX), "blocking elem %zu", i);
+
+  /* a private buffer, and the window used as a separate sendbuf: the ordinary path */
+  static float priv[3000], out[3000];
+  sw_fill(priv, 3000, 0, 500, rank, DT_F32, DT_SUM);
+  CHECK(dt_comm_allreduce(c, priv, f, 3000, DT_F32, DT_SUM) == DT_OK, "window as recvbuf only: %s", dt_last_error());
+  sw_fill(f + 5000, 3000, 0, 501, rank, DT_F32, DT_SUM);
+  CHECK(dt_comm_allreduce(c, f + 5000, out, 3000, DT_F32, DT_SUM) == DT_OK, "window as sendbuf: %s", dt_last_error());
+  for (size_t i = 0; i < 3000; i++) {
+    CHECK(sw_check_reduced(f, i, 500, size, i, DT_F32, DT_SUM), "recvbuf-only elem %zu", i);
+    CHECK(sw_check_reduced(out, i, 501, size, i, DT_F32, DT_SUM), "sendbuf elem %zu", i);
+  }
+  void *again = NULL;
+  CHECK(dt_comm_window(c, 4096, &again) == DT_ERR_STATE && !again, "a second window: %s", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* Misuse: each case must fail on every rank with the named status, within the deadline. */
+static int body_misuse(int rank, int size, void *arg) {
+  int which = *(int *)arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  dt_comm_set_timeout(c, 20000);
+  float *w = NULL;
+  if (which == 2) { /* different sizes */
+    dt_status st = dt_comm_window(c, rank == 0 ? 8192 : 16384, (void **)&w);
+    CHECK(st == DT_ERR_SYSTEM && !w, "different sizes gave %s: %s", dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), "asked for 16384 bytes per rank, rank 0 for 8192"), "message: %s", dt_last_error());
+    dt_comm_destroy(c);
+    return 0;
+  }
+  CHECK(dt_comm_window(c, 64 * 1024, (void **)&w) == DT_OK, "window: %s", dt_last_error());
+  static float priv[4096];
+  dt_status st;
+  if (which == 0) /* different offsets */
+    st = dt_comm_allreduce(c, DT_IN_PLACE, w + (rank ? 16 : 0), 4096, DT_F32, DT_SUM);
+  else /* rank 1 outside the window */
+    st = dt_comm_allreduce(c, DT_IN_PLACE, rank == 1 ? priv : w, 4096, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_MISMATCH, "case %d gave %s: %s", which, dt_strerror(st), dt_last_error());
+  CHECK(which != 0 || strstr(dt_last_error(), "in the shared window at element"), "message: %s", dt_last_error());
+  dt_comm_destroy(c);
+  (void)size;
+  return 0;
+}
+
+/* Rank 1 leaves without calling; rank 0's window allreduce names it. */
+static int body_dead(int rank, int size, void *arg) {
+  (void)arg;
+  (void)size;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  float *w = NULL;
+  CHECK(dt_comm_window(c, 1 << 16, (void **)&w) == DT_OK, "window: %s", dt_last_error());
+  if (rank == 1)
+    _exit(0); /* gone without a word, as a crash */
+  dt_status st = dt_comm_allreduce(c, DT_IN_PLACE, w, 8192, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "dead peer gave %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(strstr(dt_last_error(), "rank 1"), "message does not name rank 1: %s", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+static int body_none(int rank, int size, void *arg) {
+  (void)arg;
+  dt_comm *c = join(rank);
+  if (!c)
+    return 2;
+  void *w = NULL;
+  dt_status st = dt_comm_window(c, 4096, &w);
+  CHECK(st == DT_ERR_UNSUPPORTED && !w, "%d rank(s) over %s gave %s: %s", size, dt_comm_transport(c),
+        dt_strerror(st), dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+int main(void) {
+  int bad = 0, ran = 0;
+  setenv("DTRAIN_TRANSPORT", "shm", 1);
+  for (int n = 2; n <= 5; n++) {
+    ran++;
+    if (mp_run(n, body_results, NULL, 240)) {
+      fprintf(stderr, "FAIL: window results with %d ranks\n", n);
+      bad++;
+    }
+  }
+  for (int which = 0; which < 3; which++) {
+    ran++;
+    if (mp_run(2, body_misuse, &which, 60)) {
+      fprintf(stderr, "FAIL: window misuse case %d\n", which);
+      bad++;
+    }
+  }
+  ran++;
+  int codes[2] = {0};
+  mp_run_codes(2, body_dead, NULL, 60, codes);
+  if (codes[0] != 0) {
+    fprintf(stderr, "FAIL: dead peer (rank 0 exit %d)\n", codes[0]);
+    bad++;
+  }
+  ran++;
+  if (mp_run(1, body_none, NULL, 60)) {
+    fprintf(stderr, "FAIL: single rank\n");
+    bad++;
+  }
+  setenv("DTRAIN_TRANSPORT", "tcp", 1);
+  ran++;
+  if (mp_run(2, body_none, NULL, 60)) {
+    fprintf(stderr, "FAIL: tcp\n");
+    bad++;
+  }
+  printf("%d passed, %d failed\n", ran - bad, bad);
+  return bad ? 1 : 0;
+}
