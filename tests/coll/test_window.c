@@ -4,7 +4,8 @@
  *     to past several pieces, at offsets that are not line-aligned; blocking and several
  *     nonblocking calls in flight on disjoint ranges; the window outside each range keeps
  *     what the caller wrote there, and every rank ends with the same bits;
- *   - a buffer outside the window (or not in place) still takes the ordinary path;
+ *   - a buffer outside the window (below or above its mapping, or not in place) still takes the
+ *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
  *     window and one outside, different sizes, a second window; tcp and a single rank have none;
  *   - a rank that dies before the call is named by the survivors. */
@@ -118,6 +119,17 @@ static int body_results(int rank, int size, void *arg) {
     CHECK(sw_check_reduced(f, i, 500, size, i, DT_F32, DT_SUM), "recvbuf-only elem %zu", i);
     CHECK(sw_check_reduced(out, i, 501, size, i, DT_F32, DT_SUM), "sendbuf elem %zu", i);
   }
+  /* in place on the stack (above the window's mapping) and at the window's very end */
+  double loc[5];
+  sw_fill(loc, 5, 0, 600, rank, DT_F64, DT_SUM);
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, loc, 5, DT_F64, DT_SUM) == DT_OK, "stack buffer: %s", dt_last_error());
+  for (size_t i = 0; i < 5; i++)
+    CHECK(sw_check_reduced(loc, i, 600, size, i, DT_F64, DT_SUM), "stack buffer elem %zu", i);
+  float *end = (float *)(w + WBYTES) - 16;
+  sw_fill(end, 16, 0, 601, rank, DT_F32, DT_SUM);
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, end, 16, DT_F32, DT_SUM) == DT_OK, "window end: %s", dt_last_error());
+  for (size_t i = 0; i < 16; i++)
+    CHECK(sw_check_reduced(end, i, 601, size, i, DT_F32, DT_SUM), "window end elem %zu", i);
   void *again = NULL;
   CHECK(dt_comm_window(c, 4096, &again) == DT_ERR_STATE && !again, "a second window: %s", dt_last_error());
   dt_comm_destroy(c);

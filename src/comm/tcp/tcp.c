@@ -107,7 +107,7 @@ static void tcp_encode(uint8_t *h, uint16_t type, uint64_t payload, const dt__fp
   f[16] = fp->coll;
   f[17] = fp->dtype;
   f[18] = fp->op;
-  f[19] = fp->flags;
+  f[19] = 0; /* the message number goes here (TCP_MSGNO_AT); flags never cross tcp */
   tcp_put(f + 20, (uint32_t)fp->root, 4);
 }
 
@@ -117,7 +117,7 @@ static void tcp_decode_fp(const uint8_t *f, dt__fp *fp) {
   fp->coll = f[16];
   fp->dtype = f[17];
   fp->op = f[18];
-  fp->flags = f[19];
+  fp->flags = 0;
   fp->root = (int32_t)(uint32_t)tcp_get(f + 20, 4);
 }
 
