@@ -382,7 +382,7 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
       (unsigned)t < DT_DTYPE_COUNT && count > 0) {
     size_t es = dt_dtype_size(t);
     uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
-    if (r >= w && (r - w) % es == 0 && (r - w) / es <= INT32_MAX && count <= (c->win_bytes - (r - w)) / es) {
+    if (r >= w && r - w < c->win_bytes && (r - w) % es == 0 && (r - w) / es <= INT32_MAX && count <= (c->win_bytes - (r - w)) / es) {
       k->fp.flags = DT__FP_WINDOW;
       k->fp.root = (int32_t)((r - w) / es);
     }

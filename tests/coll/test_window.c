@@ -9,9 +9,11 @@
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
  *     window and one outside, different sizes, a second window; tcp and a single rank have none;
  *   - a rank that dies before the call is named by the survivors. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/check.h"
 #include "common/mp.h"
@@ -119,12 +121,18 @@ static int body_results(int rank, int size, void *arg) {
     CHECK(sw_check_reduced(f, i, 500, size, i, DT_F32, DT_SUM), "recvbuf-only elem %zu", i);
     CHECK(sw_check_reduced(out, i, 501, size, i, DT_F32, DT_SUM), "sendbuf elem %zu", i);
   }
-  /* in place on the stack (above the window's mapping) and at the window's very end */
-  double loc[5];
+  /* in place in memory mapped just above the window (offsets past its end, as element numbers
+   * that still fit the fingerprint), and at the window's very end */
+  double *loc = MAP_FAILED;
+  for (size_t mib = 16; mib <= 1024 && loc == MAP_FAILED; mib *= 2)
+    loc = mmap(w + WBYTES + (mib << 20), 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+               -1, 0);
+  CHECK(loc != MAP_FAILED, "no room above the window: %s", strerror(errno));
   sw_fill(loc, 5, 0, 600, rank, DT_F64, DT_SUM);
-  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, loc, 5, DT_F64, DT_SUM) == DT_OK, "stack buffer: %s", dt_last_error());
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, loc, 5, DT_F64, DT_SUM) == DT_OK, "buffer above: %s", dt_last_error());
   for (size_t i = 0; i < 5; i++)
-    CHECK(sw_check_reduced(loc, i, 600, size, i, DT_F64, DT_SUM), "stack buffer elem %zu", i);
+    CHECK(sw_check_reduced(loc, i, 600, size, i, DT_F64, DT_SUM), "buffer above elem %zu", i);
+  munmap(loc, 4096);
   float *end = (float *)(w + WBYTES) - 16;
   sw_fill(end, 16, 0, 601, rank, DT_F32, DT_SUM);
   CHECK(dt_comm_allreduce(c, DT_IN_PLACE, end, 16, DT_F32, DT_SUM) == DT_OK, "window end: %s", dt_last_error());
