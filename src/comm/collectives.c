@@ -279,11 +279,11 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   dt__coll_call kk = *k;
   kk.sbuf = sb;
   k = &kk;
+  if (fp->flags & DT__FP_WINDOW)
+    return c->ops->coll_window(c->tp, k->kind, (size_t)fp->root, k->count, k->dtype, k->op, fp,
+                               deadline ? deadline : dt__comm_deadline(c));
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
-    if (fp->flags & DT__FP_WINDOW)
-      return c->ops->allreduce_window(c->tp, (size_t)fp->root, k->count, k->dtype, k->op, fp,
-                                      deadline ? deadline : dt__comm_deadline(c));
     if (a == DT_ALGO_FLAT)
       return c->ops->allreduce_flat(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     if (a == DT_ALGO_SHM)
@@ -378,11 +378,13 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
   k->fp.root = root;
   /* In place inside the shared window (dt_comm_window): the window's own algorithm, and the
    * offset joins the fingerprint, so ranks passing different offsets fail as a mismatch. */
-  if (kind == DT_COLL_ALLREDUCE && c->win && rbuf && (!sbuf || sbuf == DT_IN_PLACE || sbuf == rbuf) &&
-      (unsigned)t < DT_DTYPE_COUNT && count > 0) {
-    size_t es = dt_dtype_size(t);
+  if (c->win && rbuf && (unsigned)t < DT_DTYPE_COUNT && count > 0 && count <= SIZE_MAX / 8 / (size_t)c->size) {
+    size_t es = dt_dtype_size(t), span = count * (kind == DT_COLL_ALLREDUCE ? 1 : (size_t)c->size);
+    const void *own = kind == DT_COLL_ALLGATHER ? (const char *)rbuf + (size_t)c->rank * count * es : rbuf;
+    int fits = kind == DT_COLL_ALLREDUCE || kind == DT_COLL_REDUCE_SCATTER || kind == DT_COLL_ALLGATHER;
     uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
-    if (r >= w && r - w < c->win_bytes && (r - w) % es == 0 && (r - w) / es <= INT32_MAX && count <= (c->win_bytes - (r - w)) / es) {
+    if (fits && (!sbuf || sbuf == DT_IN_PLACE || sbuf == own) && r >= w && r - w < c->win_bytes &&
+        (r - w) % es == 0 && (r - w) / es <= INT32_MAX && span <= (c->win_bytes - (r - w)) / es) {
       k->fp.flags = DT__FP_WINDOW;
       k->fp.root = (int32_t)((r - w) / es);
     }

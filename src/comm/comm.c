@@ -98,10 +98,6 @@ void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
   case DT_COLL_ALLREDUCE:
   case DT_COLL_REDUCE_SCATTER:
     snprintf(buf, n, "%s #%llu with %llu x %s %s", name, seq, cnt, comm_dtype_name(fp->dtype), comm_op_name(fp->op));
-    if (fp->flags & DT__FP_WINDOW) {
-      size_t k = strlen(buf);
-      snprintf(buf + k, n - k, " in the shared window at element %d", (int)fp->root);
-    }
     break;
   case DT_COLL_REDUCE:
     snprintf(buf, n, "%s #%llu with %llu x %s %s to root %d", name, seq, cnt, comm_dtype_name(fp->dtype),
@@ -116,6 +112,10 @@ void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
   default:
     snprintf(buf, n, "%s #%llu with %llu x %s", name, seq, cnt, comm_dtype_name(fp->dtype));
     break;
+  }
+  if (fp->flags & DT__FP_WINDOW) {
+    size_t k = strlen(buf);
+    snprintf(buf + k, n - k, " in the shared window at element %d", (int)fp->root);
   }
 }
 

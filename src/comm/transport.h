@@ -39,7 +39,7 @@ typedef struct dt__fp {
   uint8_t coll;   /* dt__coll */
   uint8_t dtype;  /* dt_dtype */
   uint8_t op;     /* dt_op (0 when the call has none) */
-  uint8_t flags; /* DT__FP_WINDOW: an allreduce in the shared window, root = element offset */
+  uint8_t flags; /* DT__FP_WINDOW: in the shared window, root = element offset (coll_window) */
   int32_t root;  /* root rank, or tag for SEND, or -1 */
 } dt__fp;
 #define DT__FP_WINDOW 1
@@ -90,10 +90,11 @@ typedef struct dt_transport_ops {
    * per rank that every rank can read and write, sets *out to this rank's part (zeroed, 64-byte
    * aligned). Fails on every rank alike (rank 0 says whether all mapped it). */
   dt_status (*window)(dt_transport *t, size_t bytes, void **out, int64_t deadline);
-  /* Optional with window: allreduce in place of elements [off, off + count) of every rank's
-   * window part (same off and count everywhere; the fingerprint carries off). */
-  dt_status (*allreduce_window)(dt_transport *t, size_t off, size_t count, dt_dtype dt, dt_op op, const dt__fp *fp,
-                                int64_t deadline);
+  /* Optional with window: allreduce, reduce_scatter or allgather (kind) in place at element
+   * off of every rank's window part, count elements (per block for the last two), with the
+   * public calls' in-place layout; same off and count everywhere (the fingerprint carries off). */
+  dt_status (*coll_window)(dt_transport *t, dt__coll kind, size_t off, size_t count, dt_dtype dt, dt_op op,
+                           const dt__fp *fp, int64_t deadline);
   /* 1 when the fast paths above beat dtrain's own algorithms at every size, so they are used
    * whenever present (mpi: the library's tuned collectives); 0 lets the size decide. */
   int fast_paths_always;

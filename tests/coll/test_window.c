@@ -1,9 +1,10 @@
 /* test_window.c - the shared window (dt_comm_window) and the allreduce over it, in real processes
  * on the shm transport:
- *   - results: 2, 3, 4 and 5 ranks; f32/f64/f16/bf16/i32 with sum, max, prod and avg; counts from 1
- *     to past several pieces, at offsets that are not line-aligned; blocking and several
- *     nonblocking calls in flight on disjoint ranges; the window outside each range keeps
- *     what the caller wrote there, and every rank ends with the same bits;
+ *   - results: 2, 3, 4 and 5 ranks; allreduce, reduce_scatter and allgather in place; f32/f64/
+ *     f16/bf16/i32 with sum, max, prod and avg; counts from 1 to past several pieces, at offsets
+ *     that are not line-aligned; blocking and several nonblocking calls in flight on disjoint
+ *     ranges; the window outside each range keeps what the caller wrote there, and every rank
+ *     ends with the same bits;
  *   - a buffer outside the window (below or above its mapping, or not in place) still takes the
  *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
@@ -49,6 +50,44 @@ static int one_call(dt_comm *c, int rank, int size, uint8_t *w, size_t off, size
   return 0;
 }
 
+/* reduce_scatter (kind 0) or allgather (kind 1) in place at element off of the window, count per
+ * block, blocking or not; checked against the reference, the window beyond left alone. */
+static int one_block_call(dt_comm *c, int rank, int size, uint8_t *w, size_t off, size_t count, dt_dtype t, dt_op op,
+                          uint64_t salt, int kind, int nonblocking) {
+  size_t es = dt_dtype_size(t), span = count * (size_t)size;
+  memset(w, 0xA5, WBYTES);
+  uint8_t *base = w + off * es;
+  if (kind == 0)
+    sw_fill(base, span, 0, salt, rank, t, op);
+  else
+    sw_fill(base + (size_t)rank * count * es, count, (size_t)rank * count, salt, rank, t, op);
+  dt_request *req = NULL;
+  dt_status st;
+  if (kind == 0)
+    st = nonblocking ? dt_comm_ireduce_scatter(c, DT_IN_PLACE, base, count, t, op, &req)
+                     : dt_comm_reduce_scatter(c, DT_IN_PLACE, base, count, t, op);
+  else
+    st = nonblocking ? dt_comm_iallgather(c, DT_IN_PLACE, base, count, t, &req)
+                     : dt_comm_allgather(c, base + (size_t)rank * count * es, base, count, t);
+  if (st == DT_OK && req)
+    st = dt_request_wait(req);
+  CHECK(st == DT_OK, "%s of %zu at %zu: %s", kind ? "allgather" : "reduce_scatter", count, off, dt_last_error());
+  for (size_t i = 0; i < (kind ? span : count); i++) {
+    if (kind == 0)
+      CHECK(sw_check_reduced(base, i, salt, size, (size_t)rank * count + i, t, op),
+            "reduce_scatter dtype %d op %d count %zu off %zu element %zu got %g", (int)t, (int)op, count, off, i,
+            sw_get(base, i, t));
+    else
+      CHECK(sw_get(base, i, t) == sw_value(salt, (int)(i / count), i, t, op), "allgather count %zu off %zu element %zu",
+            count, off, i);
+  }
+  size_t keep = kind == 0 ? (rank == 0 ? count : 0) : span; /* reduce_scatter: the rest is scratch */
+  for (size_t b = 0; b < WBYTES; b++)
+    if (b < off * es || b >= (off + (kind == 0 ? span : keep)) * es)
+      CHECK(w[b] == 0xA5, "byte %zu outside elements %zu..%zu changed", b, off, off + span);
+  return 0;
+}
+
 static int body_results(int rank, int size, void *arg) {
   (void)arg;
   dt_comm *c = join(rank);
@@ -72,6 +111,17 @@ static int body_results(int rank, int size, void *arg) {
         if ((offs[oi] + counts[ci]) * es > WBYTES)
           continue;
         if (one_call(c, rank, size, w, offs[oi], counts[ci], kinds[k].t, kinds[k].op, salt++))
+          return 1;
+      }
+
+  const size_t bcounts[] = {1, 16, 1000, 20001};
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+    for (size_t ci = 0; ci < sizeof bcounts / sizeof bcounts[0]; ci++)
+      for (int kind = 0; kind < 2; kind++) {
+        size_t es = dt_dtype_size(kinds[k].t), off = ci & 1 ? 5 : 64;
+        if ((off + bcounts[ci] * (size_t)size) * es > WBYTES)
+          continue;
+        if (one_block_call(c, rank, size, w, off, bcounts[ci], kinds[k].t, kinds[k].op, salt++, kind, (int)(ci & 1)))
           return 1;
       }
 

@@ -1268,24 +1268,49 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
   return DT_OK;
 }
 
-/* Elements per piece of a window allreduce: the reduced piece is still in L1/L2 when it is
+/* Elements per piece of a window reduction: the reduced piece is still in L1/L2 when it is
  * copied into the other ranks' windows. */
 #define SHM_WIN_PIECE (32u << 10)
 
-/* Allreduce in place of elements [off, off + count) of every rank's window. Every rank
- * publishes that its range is ready (win_in = g), waits for all, then reduces its line-aligned
- * slice of the range from every window (its own first, then the others in rank order) into its
- * own window in place and copies the result
- * into the others', piece by piece, publishes win_out = g and waits until every rank wrote its
- * slice into ours. No rank touches another's range outside a call, and a rank enters call g + 1
- * only after every rank's win_out = g, so no range is read while it is rewritten. Each slice is
- * reduced once, so every rank ends with the same bits. */
-static dt_status shm_allreduce_window(dt_transport *t, size_t off, size_t count, dt_dtype dt, dt_op op,
-                                      const dt__fp *fp, int64_t deadline) {
-  size_t es = dt_dtype_size(dt);
-  if (!t->win_base || (off + count) * es > t->win_stride)
-    return dt_set_error(DT_ERR_STATE, "rank %d: window allreduce of elements %zu..%zu outside the window", t->rank,
-                        off, off + count);
+/* Reduces elements [lo, hi) (offsets into every window) from every rank's window, its own
+ * first (dt__reduce_many writes its output while reading operands 2..), into its own window in
+ * place, and, when spread, copies each reduced piece into the others' windows while it is warm. */
+static void shm_win_reduce(dt_transport *t, size_t lo, size_t hi, size_t es, dt_dtype dt, dt_op op, bool spread) {
+  const size_t per = DT_MAX((size_t)1, SHM_WIN_PIECE / es);
+  for (size_t a = lo; a < hi; a += per) {
+    size_t m = DT_MIN(per, hi - a), at = a * es;
+    uint8_t *mine = shm_win(t, t->rank) + at;
+    int k = 0;
+    t->srcs[k++] = mine;
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        t->srcs[k++] = shm_win(t, r) + at;
+    dt__reduce_many(mine, t->srcs, t->n, m, dt, op, op == DT_AVG ? t->n : 1);
+    for (int r = 0; spread && r < t->n; r++)
+      if (r != t->rank)
+        memcpy(shm_win(t, r) + at, mine, m * es);
+  }
+}
+
+/* Allreduce, reduce_scatter or allgather in place in the windows, starting at element off.
+ * Every rank publishes that its part is in place (win_in = g) and waits for all; then
+ *   - allreduce (count elements): reduces its line-aligned slice of the range and copies the
+ *     result into every other window;
+ *   - reduce_scatter (count per block, block r at off + r * count): reduces its own block into
+ *     its own window, where no other rank reads;
+ *   - allgather: copies its own block into every other window at the same place;
+ * then publishes win_out = g and waits until every rank did. Only then is a reduce_scatter's
+ * block moved to the range's start (the public layout), where other ranks were reading. Between
+ * win_in and win_out other ranks read and write the call's range of this rank's window, never
+ * the rest; a rank enters call g + 1 only after every rank's win_out = g. Each element is
+ * reduced once, so every rank ends with the same bits. Per rank, an allreduce reads the range
+ * once and writes it once (2 x count elements of traffic). */
+static dt_status shm_coll_window(dt_transport *t, dt__coll kind, size_t off, size_t count, dt_dtype dt, dt_op op,
+                                 const dt__fp *fp, int64_t deadline) {
+  size_t es = dt_dtype_size(dt), span = kind == DT_COLL_ALLREDUCE ? count : count * (size_t)t->n;
+  if (!t->win_base || (off + span) * es > t->win_stride)
+    return dt_set_error(DT_ERR_STATE, "rank %d: window call on elements %zu..%zu outside the window", t->rank, off,
+                        off + span);
   bool done;
   dt_status st = shm_allreduce_prelude(t, NULL, NULL, 0, dt, op, &done);
   if (st != DT_OK || done)
@@ -1296,25 +1321,21 @@ static dt_status shm_allreduce_window(dt_transport *t, size_t off, size_t count,
   shm_publish(t, offsetof(shm_rank, win_in), g);
   DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, win_in), g, offsetof(shm_rank, win_fp), 0, fp, deadline), st,
                 fail);
-  size_t lo, hi;
-  shm_slice(count, es, t->n, t->rank, &lo, &hi);
-  const size_t per = DT_MAX((size_t)1, SHM_WIN_PIECE / es);
-  for (size_t a = lo; a < hi; a += per) {
-    size_t m = DT_MIN(per, hi - a), at = (off + a) * es;
-    /* own part first: dt__reduce_many writes its output while reading operands 2.. */
-    uint8_t *mine = shm_win(t, t->rank) + at;
-    int k = 0;
-    t->srcs[k++] = mine;
+  size_t lo, hi, mine = off + (size_t)t->rank * count;
+  if (kind == DT_COLL_ALLREDUCE) {
+    shm_slice(count, es, t->n, t->rank, &lo, &hi);
+    shm_win_reduce(t, off + lo, off + hi, es, dt, op, true);
+  } else if (kind == DT_COLL_REDUCE_SCATTER) {
+    shm_win_reduce(t, mine, mine + count, es, dt, op, false);
+  } else {
     for (int r = 0; r < t->n; r++)
       if (r != t->rank)
-        t->srcs[k++] = shm_win(t, r) + at;
-    dt__reduce_many(mine, t->srcs, t->n, m, dt, op, op == DT_AVG ? t->n : 1);
-    for (int r = 0; r < t->n; r++)
-      if (r != t->rank)
-        memcpy(shm_win(t, r) + at, mine, m * es);
+        memcpy(shm_win(t, r) + mine * es, shm_win(t, t->rank) + mine * es, count * es);
   }
   shm_publish(t, offsetof(shm_rank, win_out), g);
   DT_CHECK_GOTO(shm_wait_all(t, offsetof(shm_rank, win_out), g, 0, 0, fp, deadline), st, fail);
+  if (kind == DT_COLL_REDUCE_SCATTER && t->rank > 0)
+    memcpy(shm_win(t, t->rank) + off * es, shm_win(t, t->rank) + mine * es, count * es);
   return DT_OK;
 fail:
   t->broken = true;
@@ -1339,6 +1360,6 @@ const dt_transport_ops dt__transport_shm = {
     .reduce_scatter = shm_reduce_scatter,
     .barrier = shm_barrier,
     .window = shm_window,
-    .allreduce_window = shm_allreduce_window,
+    .coll_window = shm_coll_window,
     .destroy = shm_destroy,
 };
