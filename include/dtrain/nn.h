@@ -88,16 +88,17 @@ size_t dt_model_input_size(const dt_model *m);
 size_t dt_model_output_size(const dt_model *m);
 
 /* The parameter and gradient arenas (param_count floats each). Owned by the model; the
- * pointers never change during the model's life, except the gradients' by dt_model_use_grads. */
+ * pointers never change during the model's life, except by dt_model_use_memory. */
 size_t dt_model_param_count(const dt_model *m);
 float *dt_model_params(dt_model *m);
 float *dt_model_grads(dt_model *m);
-/* Moves the gradients into the caller's buffer (param_count floats, 64-byte aligned; e.g. a
- * communicator's shared window, see dt_comm_window), copying what they hold; NULL moves them
- * back into memory of the model's own. The caller keeps `grads` alive until the model is
- * destroyed or moved back. Not during a backward pass. DT_ERR_INVALID for a misaligned buffer
- * (nothing changes then), DT_ERR_NOMEM. */
-dt_status dt_model_use_grads(dt_model *m, float *grads);
+/* Moves the parameters and the gradients into the caller's buffers (param_count floats each,
+ * 64-byte aligned, not overlapping; e.g. a communicator's shared window, see dt_comm_window),
+ * copying what they hold; NULL moves that arena back into memory of the model's own. The
+ * caller keeps its buffers alive until the model is destroyed or moved back. Not during a
+ * forward or backward pass. DT_ERR_INVALID for misaligned or overlapping buffers (nothing
+ * changes then), DT_ERR_NOMEM. */
+dt_status dt_model_use_memory(dt_model *m, float *params, float *grads);
 
 /* Tensor table, in increasing offset order (i.e. last layer first). */
 size_t dt_model_tensor_count(const dt_model *m);

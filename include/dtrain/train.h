@@ -76,11 +76,14 @@ typedef struct dt_train_config {
   size_t bucket_bytes;        /* least bytes of a gradient allreduce bucket (whole layers are
                                  added until it holds that much); 0: DT_TRAIN_DEFAULT_BUCKET */
   int64_t log_interval;       /* steps between observer on_step calls; 0: 10 */
-  int zero;                   /* ZeRO stage: 0 (default) every rank keeps the whole optimizer
-                                 state and updates every parameter; 1 each rank keeps the state
-                                 of and updates only its shard (gradients reduce-scattered,
-                                 parameters allgathered). No effect on a single rank. */
+  int zero;                   /* ZeRO stage: 0 every rank keeps the whole optimizer state and
+                                 updates every parameter; 1 each rank keeps the state of and
+                                 updates only its shard (gradients reduce-scattered, parameters
+                                 allgathered); DT_TRAIN_ZERO_AUTO (the default) 1 when the
+                                 workers share memory (shm transport, where both run in place
+                                 in the shared window), else 0. No effect on a single rank. */
 } dt_train_config;
+#define DT_TRAIN_ZERO_AUTO (-1)
 
 /* 1 MiB: see the measurements in src/parallel/trainer.c. */
 #define DT_TRAIN_DEFAULT_BUCKET ((size_t)1 << 20)

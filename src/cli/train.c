@@ -55,9 +55,10 @@ static void help(FILE *f) {
       "                        their share (DTRAIN_BIND=none keeps them free)\n"
       "  --bucket-size SIZE    least gradient allreduce bucket (whole layers), e.g. 512K, 1M\n"
       "                        (default 1M)\n"
-      "  --zero 0|1            ZeRO stage: 1 shards the optimizer state across the workers\n"
+      "  --zero auto|0|1       ZeRO stage: 1 shards the optimizer state across the workers\n"
       "                        (each keeps and updates 1/N of it: gradients reduce-scattered,\n"
-      "                        parameters allgathered); 0 keeps it whole everywhere (default 0)\n"
+      "                        parameters allgathered); 0 keeps it whole everywhere; auto: 1\n"
+      "                        when the workers share memory (shm), else 0 (default auto)\n"
       "evaluation and output:\n"
       "  --eval-batch N        global evaluation batch (default 1000)\n"
       "  --out DIR             model.safetensors and metrics.jsonl go here (default runs/train)\n"
@@ -262,11 +263,11 @@ int dt_cli_train(int argc, char **argv) {
       bad = parse_f(v, 0, 1e30, &dv);
       cfg.clip = (float)dv;
     } else if (!strcmp(name, "--zero")) {
-      if (strcmp(v, "0") && strcmp(v, "1"))
-        return dt_cli_usage_error(CMD, "use --zero 0 (whole optimizer state on every worker) or "
-                                  "--zero 1 (sharded across workers)",
-                                  "bad value '%s' for --zero: the allowed values are 0 and 1", v);
-      cfg.zero = v[0] - '0';
+      if (strcmp(v, "0") && strcmp(v, "1") && strcmp(v, "auto"))
+        return dt_cli_usage_error(CMD, "use --zero 0 (whole optimizer state on every worker), "
+                                  "--zero 1 (sharded across workers) or --zero auto",
+                                  "bad value '%s' for --zero: the allowed values are auto, 0 and 1", v);
+      cfg.zero = strcmp(v, "auto") ? v[0] - '0' : DT_TRAIN_ZERO_AUTO;
     } else if (!strcmp(name, "--bucket-size")) {
       uint64_t sz;
       bad = dt__parse_size(v, &sz) != DT_OK || sz < 4 || sz > ((uint64_t)1 << 40);

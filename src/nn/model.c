@@ -390,7 +390,8 @@ fail:
 void dt_model_destroy(dt_model *m) {
   if (!m)
     return;
-  dt__free(m->params);
+  if (!m->params_lent)
+    dt__free(m->params);
   if (!m->grads_lent)
     dt__free(m->grads);
   dt__free(m->arena);
@@ -416,25 +417,42 @@ size_t dt_model_param_count(const dt_model *m) { return m->nparams; }
 float *dt_model_params(dt_model *m) { return m->params; }
 float *dt_model_grads(dt_model *m) { return m->grads; }
 
-dt_status dt_model_use_grads(dt_model *m, float *grads) {
-  if (!m)
-    return dt_set_error(DT_ERR_INVALID, "dt_model_use_grads: model is NULL");
-  if ((uintptr_t)grads % 64)
-    return dt_set_error(DT_ERR_INVALID, "dt_model_use_grads: the buffer %p is not 64-byte aligned", (void *)grads);
-  float *g = grads ? grads : dt__alloc(m->nparams * sizeof(float));
+/* Moves one arena (*cur, lent or not) into buf (NULL: memory of the model's own). */
+static dt_status move_arena(float **cur, bool *lent, float *buf, size_t n) {
+  float *g = buf ? buf : dt__alloc(n * sizeof(float));
   if (!g)
-    return dt_set_error(DT_ERR_NOMEM, "gradient buffer of %zu floats", m->nparams);
-  if (g == m->grads)
+    return dt_set_error(DT_ERR_NOMEM, "arena of %zu floats", n);
+  if (g == *cur)
     return DT_OK;
-  memcpy(g, m->grads, m->nparams * sizeof(float));
-  if (!m->grads_lent)
-    dt__free(m->grads);
-  m->grads = g;
-  m->grads_lent = grads != NULL;
+  memcpy(g, *cur, n * sizeof(float));
+  if (!*lent)
+    dt__free(*cur);
+  *cur = g;
+  *lent = buf != NULL;
+  return DT_OK;
+}
+
+dt_status dt_model_use_memory(dt_model *m, float *params, float *grads) {
+  if (!m)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_use_memory: model is NULL");
+  if ((uintptr_t)params % 64 || (uintptr_t)grads % 64)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_use_memory: the buffers %p and %p are not both 64-byte aligned",
+                        (void *)params, (void *)grads);
+  if (params && grads && (params < grads ? params + m->nparams > grads : grads + m->nparams > params))
+    return dt_set_error(DT_ERR_INVALID, "dt_model_use_memory: the buffers %p and %p overlap", (void *)params,
+                        (void *)grads);
+  if (!params && m->params_lent)
+    DT_CHECK(move_arena(&m->params, &m->params_lent, NULL, m->nparams));
+  if (!grads && m->grads_lent)
+    DT_CHECK(move_arena(&m->grads, &m->grads_lent, NULL, m->nparams));
+  if (params)
+    DT_CHECK(move_arena(&m->params, &m->params_lent, params, m->nparams));
+  if (grads)
+    DT_CHECK(move_arena(&m->grads, &m->grads_lent, grads, m->nparams));
   for (int t = 0; t < m->nthreads; t++) {
-    m->slices[t].model_grads = g;
+    m->slices[t].model_grads = m->grads;
     if (t == 0)
-      m->slices[t].grads = g;
+      m->slices[t].grads = m->grads;
   }
   return DT_OK;
 }

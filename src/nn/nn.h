@@ -85,7 +85,7 @@ struct dt_model {
   int nlayers;
   nn_layer *layers;
   float *params, *grads;
-  bool grads_lent;          /* grads is the caller's (dt_model_use_grads), not freed here */
+  bool params_lent, grads_lent; /* the caller's memory (dt_model_use_memory), not freed here */
   size_t nparams;
   dt_tensor *tensors;
   char *names;              /* storage for tensor names */

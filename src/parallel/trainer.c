@@ -62,7 +62,7 @@ typedef struct trainer {
   double loss_buf[1];
   dt_request *loss_req;
   /* ZeRO-1, see "sharded optimizer" */
-  int zero;                    /* cfg->zero == 1 and world > 1 */
+  int zero;                    /* sharded optimizer: world > 1 and cfg->zero 1, or auto on shm */
   size_t nbk;                  /* planned buckets */
   size_t *bk_lo, *bk_c;        /* bucket b: floats [bk_lo, bk_lo + world * bk_c), block r of
                                 * bk_c floats is rank r's; the reduce-scatter leaves rank r's
@@ -86,6 +86,7 @@ void dt_train_config_init(dt_train_config *cfg) {
   cfg->checkpoint_every = 0;
   cfg->bucket_bytes = DT_TRAIN_DEFAULT_BUCKET;
   cfg->log_interval = 10;
+  cfg->zero = DT_TRAIN_ZERO_AUTO;
 }
 
 /* ---- buckets ----------------------------------------------------------------------------
@@ -576,9 +577,9 @@ static dt_status check_config(const dt_train_config *c) {
                         (long long)c->checkpoint_every);
   if (c->resume && !c->checkpoint_dir)
     return dt_set_error(DT_ERR_INVALID, "resume needs a checkpoint directory");
-  if (c->zero != 0 && c->zero != 1)
-    return dt_set_error(DT_ERR_INVALID, "zero %d: the ZeRO stage must be 0 (off) or 1 (sharded "
-                        "optimizer state)", c->zero);
+  if (c->zero != 0 && c->zero != 1 && c->zero != DT_TRAIN_ZERO_AUTO)
+    return dt_set_error(DT_ERR_INVALID, "zero %d: the ZeRO stage must be 0 (off), 1 (sharded "
+                        "optimizer state) or DT_TRAIN_ZERO_AUTO", c->zero);
   if (c->log_interval < 0)
     return dt_set_error(DT_ERR_INVALID, "log interval %lld must be >= 0", (long long)c->log_interval);
   return DT_OK;
@@ -616,7 +617,11 @@ static dt_status build(trainer *t) {
                         c->model, dt_model_output_size(t->model),
                         DT_MAX(t->train.num_classes, t->test.num_classes));
   t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
-  t->zero = c->zero == 1 && world > 1;
+  /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
+   * in place in the shared window (share_memory), and halving each worker's update made 2-worker
+   * mlp steps 10% faster than the whole allreduce in the window (docs/BENCHMARKS.md). Over tcp
+   * the allgather after the update is not overlapped with backward: left off. */
+  t->zero = world > 1 && (c->zero == 1 || (c->zero == DT_TRAIN_ZERO_AUTO && !strcmp(dt_comm_transport(t->comm), "shm")));
   if (t->zero)
     DT_CHECK(setup_zero(t));
   else
@@ -694,24 +699,28 @@ typedef struct interval {
 } interval;
 
 /* Moves the gradients into the communicator's shared window when it has one (shm: every worker
- * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). The
- * sharded optimizer reduce-scatters instead and keeps its own. A transport without a window, or
- * a window that could not be made (a full /dev/shm: the same answer on every rank), leaves the
- * gradients where they are. Measured (2 workers x 1 thread, alternated runs, see
- * docs/BENCHMARKS.md): WINDOW_MEASURED. */
-static dt_status share_grads(trainer *t) {
-  if (t->zero || (dt__env_str("DTRAIN_WINDOW") && !strcmp(dt__env_str("DTRAIN_WINDOW"), "0")))
+ * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window); with the
+ * sharded optimizer the parameters too, so that both the reduce-scatters and the parameter
+ * allgathers run in place there. A transport without a window, or a window that could not be
+ * made (a full /dev/shm: the same answer on every rank), leaves them where they are.
+ * DTRAIN_WINDOW=0 keeps them private (for comparisons). Measured in docs/BENCHMARKS.md. */
+static dt_status share_memory(trainer *t) {
+  const char *e = dt__env_str("DTRAIN_WINDOW");
+  if (e && strcmp(e, "1")) {
+    if (strcmp(e, "0"))
+      return dt_set_error(DT_ERR_INVALID, "DTRAIN_WINDOW=%s: 1 (the default) or 0", e);
     return DT_OK;
-  size_t bytes = dt_model_param_count(t->model) * sizeof(float);
+  }
+  size_t arena = (dt_model_param_count(t->model) * sizeof(float) + 63) / 64 * 64;
   void *w = NULL;
-  dt_status rc = dt_comm_window(t->comm, bytes, &w);
+  dt_status rc = dt_comm_window(t->comm, t->zero ? 2 * arena : arena, &w);
   if (rc == DT_ERR_UNSUPPORTED)
     return DT_OK;
   if (rc != DT_OK) {
     DT_LOG_WARN("gradients stay private (%s)", dt_last_error());
     return DT_OK;
   }
-  return dt_model_use_grads(t->model, w);
+  return dt_model_use_memory(t->model, t->zero ? (float *)((char *)w + arena) : NULL, w);
 }
 
 static dt_status train(trainer *t, dt_train_summary *sum) {
@@ -724,7 +733,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   DT_CHECK(build(t));
   if (t->world > 1) {
     DT_CHECK(check_settings(t));
-    DT_CHECK(share_grads(t));
+    DT_CHECK(share_memory(t));
     rc = dt_comm_broadcast(t->comm, dt_model_params(t->model), dt_model_param_count(t->model),
                            DT_F32, 0);
     if (rc != DT_OK)
