@@ -618,9 +618,10 @@ static dt_status build(trainer *t) {
                         DT_MAX(t->train.num_classes, t->test.num_classes));
   t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
   /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
-   * in place in the shared window (share_memory), and halving each worker's update made 2-worker
-   * mlp steps 10% faster than the whole allreduce in the window (docs/BENCHMARKS.md). Over tcp
-   * the allgather after the update is not overlapped with backward: left off. */
+   * in place in the shared window (share_memory), each worker updates half as much and keeps
+   * half the state; 2-worker mlp was level to 11% faster than the whole allreduce in the window
+   * (docs/BENCHMARKS.md, "shared window"). Over tcp the allgather after the update is not
+   * overlapped with backward, and nobody measured it there: off. */
   t->zero = world > 1 && (c->zero == 1 || (c->zero == DT_TRAIN_ZERO_AUTO && !strcmp(dt_comm_transport(t->comm), "shm")));
   if (t->zero)
     DT_CHECK(setup_zero(t));
