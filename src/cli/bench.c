@@ -38,7 +38,7 @@
 #include "core/core.h"
 #include "dtrain/comm.h"
 
-#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--json]"
+#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--json]"
 
 typedef enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCE_SCATTER, B_BROADCAST, B_ALLTOALL, B_COUNT } bench_coll;
 static const char *coll_names[B_COUNT] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
@@ -52,6 +52,7 @@ typedef struct bench_opts {
   dt_dtype dtype;
   dt_op op;
   int json;
+  int window; /* buffers in the communicator's shared window, calls in place (dt_comm_window) */
   int timeout_s;
 } bench_opts;
 
@@ -97,7 +98,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "the command exit 1). --json prints a JSON array\n"
              "of rows {bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong} instead.\n"
              "--algo names the algorithm of this collective (DTRAIN_ALGO), --transport sets\n"
-             "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n",
+             "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n"
+             "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
+             "communicator's shared window (dt_comm_window) and calls in place, so the collective\n"
+             "copies nothing in or out; the input is rewritten before every call, untimed.\n",
              BENCH_HINT);
       exit(0);
     } else if (!strcmp(a, "--worker")) {
@@ -147,6 +151,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
         return dt_cli_usage_error("bench", "ops: sum prod min max avg", "%s", dt_last_error());
     } else if (!strcmp(a, "--json")) {
       o->json = 1;
+    } else if (!strcmp(a, "--window")) {
+      o->window = 1;
     } else if (a[0] != '-' && !have_coll) {
       int k = -1;
       for (int j = 0; j < B_COUNT; j++)
@@ -163,6 +169,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   }
   if (!have_coll)
     return dt_cli_usage_error("bench", BENCH_HINT, "which collective?");
+  if (o->window && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER && o->coll != B_ALLGATHER)
+    return dt_cli_usage_error("bench", "--window with allreduce, reduce_scatter or allgather",
+                              "%s has no in-place window path", coll_names[o->coll]);
+  if (o->window && o->transport && strcmp(o->transport, "shm"))
+    return dt_cli_usage_error("bench", "--window needs --transport shm (all ranks share memory)",
+                              "--transport %s has no shared window", o->transport);
   return 0;
 }
 
@@ -309,7 +321,28 @@ static int64_t count_wrong(const bench_opts *o, int r, int n, const bench_size *
   return wrong;
 }
 
+/* --window: the input in place in the window (rbuf) instead of in sbuf, as the call expects. */
+static void fill_window(const bench_opts *o, int r, int n, const bench_size *s, void *rbuf) {
+  dt_dtype t = o->dtype;
+  size_t es = dt_dtype_size(t);
+  if (o->coll == B_ALLGATHER) {
+    memset(rbuf, 0xa5, s->count * (size_t)n * es);
+    for (size_t i = 0; i < s->count; i++)
+      put((char *)rbuf + (size_t)r * s->count * es, i, t, input_value(DT_SUM, r, i));
+    return;
+  }
+  size_t m = o->coll == B_REDUCE_SCATTER ? s->count * (size_t)n : s->count;
+  for (size_t i = 0; i < m; i++)
+    put(rbuf, i, t, input_value(o->op, r, i));
+}
+
 static dt_status run_once(dt_comm *c, const bench_opts *o, const bench_size *s, const void *sbuf, void *rbuf) {
+  if (o->window)
+    switch (o->coll) {
+    case B_ALLREDUCE: return dt_comm_allreduce(c, DT_IN_PLACE, rbuf, s->count, o->dtype, o->op);
+    case B_REDUCE_SCATTER: return dt_comm_reduce_scatter(c, DT_IN_PLACE, rbuf, s->count, o->dtype, o->op);
+    default: return dt_comm_allgather(c, DT_IN_PLACE, rbuf, s->count, o->dtype);
+    }
   switch (o->coll) {
   case B_ALLREDUCE: return dt_comm_allreduce(c, sbuf, rbuf, s->count, o->dtype, o->op);
   case B_ALLGATHER: return dt_comm_allgather(c, sbuf, rbuf, s->count, o->dtype);
@@ -344,7 +377,19 @@ static int bench_worker(const bench_opts *o) {
   int bound = bench_cpus() < cpus_before;
   size_t es = dt_dtype_size(o->dtype);
   size_t cap = (size_t)o->hi + (size_t)n * es + 64;
-  char *sbuf = dt__alloc(cap), *rbuf = dt__alloc(cap);
+  char *sbuf = dt__alloc(cap), *rbuf = NULL;
+  if (o->window) {
+    void *w = NULL;
+    if (dt_comm_window(c, cap, &w)) {
+      fprintf(stderr, "dtrain bench: rank %d: no shared window: %s\n", r, dt_last_error());
+      dt__free(sbuf);
+      dt_comm_destroy(c);
+      return 1;
+    }
+    rbuf = w;
+  } else {
+    rbuf = dt__alloc(cap);
+  }
   double *times = malloc(sizeof(double) * (size_t)o->iters);
   int64_t total_wrong = 0;
   if (!sbuf || !rbuf || !times) {
@@ -355,9 +400,9 @@ static int bench_worker(const bench_opts *o) {
     if (o->json) {
       printf("[");
     } else {
-      printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d\n",
+      printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d%s\n",
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
-             dt_op_name(o->op), o->iters, o->warmup);
+             dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : "");
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
       printf("# ranks %s\n", bound ? "bound to their share of the CPUs (DTRAIN_BIND=auto, as mpirun binds)" : "not bound (one rank, more ranks than CPUs, or DTRAIN_BIND=none)");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw",
@@ -369,9 +414,12 @@ static int bench_worker(const bench_opts *o) {
   int rows = 0;
   for (uint64_t b = o->lo; b <= o->hi; b *= 2) {
     bench_size s = size_of(o->coll, b, o->dtype, n);
-    fill_inputs(o, r, n, &s, sbuf, rbuf);
+    if (!o->window)
+      fill_inputs(o, r, n, &s, sbuf, rbuf);
     int64_t wrong = 0;
     for (int it = 0; it < o->warmup + o->iters; it++) {
+      if (o->window)
+        fill_window(o, r, n, &s, rbuf);
       if (o->coll == B_BROADCAST && r != 0 && it > 0)
         memset(rbuf, 0xa5, s.count * es);
       if (dt_comm_barrier(c))
@@ -422,7 +470,8 @@ fail:
   fprintf(stderr, "dtrain bench: error: %s\n", dt_last_error());
 done:
   dt__free(sbuf);
-  dt__free(rbuf);
+  if (!o->window)
+    dt__free(rbuf);
   free(times);
   dt_comm_destroy(c);
   return rc;

@@ -164,6 +164,21 @@ int main(void) {
         EXPECT(count_substr(out, keys[j]) == 14, "%s on %s: key %s in %d rows", colls[k], tps[t], keys[j],
                count_substr(out, keys[j]));
     }
+  /* --window: in place in the shared window, every row checked */
+  for (int k = 0; k < 3; k++) {
+    char *argv[] = {b, "bench", (char *)colls[k], "-n", "3", "--window", "--sizes", "8:256K", "--iters", "3",
+                    "--warmup", "1", "--dtype", k == 1 ? "f32" : "f16", "--json", NULL};
+    int rc = run(argv, out, sizeof out, err, sizeof err, 120, NULL, 0);
+    EXPECT(rc == 0, "%s --window: exit %d, stderr: %s", colls[k], rc, err);
+    EXPECT(count_substr(out, "\"wrong\": 0") == 16, "%s --window: %d correct rows, want 16: %s", colls[k],
+           count_substr(out, "\"wrong\": 0"), out);
+  }
+  {
+    char *argv[] = {b, "bench", "allreduce", "-n", "1", "--window", "--sizes", "8", NULL};
+    int rc = run(argv, out, sizeof out, err, sizeof err, 60, NULL, 0);
+    EXPECT(rc == 1 && strstr(err, "no shared window") && strstr(err, "shares no memory"),
+           "--window on one rank: exit %d, stderr %s", rc, err);
+  }
   /* text table, f16 avg and forced algorithms */
   {
     char *argv[] = {b, "bench", "allreduce", "-n", "2", "--dtype", "bf16", "--op", "avg", "--algo", "ring",
@@ -180,8 +195,10 @@ int main(void) {
                       {b, "bench", "allreduce", "--sizes", "9:3", NULL},
                       {b, "bench", "allreduce", "--dtype", "f128", NULL},
                       {b, "bench", "allreduce", "--algo", "bogus", NULL},
-                      {b, "bench", "allreduce", "--frobnicate", NULL}};
-    for (int i = 0; i < 6; i++) {
+                      {b, "bench", "allreduce", "--frobnicate", NULL},
+                      {b, "bench", "broadcast", "--window", NULL},
+                      {b, "bench", "allreduce", "--window", "--transport", "tcp", NULL}};
+    for (int i = 0; i < 8; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
     }
