@@ -507,6 +507,64 @@ static void test_discard_grad(void **s) {
   dt_nn_set_threads(1);
 }
 
+/* dt_model_use_memory: a model whose arenas moved into the caller's memory (half way through,
+ * with 1 and 2 threads) trains bit for bit as one that kept its own, into that memory; moving
+ * back keeps the contents; misaligned or overlapping buffers change nothing. */
+static void test_use_memory(void **s) {
+  (void)s;
+  const char *spec = "in=1x8x8,conv3x3:4:p1,relu,flatten,linear:16,relu,linear:5";
+  for (int th = 1; th <= 2; th++) {
+    dt_nn_set_threads(th);
+    float out[2][64];
+    for (int moved = 0; moved < 2; moved++) {
+      dt_model *m = make(spec, 6, 9);
+      size_t np = dt_model_param_count(m);
+      float *mem = aligned_alloc(64, (2 * np * sizeof(float) + 127) / 64 * 64 + 64);
+      assert_non_null(mem);
+      float *P = mem, *G = mem + (np + 15) / 16 * 16;
+      dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
+      c.momentum = 0.9f;
+      dt_optim *o;
+      assert_int_equal(dt_optim_create(&c, m, &o), DT_OK);
+      dt_rng r;
+      dt_rng_seed(&r, 5);
+      float x[6 * 64];
+      int32_t y[6];
+      for (int step = 0; step < 12; step++) {
+        if (moved && step == 5) {
+          float *p0 = dt_model_params(m), *g0 = dt_model_grads(m);
+          assert_int_equal(dt_model_use_memory(m, (float *)((char *)P + 4), NULL), DT_ERR_INVALID);
+          assert_int_equal(dt_model_use_memory(m, P, P + 16), DT_ERR_INVALID);
+          assert_ptr_equal(dt_model_params(m), p0);
+          assert_ptr_equal(dt_model_grads(m), g0);
+          memcpy(out[1], p0, sizeof out[1]);
+          assert_int_equal(dt_model_use_memory(m, P, G), DT_OK);
+          assert_ptr_equal(dt_model_params(m), P);
+          assert_ptr_equal(dt_model_grads(m), G);
+          assert_memory_equal(P, out[1], sizeof out[1]);
+        }
+        rand_batch(&r, x, y, 64, 6, 5);
+        dt_model_discard_grad(m);
+        assert_int_equal(dt_model_forward(m, x, 6, 1, NULL), DT_OK);
+        assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, NULL), DT_OK);
+        assert_int_equal(dt_optim_step(o, 0.05f), DT_OK);
+      }
+      memcpy(out[moved], dt_model_params(m), sizeof out[moved]);
+      if (moved) {
+        assert_int_equal(dt_model_use_memory(m, NULL, NULL), DT_OK);
+        assert_true(dt_model_params(m) != P && dt_model_grads(m) != G);
+        assert_memory_equal(dt_model_params(m), out[1], sizeof out[1]);
+        assert_memory_equal(dt_model_grads(m), G, np * sizeof(float));
+      }
+      dt_optim_destroy(o);
+      dt_model_destroy(m);
+      free(mem);
+    }
+    assert_memory_equal(out[0], out[1], sizeof out[0]);
+  }
+  dt_nn_set_threads(1);
+}
+
 int main(void) {
   dt_nn_set_threads(1);
   assert_int_equal(dt_nn_threads(), 1);
@@ -517,6 +575,7 @@ int main(void) {
       cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),
       cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_threads_match),  cmocka_unit_test(test_discard_grad),
+      cmocka_unit_test(test_use_memory),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
