@@ -13,7 +13,10 @@
  *             checkpoint and repeats the uninterrupted losses and parameters exactly
  *   bind      2 workers whose compute threads fit the CPUs are pinned to their shares of them
  *             by default (DTRAIN_BIND=auto, comm/bind.c's debug line from both ranks); not with
- *             DTRAIN_BIND=none, nor when their threads would not fit */
+ *             DTRAIN_BIND=none, nor when their threads would not fit
+ *   window    the default (gradients and parameters in the shared window, sharded optimizer)
+ *             against private buffers (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers:
+ *             the same parameters (2: bit for bit); DTRAIN_WINDOW=2 is refused, naming it */
 #include <sched.h>
 
 #include "train_test.h"
@@ -199,6 +202,28 @@ static void group_bind(void) {
   CHECK(n == 0, "--threads %d on %d CPU(s): %d rank(s) bound", ncpu, ncpu, n);
 }
 
+static void group_window(void) {
+  for (int n = 2; n <= 3; n++) {
+    char a[32], b[32], c[32];
+    snprintf(a, sizeof a, "shared%d", n);
+    snprintf(b, sizeof b, "private%d", n);
+    snprintf(c, sizeof c, "private0_%d", n);
+    train_n(n, "--epochs 2 --max-steps 25", a);
+    setenv("DTRAIN_WINDOW", "0", 1);
+    train_n(n, "--epochs 2 --max-steps 25 --zero 1", b);
+    train_n(n, "--epochs 2 --max-steps 25 --zero 0", c);
+    unsetenv("DTRAIN_WINDOW");
+    double d1 = model_diff(a, b), d0 = model_diff(a, c);
+    CHECK(n == 2 ? d1 == 0 && d0 == 0 : d1 <= 1e-5 && d0 <= 1e-5,
+          "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
+  }
+  tt_result r = tt_run(dir, 300, "env DTRAIN_WINDOW=2 %s run -n 2 -- %s train --data %s --model '" TINY_MODEL
+                       "' --batch 30 --threads 1 --max-steps 2 --out %s/badwin",
+                       tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code != 0 && strstr(r.err, "DTRAIN_WINDOW=2"), "DTRAIN_WINDOW=2: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+}
+
 int main(int argc, char **argv) {
   const char *g = argc > 1 ? argv[1] : "equiv";
   tt_scratch(dir, sizeof dir, g);
@@ -215,6 +240,8 @@ int main(int argc, char **argv) {
     group_kill();
   else if (!strcmp(g, "bind"))
     group_bind();
+  else if (!strcmp(g, "window"))
+    group_window();
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);
