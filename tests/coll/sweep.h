@@ -18,6 +18,7 @@
 #define DT_TEST_SWEEP_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -188,6 +189,18 @@ static inline int sw_check_half2(const void *got_buf, size_t j, uint64_t salt, s
   }
   uint16_t want = t == DT_F16 ? dt__f32_to_f16(f) : dt__f32_to_bf16(f);
   return ((const uint16_t *)got_buf)[j] == want;
+}
+
+/* Joins the job from the environment with a 30 s deadline per call; NULL (after saying why on
+ * stderr) if it cannot. */
+static inline dt_comm *sw_join(int rank) {
+  dt_comm *c = NULL;
+  if (dt_comm_create(NULL, &c)) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
+    return NULL;
+  }
+  dt_comm_set_timeout(c, 30000);
+  return c;
 }
 
 #endif

@@ -34,19 +34,9 @@ typedef struct job {
   const char *algo; /* DTRAIN_ALGO for every call, NULL: automatic */
 } job;
 
-static dt_comm *join(int rank) {
-  dt_comm *c = NULL;
-  if (dt_comm_create(NULL, &c)) {
-    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
-    return NULL;
-  }
-  dt_comm_set_timeout(c, 30000);
-  return c;
-}
-
 static int mismatch_body(int rank, int size, void *arg) {
   const job *j = arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   if (j->algo)
@@ -144,7 +134,7 @@ static int mismatch_body(int rank, int size, void *arg) {
 static int invalid_body(int rank, int size, void *arg) {
   (void)size;
   (void)arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   float a[4] = {1, 2, 3, 4}, b[4];
@@ -184,7 +174,7 @@ static int invalid_body(int rank, int size, void *arg) {
 
 static int algo_body(int rank, int size, void *arg) {
   (void)arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   float a[4] = {1, 2, 3, 4}, b[4];
@@ -204,7 +194,7 @@ static int single_rank_ok(void) {
                                                     "DTRAIN_MASTER_PORT", NULL};
        *v; v++)
     unsetenv(*v);
-  dt_comm *c = join(0);
+  dt_comm *c = sw_join(0);
   CHECK(c, "single-rank create");
   int32_t a[3] = {1, 2, 3}, b[3] = {0};
   CHECK(dt_comm_allreduce(c, a, b, 3, DT_I32, DT_SUM) == DT_OK && b[2] == 3, "single-rank allreduce");

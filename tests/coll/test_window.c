@@ -20,16 +20,6 @@
 #include "common/mp.h"
 #include "coll/sweep.h"
 
-static dt_comm *join(int rank) {
-  dt_comm *c = NULL;
-  if (dt_comm_create(NULL, &c)) {
-    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
-    return NULL;
-  }
-  dt_comm_set_timeout(c, 30000);
-  return c;
-}
-
 enum { WBYTES = 1 << 20 };
 
 /* One allreduce of count elements of t at element offset off of the window, checked against the
@@ -90,7 +80,7 @@ static int one_block_call(dt_comm *c, int rank, int size, uint8_t *w, size_t off
 
 static int body_results(int rank, int size, void *arg) {
   (void)arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   uint8_t *w = NULL;
@@ -197,7 +187,7 @@ static int body_results(int rank, int size, void *arg) {
 /* Misuse: each case must fail on every rank with the named status, within the deadline. */
 static int body_misuse(int rank, int size, void *arg) {
   int which = *(int *)arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   dt_comm_set_timeout(c, 20000);
@@ -227,7 +217,7 @@ static int body_misuse(int rank, int size, void *arg) {
 static int body_dead(int rank, int size, void *arg) {
   (void)arg;
   (void)size;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   float *w = NULL;
@@ -243,7 +233,7 @@ static int body_dead(int rank, int size, void *arg) {
 
 static int body_none(int rank, int size, void *arg) {
   (void)arg;
-  dt_comm *c = join(rank);
+  dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   void *w = NULL;
