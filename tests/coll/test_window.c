@@ -8,7 +8,8 @@
  *   - a buffer outside the window (below or above its mapping, or not in place) still takes the
  *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
- *     window and one outside, different sizes, a second window; tcp and a single rank have none;
+ *     window and one outside, different sizes, more than /dev/shm holds (then a smaller one
+ *     works), 0 bytes, a second window; tcp and a single rank have none;
  *   - a rank that dies before the call is named by the survivors. */
 #include <errno.h>
 #include <stdio.h>
@@ -192,6 +193,16 @@ static int body_misuse(int rank, int size, void *arg) {
     return 2;
   dt_comm_set_timeout(c, 20000);
   float *w = NULL;
+  if (which == 3) { /* more than /dev/shm holds: rank 0 cannot create it, every rank says so */
+    dt_status st = dt_comm_window(c, (size_t)1 << 40, (void **)&w);
+    CHECK(st == DT_ERR_SYSTEM && !w, "1 TiB window gave %s: %s", dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), rank ? "rank 0 could not create the shared window" : "/dev/shm"), "message: %s",
+          dt_last_error());
+    CHECK(dt_comm_window(c, 0, (void **)&w) == DT_ERR_INVALID && !w, "0 bytes: %s", dt_last_error());
+    CHECK(dt_comm_window(c, 4096, (void **)&w) == DT_OK && w, "a window after the failed one: %s", dt_last_error());
+    dt_comm_destroy(c);
+    return 0;
+  }
   if (which == 2) { /* different sizes */
     dt_status st = dt_comm_window(c, rank == 0 ? 8192 : 16384, (void **)&w);
     CHECK(st == DT_ERR_SYSTEM && !w, "different sizes gave %s: %s", dt_strerror(st), dt_last_error());
@@ -254,7 +265,7 @@ int main(void) {
       bad++;
     }
   }
-  for (int which = 0; which < 3; which++) {
+  for (int which = 0; which < 4; which++) {
     ran++;
     if (mp_run(2, body_misuse, &which, 60)) {
       fprintf(stderr, "FAIL: window misuse case %d\n", which);
