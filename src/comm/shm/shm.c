@@ -164,6 +164,7 @@ struct dt_transport {
   uint8_t *win_base;  /* the shared window: rank r's part at win_base + r * win_stride */
   size_t win_size, win_stride;
   uint64_t wins;      /* window allreduces done (same on every rank) */
+  unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1178,8 +1179,10 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
   char key[128], vkey[128], val[512], name[200] = "";
   void *p = MAP_FAILED;
   dt_status st = DT_OK;
-  dt__comm_key(c, key, sizeof key, "shm/win");
-  dt__comm_key(c, vkey, sizeof vkey, "shm/win/verdict");
+  /* keys of their own per attempt: a failed attempt's answers must not be read by the next */
+  unsigned n_try = ++t->win_tries;
+  dt__comm_key(c, key, sizeof key, "shm/win/%u", n_try);
+  dt__comm_key(c, vkey, sizeof vkey, "shm/win/%u/verdict", n_try);
   if (t->rank == 0) {
     uint8_t r[6];
     char nonce[24];
@@ -1206,7 +1209,7 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     char verdict[512] = "1";
     for (int q = 1; q < t->n; q++) {
       char k2[128], v[400];
-      dt__comm_key(c, k2, sizeof k2, "shm/win/mapped/%d", q);
+      dt__comm_key(c, k2, sizeof k2, "shm/win/%u/mapped/%d", n_try, q);
       st = dt__store_wait(c->store, k2, v, sizeof v - 1, &len, deadline);
       if (st != DT_OK) {
         dt__error_prefix(st, "waiting for rank %d to map the shared window", q);
@@ -1248,7 +1251,7 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       if (fd >= 0)
         close(fd);
     }
-    dt__comm_key(c, k2, sizeof k2, "shm/win/mapped/%d", t->rank);
+    dt__comm_key(c, k2, sizeof k2, "shm/win/%u/mapped/%d", n_try, t->rank);
     st = dt__store_set(c->store, k2, ans, strlen(ans), deadline);
     if (st == DT_OK)
       st = dt__store_wait(c->store, vkey, val, sizeof val - 1, &len, deadline);
