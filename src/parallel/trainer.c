@@ -621,7 +621,7 @@ static dt_status build(trainer *t) {
    * in place in the shared window (share_memory), each worker updates half as much and keeps
    * half the state; 2-worker mlp was level to 11% faster than the whole allreduce in the window
    * (docs/BENCHMARKS.md, "shared window"). Over tcp the allgather after the update is not
-   * overlapped with backward, and nobody measured it there: off. */
+   * overlapped with backward; 2 workers over loopback measured level (docs/ZERO.md): off. */
   t->zero = world > 1 && (c->zero == 1 || (c->zero == DT_TRAIN_ZERO_AUTO && !strcmp(dt_comm_transport(t->comm), "shm")));
   if (t->zero)
     DT_CHECK(setup_zero(t));
