@@ -131,6 +131,9 @@ typedef struct shm_flat {
   uint8_t data[];
 } shm_flat;
 #define SHM_FLAT_HDR 32
+/* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): 4 KiB of
+ * halves, the largest piece choose() sends flat at two ranks, 8 KiB of stack. */
+#define SHM_FLAT_PRE 2048
 _Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
 typedef struct shm_slot {
@@ -978,6 +981,11 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
   const size_t per = t->h->flat_bytes / es;
   const size_t npieces = count ? (count + per - 1) / per : 1;
   const int n = t->n, div = op == DT_AVG ? n : 1;
+  /* Two ranks, half types: this rank's piece is widened to f32 while the other's is on its way,
+   * so only the other's conversion and the rounding are left once it is there (the same
+   * operations in rank order: the same bits as dt__reduce_many). */
+  float wide[SHM_FLAT_PRE];
+  const bool ahead = n == 2 && (dt == DT_F16 || dt == DT_BF16);
   dt_status st = DT_OK;
   for (size_t k = 0; k < npieces; k++) {
     uint64_t g = ++t->flats;
@@ -992,11 +1000,22 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
       shm_flat_copy(own->data, in + k * per * es, m * es);
     atomic_store_explicit(&own->g, g, memory_order_release);
     shm_ring_bell(t);
+    bool widened = ahead && m && m <= SHM_FLAT_PRE;
+    if (widened)
+      dt__to_f32(wide, in + k * per * es, m, dt);
     for (int r = 0; r < n; r++)
       if (r != t->rank)
         DT_CHECK_GOTO(shm_flat_wait(t, r, shm_flat_of(t, r, p), g, mine, fp, &deadline), st, fail);
     if (!m)
       continue;
+    if (widened) {
+      const void *peer = shm_flat_of(t, 1 - t->rank, p)->data;
+      if (t->rank == 0)
+        dt__reduce_mix(out + k * per * es, dt, wide, DT_F32, peer, dt, m, op, div);
+      else
+        dt__reduce_mix(out + k * per * es, dt, peer, dt, wide, DT_F32, m, op, div);
+      continue;
+    }
     for (int r = 0; r < n; r++)
       t->srcs[r] = shm_flat_of(t, r, p)->data;
     dt__reduce_many(out + k * per * es, t->srcs, n, m, dt, op, div);
