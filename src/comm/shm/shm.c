@@ -131,9 +131,12 @@ typedef struct shm_flat {
   uint8_t data[];
 } shm_flat;
 #define SHM_FLAT_HDR 32
-/* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): 4 KiB of
- * halves, the largest piece choose() sends flat at two ranks, 8 KiB of stack. */
-#define SHM_FLAT_PRE 2048
+/* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): up to 1 KiB of
+ * halves. Measured (bench/dtypes, f16/bf16 against f32, old and new build alternated, 7 reps,
+ * host in its fast state): widening ahead took 32 B-1 KiB from 0.91-1.00 to 1.00-1.14 of f32's
+ * bytes/s, but 2-4 KiB from 0.87-0.90 down to 0.65-0.82, where the wait is shorter than the
+ * widening and the f32 copy is more traffic (bench/results/dtypes-2026-11-22-flat-widen-ab.txt). */
+#define SHM_FLAT_PRE 512
 _Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
 typedef struct shm_slot {
