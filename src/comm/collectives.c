@@ -357,6 +357,26 @@ dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *k) {
   return dt__comm_fail(c, st);
 }
 
+/* The element offset into the shared window (dt_comm_window) of an in-place allreduce,
+ * reduce_scatter or allgather whose whole buffer lies inside it, else -1. Such a call runs the
+ * window's own algorithm, and the offset joins the fingerprint, so ranks passing different
+ * offsets (or one outside the window) fail as a mismatch. */
+static int32_t window_offset(const dt_comm *c, dt__coll kind, const void *sbuf, const void *rbuf, size_t count,
+                             dt_dtype t) {
+  if (!c->win || !rbuf || count == 0 || (unsigned)t >= DT_DTYPE_COUNT || count > SIZE_MAX / 8 / (size_t)c->size ||
+      (kind != DT_COLL_ALLREDUCE && kind != DT_COLL_REDUCE_SCATTER && kind != DT_COLL_ALLGATHER))
+    return -1;
+  size_t es = dt_dtype_size(t), span = kind == DT_COLL_ALLREDUCE ? count : count * (size_t)c->size;
+  const char *own = kind == DT_COLL_ALLGATHER ? (const char *)rbuf + (size_t)c->rank * count * es : rbuf;
+  if (sbuf && sbuf != DT_IN_PLACE && sbuf != own)
+    return -1;
+  uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
+  if (r < w || r - w >= c->win_bytes || (r - w) % es || (r - w) / es > INT32_MAX ||
+      span > (c->win_bytes - (r - w)) / es)
+    return -1;
+  return (int32_t)((r - w) / es);
+}
+
 dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                            dt_op op, int root, dt__coll_call *k) {
   const char *name = dt__coll_name(kind);
@@ -376,18 +396,10 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
   k->fp.dtype = (uint8_t)t;
   k->fp.op = (uint8_t)op;
   k->fp.root = root;
-  /* In place inside the shared window (dt_comm_window): the window's own algorithm, and the
-   * offset joins the fingerprint, so ranks passing different offsets fail as a mismatch. */
-  if (c->win && rbuf && (unsigned)t < DT_DTYPE_COUNT && count > 0 && count <= SIZE_MAX / 8 / (size_t)c->size) {
-    size_t es = dt_dtype_size(t), span = count * (kind == DT_COLL_ALLREDUCE ? 1 : (size_t)c->size);
-    const void *own = kind == DT_COLL_ALLGATHER ? (const char *)rbuf + (size_t)c->rank * count * es : rbuf;
-    int fits = kind == DT_COLL_ALLREDUCE || kind == DT_COLL_REDUCE_SCATTER || kind == DT_COLL_ALLGATHER;
-    uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
-    if (fits && (!sbuf || sbuf == DT_IN_PLACE || sbuf == own) && r >= w && r - w < c->win_bytes &&
-        (r - w) % es == 0 && (r - w) / es <= INT32_MAX && span <= (c->win_bytes - (r - w)) / es) {
-      k->fp.flags = DT__FP_WINDOW;
-      k->fp.root = (int32_t)((r - w) / es);
-    }
+  int32_t off = window_offset(c, kind, sbuf, rbuf, count, t);
+  if (off >= 0) {
+    k->fp.flags = DT__FP_WINDOW;
+    k->fp.root = off;
   }
   const char *bad = NULL;
   char why[160];

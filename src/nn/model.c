@@ -441,13 +441,9 @@ dt_status dt_model_use_memory(dt_model *m, float *params, float *grads) {
   if (params && grads && (params < grads ? params + m->nparams > grads : grads + m->nparams > params))
     return dt_set_error(DT_ERR_INVALID, "dt_model_use_memory: the buffers %p and %p overlap", (void *)params,
                         (void *)grads);
-  if (!params && m->params_lent)
-    DT_CHECK(move_arena(&m->params, &m->params_lent, NULL, m->nparams));
-  if (!grads && m->grads_lent)
-    DT_CHECK(move_arena(&m->grads, &m->grads_lent, NULL, m->nparams));
-  if (params)
+  if (params || m->params_lent) /* NULL when already the model's own: nothing to do */
     DT_CHECK(move_arena(&m->params, &m->params_lent, params, m->nparams));
-  if (grads)
+  if (grads || m->grads_lent)
     DT_CHECK(move_arena(&m->grads, &m->grads_lent, grads, m->nparams));
   for (int t = 0; t < m->nthreads; t++) {
     m->slices[t].model_grads = m->grads;

@@ -112,8 +112,8 @@ typedef struct shm_rank {
    * can tell "slow" from "in a different call" and report a mismatch instead of a timeout. */
   alignas(SHM_LINE) _Atomic uint32_t cur_ver;
   _Atomic uint64_t cur_fp[3]; /* the dt__fp's 24 bytes, as words (all accesses seq_cst) */
-  /* Window allreduces: win_in = g once this rank's range of call g is in its window (win_fp
-   * says which call), win_out = g once it wrote its slice's result into every window. */
+  /* Window collectives (shm_coll_window): win_in = g once this rank's range of call g is in its
+   * window (win_fp says which call), win_out = g once it did its part of the call. */
   alignas(SHM_LINE) _Atomic uint64_t win_in;
   dt__fp win_fp;
   alignas(SHM_LINE) _Atomic uint64_t win_out;
@@ -133,9 +133,10 @@ typedef struct shm_flat {
 #define SHM_FLAT_HDR 32
 /* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): up to 1 KiB of
  * halves. Measured (bench/dtypes, f16/bf16 against f32, old and new build alternated, 7 reps,
- * host in its fast state): widening ahead took 32 B-1 KiB from 0.91-1.00 to 1.00-1.14 of f32's
- * bytes/s, but 2-4 KiB from 0.87-0.90 down to 0.65-0.82, where the wait is shorter than the
- * widening and the f32 copy is more traffic (bench/results/dtypes-2026-11-22-flat-widen-ab.txt). */
+ * host in its fast state; bench/results/dtypes-2026-11-22-flat-widen-ab.txt): at 32 B-1 KiB f16
+ * went from 0.92-0.96 to 0.96-1.11 of f32's bytes/s, bf16 from 0.91-0.96 to 0.95-1.04. Widening
+ * whole pieces up to 4 KiB took 2-4 KiB down to 0.65-0.82 (the wait is shorter than the
+ * widening), and widening only their first 512 elements gained nothing there. */
 #define SHM_FLAT_PRE 512
 _Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
@@ -169,7 +170,7 @@ struct dt_transport {
   const void **srcs; /* [n]: the operands of one reduction, in the order they are reduced */
   uint8_t *win_base;  /* the shared window: rank r's part at win_base + r * win_stride */
   size_t win_size, win_stride;
-  uint64_t wins;      /* window allreduces done (same on every rank) */
+  uint64_t wins;      /* window collectives done (same on every rank) */
   unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
 };
 
@@ -524,21 +525,31 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   return DT_OK;
 }
 
-/* Other ranks: map the segment rank 0 made and check it is what we expect. */
-static dt_status shm_map(dt_transport *t, const char *name) {
+/* Maps shared memory `name` that another rank created: all of it (*size), which must be at
+ * least `least` bytes. On failure nothing stays mapped. */
+static dt_status shm_attach(const char *name, size_t least, void **out, size_t *size) {
   int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     return dt__errno(DT_ERR_SYSTEM, "shm_open(%s) (are all ranks on one host? DTRAIN_TRANSPORT=tcp otherwise)", name);
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(shm_hdr)) {
+  if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)least) {
     close(fd);
-    return dt_set_error(DT_ERR_PROTOCOL, "shared memory %s is too small", name);
+    return dt_set_error(DT_ERR_PROTOCOL, "shared memory %s is smaller than %zu bytes", name, least);
   }
-  size_t size = (size_t)sb.st_size;
-  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  *size = (size_t)sb.st_size;
+  void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED)
-    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", size);
+    return dt__errno(DT_ERR_SYSTEM, "mmap of %zu bytes of shared memory", *size);
+  *out = p;
+  return DT_OK;
+}
+
+/* Other ranks: map the segment rank 0 made and check it is what we expect. */
+static dt_status shm_map(dt_transport *t, const char *name) {
+  void *p;
+  size_t size;
+  DT_CHECK(shm_attach(name, sizeof(shm_hdr), &p, &size));
   t->base = p;
   t->size = size;
   t->h = p;
@@ -1214,15 +1225,15 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       shm_name(c, nonce, name, sizeof name);
       st = shm_alloc(name, size, &p);
     }
-    if (st == DT_OK)
-      snprintf(val, sizeof val, "%s %zu", name, bytes);
-    else
-      snprintf(val, sizeof val, "!%s", dt_last_error());
-    char why[400];
-    snprintf(why, sizeof why, "%s", dt_last_error());
-    dt_status sst = dt__store_set(c->store, key, val, strlen(val), deadline);
-    if (st != DT_OK)
+    if (st != DT_OK) { /* the others learn why, and so does our caller */
+      char why[400];
+      snprintf(why, sizeof why, "%s", dt_last_error());
+      snprintf(val, sizeof val, "!%s", why);
+      dt__store_set(c->store, key, val, strlen(val), deadline);
       return dt_set_error(st, "%s", why);
+    }
+    snprintf(val, sizeof val, "%s %zu", name, bytes);
+    dt_status sst = dt__store_set(c->store, key, val, strlen(val), deadline);
     if (sst != DT_OK) {
       shm_unlink(name);
       munmap(p, size);
@@ -1264,14 +1275,15 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     } else if (theirs != bytes) {
       snprintf(ans, sizeof ans, "0it asked for %zu bytes per rank, rank 0 for %zu", bytes, theirs);
     } else {
-      int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
-      struct stat sb;
-      if (fd < 0 || fstat(fd, &sb) != 0 || (size_t)sb.st_size != size)
-        snprintf(ans, sizeof ans, "0cannot open %s of %zu bytes: %s", name, size, strerror(errno));
-      else if ((p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-        snprintf(ans, sizeof ans, "0mmap of %zu bytes: %s", size, strerror(errno));
-      if (fd >= 0)
-        close(fd);
+      size_t got = 0;
+      if (shm_attach(name, size, &p, &got) != DT_OK) {
+        snprintf(ans, sizeof ans, "0rank %d: %s", t->rank, dt_last_error());
+        p = MAP_FAILED;
+      } else if (got != size) {
+        snprintf(ans, sizeof ans, "0rank %d: %s holds %zu bytes, not %zu", t->rank, name, got, size);
+        munmap(p, got);
+        p = MAP_FAILED;
+      }
     }
     dt__comm_key(c, k2, sizeof k2, "shm/win/%u/mapped/%d", n_try, t->rank);
     st = dt__store_set(c->store, k2, ans, strlen(ans), deadline);
