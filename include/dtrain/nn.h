@@ -99,6 +99,10 @@ float *dt_model_grads(dt_model *m);
  * forward or backward pass. DT_ERR_INVALID for misaligned or overlapping buffers (nothing
  * changes then), DT_ERR_NOMEM. */
 dt_status dt_model_use_memory(dt_model *m, float *params, float *grads);
+/* Like dt_model_use_memory for the parameters alone, but takes the buffer as it is, without
+ * copying: parameters another process of the same model keeps there (one copy per host, shared
+ * by every worker; see trainer.c). params must not be NULL. */
+dt_status dt_model_share_params(dt_model *m, float *params);
 
 /* Tensor table, in increasing offset order (i.e. last layer first). */
 size_t dt_model_tensor_count(const dt_model *m);

@@ -527,3 +527,9 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
   *out = w;
   return DT_OK;
 }
+
+void *dt_comm_window_part(const dt_comm *c, int rank) {
+  if (!c || !c->win || rank < 0 || rank >= c->size)
+    return NULL;
+  return c->ops->window_part(c->tp, rank);
+}

@@ -90,6 +90,8 @@ typedef struct dt_transport_ops {
    * per rank that every rank can read and write, sets *out to this rank's part (zeroed, 64-byte
    * aligned). Fails on every rank alike (rank 0 says whether all mapped it). */
   dt_status (*window)(dt_transport *t, size_t bytes, void **out, int64_t deadline);
+  /* With window, after it succeeded: rank r's part as mapped in this process. */
+  void *(*window_part)(dt_transport *t, int r);
   /* Optional with window: allreduce, reduce_scatter or allgather (kind) in place at element
    * off of every rank's window part, count elements (per block for the last two), with the
    * public calls' in-place layout; same off and count everywhere (the fingerprint carries off). */

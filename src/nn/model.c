@@ -417,14 +417,16 @@ size_t dt_model_param_count(const dt_model *m) { return m->nparams; }
 float *dt_model_params(dt_model *m) { return m->params; }
 float *dt_model_grads(dt_model *m) { return m->grads; }
 
-/* Moves one arena (*cur, lent or not) into buf (NULL: memory of the model's own). */
-static dt_status move_arena(float **cur, bool *lent, float *buf, size_t n) {
+/* Moves one arena (*cur, lent or not) into buf (NULL: memory of the model's own), copying what
+ * it holds unless !copy. */
+static dt_status move_arena(float **cur, bool *lent, float *buf, size_t n, bool copy) {
   float *g = buf ? buf : dt__alloc(n * sizeof(float));
   if (!g)
     return dt_set_error(DT_ERR_NOMEM, "arena of %zu floats", n);
   if (g == *cur)
     return DT_OK;
-  memcpy(g, *cur, n * sizeof(float));
+  if (copy)
+    memcpy(g, *cur, n * sizeof(float));
   if (!*lent)
     dt__free(*cur);
   *cur = g;
@@ -442,15 +444,24 @@ dt_status dt_model_use_memory(dt_model *m, float *params, float *grads) {
     return dt_set_error(DT_ERR_INVALID, "dt_model_use_memory: the buffers %p and %p overlap", (void *)params,
                         (void *)grads);
   if (params || m->params_lent) /* NULL when already the model's own: nothing to do */
-    DT_CHECK(move_arena(&m->params, &m->params_lent, params, m->nparams));
+    DT_CHECK(move_arena(&m->params, &m->params_lent, params, m->nparams, true));
   if (grads || m->grads_lent)
-    DT_CHECK(move_arena(&m->grads, &m->grads_lent, grads, m->nparams));
+    DT_CHECK(move_arena(&m->grads, &m->grads_lent, grads, m->nparams, true));
   for (int t = 0; t < m->nthreads; t++) {
     m->slices[t].model_grads = m->grads;
     if (t == 0)
       m->slices[t].grads = m->grads;
   }
   return DT_OK;
+}
+
+dt_status dt_model_share_params(dt_model *m, float *params) {
+  if (!m || !params || (uintptr_t)params % 64)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_share_params: %s", !m ? "model is NULL" : !params ? "params is NULL"
+                                                                        : "params is not 64-byte aligned");
+  if (params < m->grads + m->nparams && m->grads < params + m->nparams)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_share_params: the buffer %p overlaps the gradients", (void *)params);
+  return move_arena(&m->params, &m->params_lent, params, m->nparams, false);
 }
 size_t dt_model_tensor_count(const dt_model *m) { return m->ntensors; }
 dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }

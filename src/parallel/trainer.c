@@ -22,7 +22,9 @@
  * each rendezvous costs a run-queue wait (perf sched: about 0.2 ms per wake-up).
  *
  * ZeRO-1 (--zero 1, "sharded optimizer" below): the same buckets are reduce-scattered instead,
- * each rank updates only its block of each bucket, and the blocks are allgathered.
+ * each rank updates only its block of each bucket, and the blocks are allgathered; where the
+ * workers share memory, they all work on one copy of the parameters and nothing is gathered
+ * ("one copy per host").
  *
  * Not here: model files and checkpoints (train_io.c), metrics files and progress display
  * (monitor), process launching (cli/run.c). */
@@ -70,6 +72,7 @@ typedef struct trainer {
   size_t tail_lo;              /* [tail_lo, param_count): summed with the loss, every rank's */
   double *small;               /* loss, sum of squares, tail: one f64 allreduce per step */
   dt_request **ag;             /* this step's parameter allgathers, one per bucket */
+  int shared_params;           /* every rank works on rank 0's copy in the window: no allgather */
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
 } trainer;
 
@@ -343,7 +346,9 @@ static dt_status finish_block_sums(trainer *t, double wloss, double *loss) {
 }
 
 
-/* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. */
+/* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. With one
+ * copy per host, the blocks are updated in that copy, rank 0 alone updates the tail there, and a
+ * barrier stands for the allgathers. */
 static dt_status update_blocks(trainer *t, float lr) {
   DT_CHECK(dt_optim_begin_step(t->optim, lr));
   float *p = dt_model_params(t->model), *g = dt_model_grads(t->model);
@@ -353,7 +358,7 @@ static dt_status update_blocks(trainer *t, float lr) {
     rc = dt_optim_step_range(t->optim, b, g + t->bk_lo[b]);
     if (b == 0)
       a0 = dt_now_ns();
-    if (rc == DT_OK) {
+    if (rc == DT_OK && !t->shared_params) {
       rc = dt_comm_iallgather(t->comm, DT_IN_PLACE, p + t->bk_lo[b], t->bk_c[b], DT_F32, &t->ag[b]);
       if (rc != DT_OK) {
         t->ag[b] = NULL;
@@ -361,10 +366,12 @@ static dt_status update_blocks(trainer *t, float lr) {
       }
     }
   }
-  if (rc == DT_OK && tail_count(t) > 0)
+  if (rc == DT_OK && tail_count(t) > 0 && (t->rank == 0 || !t->shared_params))
     rc = dt_optim_step_range(t->optim, t->nbk, g + t->tail_lo);
   int64_t w0 = dt_now_ns();
   rc = wait_blocks(t, t->ag, t->nbk, "parameter allgather", rc);
+  if (rc == DT_OK && t->shared_params && (rc = dt_comm_barrier(t->comm)) != DT_OK)
+    rc = dt__error_prefix(rc, "waiting for every rank's parameter update");
   t->ag_wait_ns = dt_now_ns() - w0;
   t->ag_span_ns = dt_now_ns() - a0;
   return rc;
@@ -682,7 +689,8 @@ static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos,
   pos->sampler.pos = (uint64_t)hdr[4];
   pos->optim_steps = hdr[5];
   size_t n = dt_model_param_count(t->model);
-  DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
+  if (!t->shared_params) /* else rank 0 loaded them into the one copy before the header */
+    DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
   if (t->zero)
     return scatter_state(t, st);
   for (size_t i = 0; i < st->n; i++)
@@ -700,11 +708,13 @@ typedef struct interval {
 } interval;
 
 /* Moves the gradients into the communicator's shared window when it has one (shm: every worker
- * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window); with the
- * sharded optimizer the parameters too, so that both the reduce-scatters and the parameter
- * allgathers run in place there. A transport without a window, or a window that could not be
- * made (a full /dev/shm: the same answer on every rank), leaves them where they are.
- * DTRAIN_WINDOW=0 keeps them private (for comparisons). Measured in docs/BENCHMARKS.md. */
+ * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). With the
+ * sharded optimizer the parameters go there too, as one copy per host: rank 0's, which every
+ * rank reads in forward and backward and updates its blocks of in place, so that the allgather
+ * becomes a barrier, and the workers' caches and memory carry one copy instead of one each
+ * (docs/ZERO.md). A transport without a window, or a window that could not be made (a full
+ * /dev/shm: the same answer on every rank), leaves everything where it is. DTRAIN_WINDOW=0 keeps
+ * it private (for comparisons). Measured in docs/BENCHMARKS.md. */
 static dt_status share_memory(trainer *t) {
   const char *e = dt__env_str("DTRAIN_WINDOW");
   if (e && strcmp(e, "1")) {
@@ -721,7 +731,15 @@ static dt_status share_memory(trainer *t) {
     DT_LOG_WARN("gradients stay private (%s)", dt_last_error());
     return DT_OK;
   }
-  return dt_model_use_memory(t->model, t->zero ? (float *)((char *)w + arena) : NULL, w);
+  if (!t->zero)
+    return dt_model_use_memory(t->model, NULL, w);
+  float *one = (float *)((char *)dt_comm_window_part(t->comm, 0) + arena);
+  DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, w));
+  if (t->rank != 0)
+    DT_CHECK(dt_model_share_params(t->model, one));
+  t->shared_params = 1;
+  DT_LOG_DEBUG("rank %d: parameters in rank 0's part of the shared window (one copy per host)", t->rank);
+  return DT_OK;
 }
 
 static dt_status train(trainer *t, dt_train_summary *sum) {
@@ -735,8 +753,10 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   if (t->world > 1) {
     DT_CHECK(check_settings(t));
     DT_CHECK(share_memory(t));
-    rc = dt_comm_broadcast(t->comm, dt_model_params(t->model), dt_model_param_count(t->model),
-                           DT_F32, 0);
+    /* one copy per host: rank 0 put its parameters there, the barrier says so */
+    rc = t->shared_params ? dt_comm_barrier(t->comm)
+                          : dt_comm_broadcast(t->comm, dt_model_params(t->model),
+                                              dt_model_param_count(t->model), DT_F32, 0);
     if (rc != DT_OK)
       return dt__error_prefix(rc, "broadcasting parameters from rank 0");
   }

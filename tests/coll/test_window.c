@@ -5,6 +5,7 @@
  *     that are not line-aligned; blocking and several nonblocking calls in flight on disjoint
  *     ranges; the window outside each range keeps what the caller wrote there, and every rank
  *     ends with the same bits;
+ *   - dt_comm_window_part: every rank's part is reachable from every rank; none without a window;
  *   - a buffer outside the window (below or above its mapping, or not in place) still takes the
  *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
@@ -179,6 +180,17 @@ static int body_results(int rank, int size, void *arg) {
   CHECK(dt_comm_allreduce(c, DT_IN_PLACE, end, 16, DT_F32, DT_SUM) == DT_OK, "window end: %s", dt_last_error());
   for (size_t i = 0; i < 16; i++)
     CHECK(sw_check_reduced(end, i, 601, size, i, DT_F32, DT_SUM), "window end elem %zu", i);
+  /* every rank's part, as mapped here: each rank writes its number into the next rank's part,
+   * and after a barrier finds the previous rank's number in its own */
+  CHECK(dt_comm_window_part(c, rank) == w, "own part %p, window %p", dt_comm_window_part(c, rank), (void *)w);
+  CHECK(!dt_comm_window_part(c, -1) && !dt_comm_window_part(c, size) && !dt_comm_window_part(NULL, 0),
+        "a part for no rank");
+  int *next = dt_comm_window_part(c, (rank + 1) % size);
+  CHECK(next && (uint8_t *)next != w, "rank %d's part: %p", (rank + 1) % size, (void *)next);
+  CHECK(dt_comm_barrier(c) == DT_OK, "barrier: %s", dt_last_error());
+  next[7] = 1000 + rank;
+  CHECK(dt_comm_barrier(c) == DT_OK, "barrier: %s", dt_last_error());
+  CHECK(((int *)w)[7] == 1000 + (rank + size - 1) % size, "own part holds %d", ((int *)w)[7]);
   void *again = NULL;
   CHECK(dt_comm_window(c, 4096, &again) == DT_ERR_STATE && !again, "a second window: %s", dt_last_error());
   dt_comm_destroy(c);
@@ -251,6 +263,7 @@ static int body_none(int rank, int size, void *arg) {
   dt_status st = dt_comm_window(c, 4096, &w);
   CHECK(st == DT_ERR_UNSUPPORTED && !w, "%d rank(s) over %s gave %s: %s", size, dt_comm_transport(c),
         dt_strerror(st), dt_last_error());
+  CHECK(!dt_comm_window_part(c, rank), "a part without a window");
   dt_comm_destroy(c);
   return 0;
 }

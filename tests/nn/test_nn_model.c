@@ -565,6 +565,51 @@ static void test_use_memory(void **s) {
   dt_nn_set_threads(1);
 }
 
+/* dt_model_share_params takes the buffer as it is: a second model of the same spec (another
+ * seed) on the first one's parameters computes the first one's outputs, its updates are the
+ * first one's, and moving back copies them into memory of its own. */
+static void test_share_params(void **s) {
+  (void)s;
+  const char *spec = "in=1x8x8,flatten,linear:16,relu,linear:5";
+  dt_model *a = make(spec, 4, 1), *b = make(spec, 4, 2);
+  size_t np = dt_model_param_count(a);
+  float *pa = dt_model_params(a), *keep = malloc(np * sizeof(float));
+  assert_non_null(keep);
+  memcpy(keep, pa, np * sizeof(float));
+  assert_memory_not_equal(dt_model_params(b), pa, np * sizeof(float));
+  assert_int_equal(dt_model_share_params(b, NULL), DT_ERR_INVALID);
+  assert_int_equal(dt_model_share_params(b, (float *)((char *)pa + 4)), DT_ERR_INVALID);
+  assert_int_equal(dt_model_share_params(b, dt_model_grads(b)), DT_ERR_INVALID);
+  assert_int_equal(dt_model_share_params(b, pa), DT_OK);
+  assert_ptr_equal(dt_model_params(b), pa);
+  assert_memory_equal(pa, keep, np * sizeof(float)); /* not written */
+  dt_rng r;
+  dt_rng_seed(&r, 3);
+  float x[4 * 64], oa[4 * 5];
+  int32_t y[4];
+  rand_batch(&r, x, y, 64, 4, 5);
+  const float *la, *lb;
+  assert_int_equal(dt_model_forward(a, x, 4, 0, &la), DT_OK);
+  memcpy(oa, la, sizeof oa);
+  assert_int_equal(dt_model_forward(b, x, 4, 0, &lb), DT_OK);
+  assert_memory_equal(oa, lb, sizeof oa);
+  dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
+  dt_optim *o;
+  assert_int_equal(dt_optim_create(&c, b, &o), DT_OK);
+  dt_model_discard_grad(b);
+  assert_int_equal(dt_model_forward(b, x, 4, 1, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(b, y, 1.0f, NULL, NULL, NULL), DT_OK);
+  assert_int_equal(dt_optim_step(o, 0.1f), DT_OK);
+  assert_memory_not_equal(pa, keep, np * sizeof(float)); /* b's step moved a's parameters */
+  assert_int_equal(dt_model_use_memory(b, NULL, NULL), DT_OK);
+  assert_true(dt_model_params(b) != pa);
+  assert_memory_equal(dt_model_params(b), pa, np * sizeof(float));
+  dt_optim_destroy(o);
+  dt_model_destroy(b);
+  dt_model_destroy(a);
+  free(keep);
+}
+
 int main(void) {
   dt_nn_set_threads(1);
   assert_int_equal(dt_nn_threads(), 1);
@@ -575,7 +620,7 @@ int main(void) {
       cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),
       cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_threads_match),  cmocka_unit_test(test_discard_grad),
-      cmocka_unit_test(test_use_memory),
+      cmocka_unit_test(test_use_memory),     cmocka_unit_test(test_share_params),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,9 +14,10 @@
  *   bind      2 workers whose compute threads fit the CPUs are pinned to their shares of them
  *             by default (DTRAIN_BIND=auto, comm/bind.c's debug line from both ranks); not with
  *             DTRAIN_BIND=none, nor when their threads would not fit
- *   window    the default (gradients and parameters in the shared window, sharded optimizer)
- *             against private buffers (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers:
- *             the same parameters (2: bit for bit); DTRAIN_WINDOW=2 is refused, naming it; with a
+ *   window    the default (gradients in the shared window, sharded optimizer, one copy of the
+ *             parameters per host that every rank updates its blocks of) against private buffers
+ *             (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers: the same parameters (2:
+ *             bit for bit); every rank says it uses the one copy (not with --zero 0); DTRAIN_WINDOW=2 is refused, naming it; with a
  *             /dev/shm too small for the window but not for the transport (a 24 MiB tmpfs in a
  *             mount namespace of its own; root only, else skipped with a note) the job warns
  *             that the gradients stay private and trains anyway */
@@ -178,16 +179,23 @@ static void group_kill(void) {
 }
 
 /* Number of "bound to" lines (comm/bind.c's debug message) a 2-worker run logs. */
-static int bound_lines(const char *env, int threads) {
-  tt_result r = tt_run(dir, 300, "env DTRAIN_LOG=debug %s %s run -n 2 -- %s train --data %s --model '" TINY_MODEL
-                       "' --batch 30 --threads %d --max-steps 2 --out %s/bind",
-                       env, tt_bin(), tt_bin(), data, threads, dir);
+/* Debug lines holding `needle` from a short job of `n` workers (env and flags added). */
+static int debug_lines(int n, const char *env, const char *flags, const char *needle) {
+  tt_result r = tt_run(dir, 300, "env DTRAIN_LOG=debug %s %s run -n %d -- %s train --data %s --model '" TINY_MODEL
+                       "' --batch 30 --max-steps 2 --out %s/debug %s",
+                       env, tt_bin(), n, tt_bin(), data, dir, flags);
   CHECK(r.code == 0, "exit %d: %s", r.code, r.err);
-  int n = 0;
-  for (const char *p = strstr(r.err, "DTRAIN_BIND=auto: local rank"); p; p = strstr(p + 1, "DTRAIN_BIND=auto: local rank"))
-    n++;
+  int k = 0;
+  for (const char *p = strstr(r.err, needle); p; p = strstr(p + 1, needle))
+    k++;
   tt_result_free(&r);
-  return n;
+  return k;
+}
+
+static int bound_lines(const char *env, int threads) {
+  char flags[32];
+  snprintf(flags, sizeof flags, "--threads %d", threads);
+  return debug_lines(2, env, flags, "DTRAIN_BIND=auto: local rank");
 }
 
 static void group_bind(void) {
@@ -220,6 +228,12 @@ static void group_window(void) {
     CHECK(n == 2 ? d1 == 0 && d0 == 0 : d1 <= 1e-5 && d0 <= 1e-5,
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
   }
+  /* sharded, every rank works on rank 0's copy of the parameters; not without sharding */
+  const char *one = "parameters in rank 0's part of the shared window";
+  int k = debug_lines(3, "", "--threads 1", one);
+  CHECK(k == 3, "3 workers: %d said they use the one copy", k);
+  k = debug_lines(2, "", "--threads 1 --zero 0", one);
+  CHECK(k == 0, "--zero 0: %d said they use the one copy", k);
   tt_result r = tt_run(dir, 300, "env DTRAIN_WINDOW=2 %s run -n 2 -- %s train --data %s --model '" TINY_MODEL
                        "' --batch 30 --threads 1 --max-steps 2 --out %s/badwin",
                        tt_bin(), tt_bin(), data, dir);

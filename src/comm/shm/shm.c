@@ -1202,6 +1202,7 @@ static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline
 /* ---- the shared window (dt_comm_window) ---- */
 
 static uint8_t *shm_win(dt_transport *t, int r) { return t->win_base + (size_t)r * t->win_stride; }
+static void *shm_window_part(dt_transport *t, int r) { return shm_win(t, r); }
 
 /* Rank 0 creates one object holding every rank's part and publishes "name bytes" (or "!why");
  * each other rank maps it and answers "1" (or "0why"); rank 0 unlinks it and publishes the
@@ -1397,6 +1398,7 @@ const dt_transport_ops dt__transport_shm = {
     .reduce_scatter = shm_reduce_scatter,
     .barrier = shm_barrier,
     .window = shm_window,
+    .window_part = shm_window_part,
     .coll_window = shm_coll_window,
     .destroy = shm_destroy,
 };
