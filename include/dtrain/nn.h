@@ -212,6 +212,11 @@ dt_status dt_optim_step(dt_optim *o, float lr);
  * DT_ERR_INVALID for i out of range. Never allocates. */
 dt_status dt_optim_begin_step(dt_optim *o, float lr);
 dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad);
+/* The same, with the gradient (grads[0] + grads[1] + ... + grads[n-1]) * scale, summed left to
+ * right in f32 and then scaled (not when scale is 1), a few KiB at a time, so that it is never
+ * written out: each grads[k] holds the range's length in floats (e.g. every worker's gradient
+ * of the range, read in place from a shared window). n >= 1 and no NULL, else DT_ERR_INVALID. */
+dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale);
 
 /* Steps taken (for checkpoints); set it when restoring state. */
 int64_t dt_optim_step_count(const dt_optim *o);

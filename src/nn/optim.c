@@ -139,11 +139,15 @@ void dt_optim_destroy(dt_optim *o) {
 }
 
 /* The kernels take one stretch: n parameters p, their gradients g and their state (s0, s1), all
- * already offset; the update rules are PyTorch's. */
+ * already offset; the update rules are PyTorch's. A job's gradient is g, or the sum of the nsum
+ * arrays sum[k] times scale (dt_optim_step_range_sum). */
 typedef struct {
   dt_optim *o;
   float *p;
   const float *g;
+  const float *const *sum;
+  int nsum;
+  float scale;
   float *s0, *s1;
   size_t n;
 } upd_job;
@@ -189,14 +193,41 @@ static void adamw_update(const dt_optim *o, float lr, float *p, const float *g, 
   }
 }
 
+/* Updates parameters [a, a + n) of the job from gradient g (already offset). */
+static void update_span(const upd_job *j, const float *g, size_t a, size_t n) {
+  const dt_optim *o = j->o;
+  if (o->cfg.kind == DT_OPTIM_SGD)
+    sgd_update(o, o->lr, j->p + a, g, j->s0 ? j->s0 + a : NULL, n);
+  else
+    adamw_update(o, o->lr, j->p + a, g, j->s0 + a, j->s1 + a, n);
+}
+
+/* Floats of a summed gradient at a time: 2 KiB, in L1 until the update reads it. */
+#define SUM_CHUNK 512
+
 static void update_part(upd_job *j, size_t a, size_t b) {
   if (a >= b)
     return;
-  const dt_optim *o = j->o;
-  if (o->cfg.kind == DT_OPTIM_SGD)
-    sgd_update(o, o->lr, j->p + a, j->g + a, j->s0 ? j->s0 + a : NULL, b - a);
-  else
-    adamw_update(o, o->lr, j->p + a, j->g + a, j->s0 + a, j->s1 + a, b - a);
+  if (!j->sum) {
+    update_span(j, j->g + a, a, b - a);
+    return;
+  }
+  float g[SUM_CHUNK];
+  for (size_t c = a; c < b; c += SUM_CHUNK) {
+    size_t m = b - c < SUM_CHUNK ? b - c : SUM_CHUNK;
+    const float *s = j->sum[0] + c;
+    for (size_t i = 0; i < m; i++)
+      g[i] = s[i];
+    for (int k = 1; k < j->nsum; k++) {
+      s = j->sum[k] + c;
+      for (size_t i = 0; i < m; i++)
+        g[i] += s[i];
+    }
+    if (j->scale != 1.0f)
+      for (size_t i = 0; i < m; i++)
+        g[i] *= j->scale;
+    update_span(j, g, c, m);
+  }
 }
 
 static void update_job(void *arg, int t) {
@@ -222,7 +253,8 @@ dt_status dt_optim_begin_step(dt_optim *o, float lr) {
  * threads costs more than the update (a ZeRO tail is a few dozen floats). */
 #define UPD_INLINE 4096
 
-dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
+static dt_status step_range(dt_optim *o, size_t i, const float *grad, const float *const *sum, int nsum,
+                            float scale) {
   if (!o->begun)
     return dt_set_error(DT_ERR_STATE, "optimizer: dt_optim_step_range before dt_optim_begin_step");
   if (i >= o->nranges)
@@ -230,14 +262,27 @@ dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
   const dt_param_range r = o->ranges[i];
   size_t so = o->state_off[i];
   upd_job j = {.o = o, .p = dt_model_params(o->model) + r.lo,
-               .g = grad ? grad : dt_model_grads(o->model) + r.lo,
-               .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
+               .g = grad ? grad : dt_model_grads(o->model) + r.lo, .sum = sum, .nsum = nsum,
+               .scale = scale, .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
                .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo};
   if (j.n < UPD_INLINE || dt_model_threads(o->model) == 1)
     update_part(&j, 0, j.n);
   else
     dt__nn_parallel(o->model, update_job, &j);
   return DT_OK;
+}
+
+dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
+  return step_range(o, i, grad, NULL, 0, 1.0f);
+}
+
+dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale) {
+  if (!grads || n < 1)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: a sum of %d gradients", grads ? n : 0);
+  for (int k = 0; k < n; k++)
+    if (!grads[k])
+      return dt_set_error(DT_ERR_INVALID, "optimizer: gradient %d of the sum is NULL", k);
+  return step_range(o, i, NULL, grads, n, scale);
 }
 
 dt_status dt_optim_step(dt_optim *o, float lr) {

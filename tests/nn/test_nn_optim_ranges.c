@@ -3,7 +3,8 @@
  * from gradients given either in place or from a separate buffer, and together must end with
  * exactly (bit for bit) the parameters and state of one dt_optim_create optimizer, for SGD with
  * momentum (plain and Nesterov, with weight decay) and AdamW, on one and on two compute
- * threads (the second range is long enough to be split across them). Also: bad ranges, the
+ * threads (the second range is long enough to be split across them); one rank passes each
+ * gradient as a scaled sum of three arrays (dt_optim_step_range_sum). Also: bad ranges, the
  * step protocol, state sizes and offsets, dt_model_grad_segments against the ranges the hook
  * really reports, and clipping split into dt_grad_sumsq + dt_clip_factor. */
 #include <math.h>
@@ -21,12 +22,22 @@
 #define SPEC "in=1x16x16,linear:64,relu,linear:4"
 #define STEPS 7
 
-static float grad_at(int step, size_t i) {
+static float hash_at(int step, size_t i) {
   uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(step * 40503u + 17u);
   h ^= h >> 13;
   h *= 0x5bd1e995u;
   h ^= h >> 15;
   return ((float)(h & 0xffff) / 65535.0f - 0.5f) * 0.2f;
+}
+
+/* A step's gradient is the sum of three parts, scaled, as dt_optim_step_range_sum computes it. */
+#define SUM_SCALE 0.75f
+static float part_at(int step, size_t i, int k) { return hash_at(step * 3 + k, i); }
+static float grad_at(int step, size_t i) {
+  float g = part_at(step, i, 0);
+  g += part_at(step, i, 1);
+  g += part_at(step, i, 2);
+  return g * SUM_SCALE;
 }
 
 /* The shards of NRANKS ranks: every rank owns a few ranges (some one float long, some long),
@@ -69,7 +80,7 @@ static void compare_sharded(dt_optim_config cfg, int threads) {
     total += own;
   }
   assert_int_equal(total, n); /* state saved: each rank holds only its share */
-  float *packed = malloc(n * sizeof(float));
+  float *packed = malloc(n * sizeof(float)), *parts = malloc(3 * n * sizeof(float));
   for (int s = 0; s < STEPS; s++) {
     float lr = 0.05f + 0.01f * (float)s;
     float *gf = dt_model_grads(full), *gs = dt_model_grads(sh);
@@ -78,9 +89,22 @@ static void compare_sharded(dt_optim_config cfg, int threads) {
     assert_int_equal(dt_optim_step(of, lr), DT_OK);
     for (int r = 0; r < NRANKS; r++) {
       assert_int_equal(dt_optim_begin_step(os[r], lr), DT_OK);
-      /* odd ranks pass their gradients from a separate buffer, updating ranges last-first */
+      /* odd ranks pass their gradients from a separate buffer, updating ranges last-first;
+       * rank 1 on odd steps as the sum of the three parts (its 7000-float range in chunks,
+       * split across the threads) */
       for (size_t k = 0; k < nr[r]; k++) {
         size_t i = (r & 1) ? nr[r] - 1 - k : k;
+        if (r == 1 && (s & 1)) {
+          const float *srcs[3];
+          for (int q = 0; q < 3; q++) {
+            srcs[q] = parts + (size_t)q * n;
+            for (size_t j = rr[r][i].lo; j < rr[r][i].hi; j++)
+              parts[(size_t)q * n + j - rr[r][i].lo] = part_at(s, j, q);
+          }
+          memset(gs + rr[r][i].lo, 0xff, (rr[r][i].hi - rr[r][i].lo) * sizeof(float)); /* NaN */
+          assert_int_equal(dt_optim_step_range_sum(os[r], i, srcs, 3, SUM_SCALE), DT_OK);
+          continue;
+        }
         const float *g = NULL;
         if (r & 1) {
           for (size_t j = rr[r][i].lo; j < rr[r][i].hi; j++)
@@ -107,6 +131,7 @@ static void compare_sharded(dt_optim_config cfg, int threads) {
     dt_optim_destroy(os[r]);
   }
   free(packed);
+  free(parts);
   dt_optim_destroy(of);
   dt_model_destroy(full);
   dt_model_destroy(sh);
@@ -161,6 +186,10 @@ static void test_ranges_invalid(void **s) {
   assert_int_equal(dt_optim_step_count(o), 0);
   assert_int_equal(dt_optim_begin_step(o, 0.1f), DT_OK);
   assert_int_equal(dt_optim_step_range(o, 2, NULL), DT_ERR_INVALID);
+  const float *none[2] = {NULL, NULL};
+  assert_int_equal(dt_optim_step_range_sum(o, 0, none, 2, 1.0f), DT_ERR_INVALID);
+  assert_int_equal(dt_optim_step_range_sum(o, 0, none, 0, 1.0f), DT_ERR_INVALID);
+  assert_int_equal(dt_optim_step_range_sum(o, 0, NULL, 1, 1.0f), DT_ERR_INVALID);
   /* parameters outside the ranges are never touched */
   float *p = dt_model_params(m), *g = dt_model_grads(m);
   float before[8];
