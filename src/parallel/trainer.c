@@ -22,9 +22,9 @@
  * each rendezvous costs a run-queue wait (perf sched: about 0.2 ms per wake-up).
  *
  * ZeRO-1 (--zero 1, "sharded optimizer" below): the same buckets are reduce-scattered instead,
- * each rank updates only its block of each bucket, and the blocks are allgathered; where the
- * workers share memory, they all work on one copy of the parameters and nothing is gathered
- * ("one copy per host").
+ * each rank updates only its block of each bucket, and the blocks are allgathered. Where the
+ * workers share memory ("one copy per host"), nothing is sent at all: they work on one copy of
+ * the parameters, and each sums its blocks of everyone's gradients as it updates them.
  *
  * Not here: model files and checkpoints (train_io.c), metrics files and progress display
  * (monitor), process launching (cli/run.c). */
@@ -72,7 +72,10 @@ typedef struct trainer {
   size_t tail_lo;              /* [tail_lo, param_count): summed with the loss, every rank's */
   double *small;               /* loss, sum of squares, tail: one f64 allreduce per step */
   dt_request **ag;             /* this step's parameter allgathers, one per bucket */
-  int shared_params;           /* every rank works on rank 0's copy in the window: no allgather */
+  /* one copy per host (shm window): every rank's gradient arena, block sources, clip factor */
+  int shared;                  /* set by share_memory */
+  const float **grads_of, **blk;
+  float clip_f;
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
 } trainer;
 
@@ -346,9 +349,7 @@ static dt_status finish_block_sums(trainer *t, double wloss, double *loss) {
 }
 
 
-/* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. With one
- * copy per host, the blocks are updated in that copy, rank 0 alone updates the tail there, and a
- * barrier stands for the allgathers. */
+/* Updates this rank's blocks (each allgathered as soon as it is updated) and the tail. */
 static dt_status update_blocks(trainer *t, float lr) {
   DT_CHECK(dt_optim_begin_step(t->optim, lr));
   float *p = dt_model_params(t->model), *g = dt_model_grads(t->model);
@@ -358,7 +359,7 @@ static dt_status update_blocks(trainer *t, float lr) {
     rc = dt_optim_step_range(t->optim, b, g + t->bk_lo[b]);
     if (b == 0)
       a0 = dt_now_ns();
-    if (rc == DT_OK && !t->shared_params) {
+    if (rc == DT_OK) {
       rc = dt_comm_iallgather(t->comm, DT_IN_PLACE, p + t->bk_lo[b], t->bk_c[b], DT_F32, &t->ag[b]);
       if (rc != DT_OK) {
         t->ag[b] = NULL;
@@ -366,14 +367,102 @@ static dt_status update_blocks(trainer *t, float lr) {
       }
     }
   }
-  if (rc == DT_OK && tail_count(t) > 0 && (t->rank == 0 || !t->shared_params))
+  if (rc == DT_OK && tail_count(t) > 0)
     rc = dt_optim_step_range(t->optim, t->nbk, g + t->tail_lo);
   int64_t w0 = dt_now_ns();
   rc = wait_blocks(t, t->ag, t->nbk, "parameter allgather", rc);
-  if (rc == DT_OK && t->shared_params && (rc = dt_comm_barrier(t->comm)) != DT_OK)
-    rc = dt__error_prefix(rc, "waiting for every rank's parameter update");
   t->ag_wait_ns = dt_now_ns() - w0;
   t->ag_span_ns = dt_now_ns() - a0;
+  return rc;
+}
+
+/* ---- one copy per host ---------------------------------------------------------------------
+ *
+ * Where the workers share a window (share_memory), rank 0's part holds the one copy of the
+ * parameters that every worker's model uses, and every worker's gradients lie in its own part,
+ * where the others can read them. Then a step sends nothing: after backward the workers sum the
+ * loss and the tail (the one small f64 allreduce, which also says that every worker's backward
+ * is done and its gradients are in place); each worker then updates its blocks of the one copy
+ * from the sum over workers of their gradients, in rank order, added up a few KiB at a time
+ * inside the update (dt_optim_step_range_sum) and never written out; rank 0 alone updates the
+ * tail; and a barrier ends the step: nobody reads a parameter of the next step before every
+ * block is written, nor overwrites its gradients (next backward) while another worker may still
+ * be reading them. Against reduce-scatter + allgather in the window, each worker moves 2.5x its
+ * block's bytes fewer per step (it neither writes the summed block nor reads it back, nor copies
+ * its block to the others) and the ranks meet twice a step instead of once per bucket and
+ * twice more. --clip needs the global norm first: one more pass summing the blocks for their
+ * squares, and one more f64 allreduce. With 2 workers every sum is the reduce-scatter's, bit
+ * for bit. */
+
+/* Sum of squares of this rank's blocks of the summed gradient, as dt_grad_sumsq would give it on
+ * the summed blocks. */
+static double shared_sumsq(trainer *t) {
+  double sq = 0;
+  float buf[512];
+  for (size_t b = 0; b < t->nbk; b++) {
+    size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
+    double s = 0;
+    for (size_t c = 0; c < t->bk_c[b]; c += 512) {
+      size_t m = DT_MIN((size_t)512, t->bk_c[b] - c);
+      for (size_t i = 0; i < m; i++)
+        buf[i] = t->grads_of[0][lo + c + i];
+      for (int q = 1; q < t->world; q++)
+        for (size_t i = 0; i < m; i++)
+          buf[i] += t->grads_of[q][lo + c + i];
+      for (size_t i = 0; i < m; i++)
+        s += (double)buf[i] * buf[i];
+    }
+    sq += s;
+  }
+  return sq;
+}
+
+/* After backward: sums loss and tail across ranks (every rank's gradients are then final) and,
+ * with --clip, the squares, setting clip_f. */
+static dt_status finish_shared(trainer *t, double wloss, double *loss) {
+  float *g = dt_model_grads(t->model);
+  size_t tail = tail_count(t);
+  t->small[0] = wloss;
+  t->small[1] = 0;
+  for (size_t k = 0; k < tail; k++)
+    t->small[2 + k] = g[t->tail_lo + k];
+  dt_status rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, t->small, 2 + tail, DT_F64, DT_SUM);
+  if (rc != DT_OK)
+    return dt__error_prefix(rc, "loss and gradient tail allreduce (%zu floats)", tail);
+  *loss = t->small[0];
+  for (size_t k = 0; k < tail; k++)
+    g[t->tail_lo + k] = (float)t->small[2 + k];
+  t->clip_f = 1.0f;
+  if (t->cfg->clip > 0) {
+    double sq = shared_sumsq(t);
+    rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, &sq, 1, DT_F64, DT_SUM);
+    if (rc != DT_OK)
+      return dt__error_prefix(rc, "gradient norm allreduce");
+    t->clip_f = dt_clip_factor(sq + dt_grad_sumsq(g + t->tail_lo, tail), t->cfg->clip);
+    if (t->clip_f != 1.0f)
+      for (size_t k = 0; k < tail; k++)
+        g[t->tail_lo + k] *= t->clip_f;
+  }
+  return DT_OK;
+}
+
+/* Updates this rank's blocks of the one copy from everyone's gradients, rank 0 the tail, and
+ * waits for every rank to have done so. */
+static dt_status update_shared(trainer *t, float lr) {
+  DT_CHECK(dt_optim_begin_step(t->optim, lr));
+  dt_status rc = DT_OK;
+  for (size_t b = 0; b < t->nbk && rc == DT_OK; b++) {
+    size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
+    for (int q = 0; q < t->world; q++)
+      t->blk[q] = t->grads_of[q] + lo;
+    rc = dt_optim_step_range_sum(t->optim, b, t->blk, t->world, t->clip_f);
+  }
+  if (rc == DT_OK && tail_count(t) > 0 && t->rank == 0)
+    rc = dt_optim_step_range(t->optim, t->nbk, dt_model_grads(t->model) + t->tail_lo);
+  int64_t w0 = dt_now_ns();
+  if (rc == DT_OK && (rc = dt_comm_barrier(t->comm)) != DT_OK)
+    rc = dt__error_prefix(rc, "waiting for every rank's parameter update");
+  t->ag_wait_ns = dt_now_ns() - w0;
   return rc;
 }
 
@@ -689,7 +778,7 @@ static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos,
   pos->sampler.pos = (uint64_t)hdr[4];
   pos->optim_steps = hdr[5];
   size_t n = dt_model_param_count(t->model);
-  if (!t->shared_params) /* else rank 0 loaded them into the one copy before the header */
+  if (!t->shared) /* else rank 0 loaded them into the one copy before the header */
     DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
   if (t->zero)
     return scatter_state(t, st);
@@ -709,9 +798,8 @@ typedef struct interval {
 
 /* Moves the gradients into the communicator's shared window when it has one (shm: every worker
  * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). With the
- * sharded optimizer the parameters go there too, as one copy per host: rank 0's, which every
- * rank reads in forward and backward and updates its blocks of in place, so that the allgather
- * becomes a barrier, and the workers' caches and memory carry one copy instead of one each
+ * sharded optimizer the parameters go there too, as one copy per host in rank 0's part (see
+ * "one copy per host"), and the workers' caches and memory carry one copy instead of one each
  * (docs/ZERO.md). A transport without a window, or a window that could not be made (a full
  * /dev/shm: the same answer on every rank), leaves everything where it is. DTRAIN_WINDOW=0 keeps
  * it private (for comparisons). Measured in docs/BENCHMARKS.md. */
@@ -737,7 +825,13 @@ static dt_status share_memory(trainer *t) {
   DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, w));
   if (t->rank != 0)
     DT_CHECK(dt_model_share_params(t->model, one));
-  t->shared_params = 1;
+  t->grads_of = dt__alloc(2 * (size_t)t->world * sizeof *t->grads_of);
+  if (!t->grads_of)
+    return dt_set_error(DT_ERR_NOMEM, "%d gradient pointers", t->world);
+  t->blk = t->grads_of + t->world;
+  for (int q = 0; q < t->world; q++)
+    t->grads_of[q] = dt_comm_window_part(t->comm, q);
+  t->shared = 1;
   DT_LOG_DEBUG("rank %d: parameters in rank 0's part of the shared window (one copy per host)", t->rank);
   return DT_OK;
 }
@@ -754,7 +848,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     DT_CHECK(check_settings(t));
     DT_CHECK(share_memory(t));
     /* one copy per host: rank 0 put its parameters there, the barrier says so */
-    rc = t->shared_params ? dt_comm_barrier(t->comm)
+    rc = t->shared ? dt_comm_barrier(t->comm)
                           : dt_comm_broadcast(t->comm, dt_model_params(t->model),
                                               dt_model_param_count(t->model), DT_F32, 0);
     if (rc != DT_OK)
@@ -836,7 +930,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     uint64_t off = 0;
     for (int m = 0; m < k; m++) {
       uint64_t nm = b.n / (uint64_t)k + ((uint64_t)m < b.n % (uint64_t)k);
-      t->armed = (m == k - 1) && t->world > 1;
+      t->armed = (m == k - 1) && t->world > 1 && !t->shared;
       if (nm == 0)
         continue;
       /* dropout masks depend only on (seed, step, micro-batch, rank) */
@@ -854,7 +948,9 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     double loss = wloss;
     int64_t span = 0, gather_wait = 0; /* collectives in flight; waiting after the update */
     float lr = dt_lr_at(&t->sched, step);
-    if (t->zero) {
+    if (t->shared) {
+      DT_CHECK_GOTO(finish_shared(t, wloss, &loss), rc, fail);
+    } else if (t->zero) {
       DT_CHECK_GOTO(finish_block_sums(t, wloss, &loss), rc, fail);
     } else if (t->world > 1) {
       t->loss_buf[0] = wloss;
@@ -864,7 +960,12 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       loss = t->loss_buf[0];
     }
     int64_t s3 = dt_now_ns();
-    if (t->zero) {
+    if (t->shared) {
+      /* the gradients are summed inside the update: the span is the whole exchange */
+      DT_CHECK_GOTO(update_shared(t, lr), rc, fail);
+      span = dt_now_ns() - s2;
+      gather_wait = t->ag_wait_ns;
+    } else if (t->zero) {
       DT_CHECK_GOTO(update_blocks(t, lr), rc, fail);
       span = t->rs_span_ns + t->ag_span_ns;
       gather_wait = t->ag_wait_ns;
@@ -1097,6 +1198,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt__free(t.bk_lo);
   dt__free(t.bk_c);
   dt__free(t.ag);
+  dt__free(t.grads_of);
   dt__free(t.small);
   dt_comm_destroy(t.comm);
   return rc;
