@@ -159,6 +159,9 @@ float dt_clip_grad_norm(float *grads, size_t count, float max_norm);
  * buffer (in double), and the factor dt_clip_grad_norm multiplies by when the squares of the
  * whole gradient sum to sumsq (1 when no clipping is needed or max_norm <= 0). */
 double dt_grad_sumsq(const float *grads, size_t count);
+/* dt_grad_sumsq of (grads[0] + ... + grads[n-1]), summed as dt_optim_step_range_sum sums them
+ * and never written out (n >= 1). */
+double dt_grad_sumsq_of_sum(const float *const *grads, int n, size_t count);
 float dt_clip_factor(double sumsq, float max_norm);
 
 /* Compute threads for models created from now on (n >= 1, default 1); process-wide. Also sets

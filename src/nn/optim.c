@@ -202,8 +202,20 @@ static void update_span(const upd_job *j, const float *g, size_t a, size_t n) {
     adamw_update(o, o->lr, j->p + a, g, j->s0 + a, j->s1 + a, n);
 }
 
-/* Floats of a summed gradient at a time: 2 KiB, in L1 until the update reads it. */
+/* Floats of a summed gradient at a time: 2 KiB, in L1 until it is used. */
 #define SUM_CHUNK 512
+
+/* g[0 .. m) = (sum[0] + ... + sum[n-1])[c .. c + m), left to right. */
+static void sum_chunk(float *g, const float *const *sum, int n, size_t c, size_t m) {
+  const float *s = sum[0] + c;
+  for (size_t i = 0; i < m; i++)
+    g[i] = s[i];
+  for (int k = 1; k < n; k++) {
+    s = sum[k] + c;
+    for (size_t i = 0; i < m; i++)
+      g[i] += s[i];
+  }
+}
 
 static void update_part(upd_job *j, size_t a, size_t b) {
   if (a >= b)
@@ -215,14 +227,7 @@ static void update_part(upd_job *j, size_t a, size_t b) {
   float g[SUM_CHUNK];
   for (size_t c = a; c < b; c += SUM_CHUNK) {
     size_t m = b - c < SUM_CHUNK ? b - c : SUM_CHUNK;
-    const float *s = j->sum[0] + c;
-    for (size_t i = 0; i < m; i++)
-      g[i] = s[i];
-    for (int k = 1; k < j->nsum; k++) {
-      s = j->sum[k] + c;
-      for (size_t i = 0; i < m; i++)
-        g[i] += s[i];
-    }
+    sum_chunk(g, j->sum, j->nsum, c, m);
     if (j->scale != 1.0f)
       for (size_t i = 0; i < m; i++)
         g[i] *= j->scale;
@@ -333,6 +338,18 @@ double dt_grad_sumsq(const float *g, size_t n) {
   double s = 0.0;
   for (size_t i = 0; i < n; i++)
     s += (double)g[i] * g[i];
+  return s;
+}
+
+double dt_grad_sumsq_of_sum(const float *const *grads, int n, size_t count) {
+  float g[SUM_CHUNK];
+  double s = 0.0;
+  for (size_t c = 0; c < count; c += SUM_CHUNK) {
+    size_t m = count - c < SUM_CHUNK ? count - c : SUM_CHUNK;
+    sum_chunk(g, grads, n, c, m);
+    for (size_t i = 0; i < m; i++)
+      s += (double)g[i] * g[i];
+  }
   return s;
 }
 

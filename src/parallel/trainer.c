@@ -394,27 +394,11 @@ static dt_status update_blocks(trainer *t, float lr) {
  * squares, and one more f64 allreduce. With 2 workers every sum is the reduce-scatter's, bit
  * for bit. */
 
-/* Sum of squares of this rank's blocks of the summed gradient, as dt_grad_sumsq would give it on
- * the summed blocks. */
-static double shared_sumsq(trainer *t) {
-  double sq = 0;
-  float buf[512];
-  for (size_t b = 0; b < t->nbk; b++) {
-    size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
-    double s = 0;
-    for (size_t c = 0; c < t->bk_c[b]; c += 512) {
-      size_t m = DT_MIN((size_t)512, t->bk_c[b] - c);
-      for (size_t i = 0; i < m; i++)
-        buf[i] = t->grads_of[0][lo + c + i];
-      for (int q = 1; q < t->world; q++)
-        for (size_t i = 0; i < m; i++)
-          buf[i] += t->grads_of[q][lo + c + i];
-      for (size_t i = 0; i < m; i++)
-        s += (double)buf[i] * buf[i];
-    }
-    sq += s;
-  }
-  return sq;
+/* Points blk at this rank's block of bucket b in every rank's gradients. */
+static void block_sources(trainer *t, size_t b) {
+  size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
+  for (int q = 0; q < t->world; q++)
+    t->blk[q] = t->grads_of[q] + lo;
 }
 
 /* After backward: sums loss and tail across ranks (every rank's gradients are then final) and,
@@ -434,7 +418,11 @@ static dt_status finish_shared(trainer *t, double wloss, double *loss) {
     g[t->tail_lo + k] = (float)t->small[2 + k];
   t->clip_f = 1.0f;
   if (t->cfg->clip > 0) {
-    double sq = shared_sumsq(t);
+    double sq = 0; /* per block, as finish_block_sums adds them */
+    for (size_t b = 0; b < t->nbk; b++) {
+      block_sources(t, b);
+      sq += dt_grad_sumsq_of_sum(t->blk, t->world, t->bk_c[b]);
+    }
     rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, &sq, 1, DT_F64, DT_SUM);
     if (rc != DT_OK)
       return dt__error_prefix(rc, "gradient norm allreduce");
@@ -452,9 +440,7 @@ static dt_status update_shared(trainer *t, float lr) {
   DT_CHECK(dt_optim_begin_step(t->optim, lr));
   dt_status rc = DT_OK;
   for (size_t b = 0; b < t->nbk && rc == DT_OK; b++) {
-    size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
-    for (int q = 0; q < t->world; q++)
-      t->blk[q] = t->grads_of[q] + lo;
+    block_sources(t, b);
     rc = dt_optim_step_range_sum(t->optim, b, t->blk, t->world, t->clip_f);
   }
   if (rc == DT_OK && tail_count(t) > 0 && t->rank == 0)

@@ -6,7 +6,8 @@
  * threads (the second range is long enough to be split across them); one rank passes each
  * gradient as a scaled sum of three arrays (dt_optim_step_range_sum). Also: bad ranges, the
  * step protocol, state sizes and offsets, dt_model_grad_segments against the ranges the hook
- * really reports, and clipping split into dt_grad_sumsq + dt_clip_factor. */
+ * really reports, and clipping split into dt_grad_sumsq (or dt_grad_sumsq_of_sum) +
+ * dt_clip_factor. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -264,6 +265,21 @@ static void test_clip_pieces(void **s) {
   assert_true(dt_clip_factor(sq, 10.0f) == 1.0f);
   assert_true(dt_clip_factor(sq, 0.0f) == 1.0f);
   assert_true(dt_clip_factor(0.0, 1.0f) == 1.0f);
+  /* the squares of a sum of arrays never written out (2.5 chunks): those of the written sum */
+  enum { N = 1300 };
+  static float p0[N], p1[N], p2[N], sum[N];
+  for (size_t i = 0; i < N; i++) {
+    p0[i] = part_at(1, i, 0);
+    p1[i] = part_at(1, i, 1);
+    p2[i] = part_at(1, i, 2);
+    sum[i] = p0[i];
+    sum[i] += p1[i];
+    sum[i] += p2[i];
+  }
+  const float *parts[3] = {p0, p1, p2};
+  assert_true(dt_grad_sumsq_of_sum(parts, 3, N) == dt_grad_sumsq(sum, N));
+  assert_true(dt_grad_sumsq_of_sum(parts, 1, N) == dt_grad_sumsq(p0, N));
+  assert_true(dt_grad_sumsq_of_sum(parts, 3, 0) == 0.0);
 }
 
 int main(void) {
