@@ -124,9 +124,11 @@ dt_status dt_comm_barrier(dt_comm *c);
  * every rank when any rank could not map it (a full /dev/shm). */
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 /* Rank `rank`'s part of the window as this process maps it (every rank's part is mapped in every
- * rank), or NULL without a window or for a rank outside the communicator. Not collective. The
- * caller orders its reads and writes of other ranks' parts (a barrier, a collective), and must
- * leave alone the range of a window collective in flight. */
+ * rank), or NULL without a window or for a rank outside the communicator. The parts lie back to
+ * back in rank order, as MPI_Win_allocate_shared's do by default: part(r + 1) - part(r) is the
+ * same for every r and at least `bytes`, so the size parts can be used as one arena. Not
+ * collective. The caller orders its reads and writes of other ranks' parts (a barrier, a
+ * collective), and must leave alone the range of a window collective in flight. */
 void *dt_comm_window_part(const dt_comm *c, int rank);
 
 /* Point to point. Not collective: the peer must make the matching call with the same count,

@@ -378,9 +378,8 @@ static dt_status update_blocks(trainer *t, float lr) {
 
 /* ---- one copy per host ---------------------------------------------------------------------
  *
- * Where the workers share a window (share_memory), rank 0's part holds the one copy of the
- * parameters that every worker's model uses, and every worker's gradients lie in its own part,
- * where the others can read them. Then a step sends nothing: after backward the workers sum the
+ * Where the workers share a window (share_memory), it holds the one copy of the parameters that
+ * every worker's model uses, and every worker's gradients, where the others can read them. Then a step sends nothing: after backward the workers sum the
  * loss and the tail (the one small f64 allreduce, which also says that every worker's backward
  * is done and its gradients are in place); each worker then updates its blocks of the one copy
  * from the sum over workers of their gradients, in rank order, added up a few KiB at a time
@@ -784,8 +783,9 @@ typedef struct interval {
 
 /* Moves the gradients into the communicator's shared window when it has one (shm: every worker
  * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). With the
- * sharded optimizer the parameters go there too, as one copy per host in rank 0's part (see
- * "one copy per host"), and the workers' caches and memory carry one copy instead of one each
+ * sharded optimizer the parameters go there too, as one copy per host (see "one copy per host"):
+ * the window's parts, back to back, hold every rank's gradients and then the one copy, (n + 1)
+ * arenas in all, and the workers' caches and memory carry one copy instead of one each
  * (docs/ZERO.md). A transport without a window, or a window that could not be made (a full
  * /dev/shm: the same answer on every rank), leaves everything where it is. DTRAIN_WINDOW=0 keeps
  * it private (for comparisons). Measured in docs/BENCHMARKS.md. */
@@ -796,9 +796,10 @@ static dt_status share_memory(trainer *t) {
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_WINDOW=%s: 1 (the default) or 0", e);
     return DT_OK;
   }
-  size_t arena = (dt_model_param_count(t->model) * sizeof(float) + 63) / 64 * 64;
+  size_t arena = (dt_model_param_count(t->model) * sizeof(float) + 63) / 64 * 64, n = (size_t)t->world;
+  /* sharded: the parts back to back hold n gradient arenas and then the one copy */
   void *w = NULL;
-  dt_status rc = dt_comm_window(t->comm, t->zero ? 2 * arena : arena, &w);
+  dt_status rc = dt_comm_window(t->comm, t->zero ? ((n + 1) * arena + n - 1) / n : arena, &w);
   if (rc == DT_ERR_UNSUPPORTED)
     return DT_OK;
   if (rc != DT_OK) {
@@ -807,18 +808,19 @@ static dt_status share_memory(trainer *t) {
   }
   if (!t->zero)
     return dt_model_use_memory(t->model, NULL, w);
-  float *one = (float *)((char *)dt_comm_window_part(t->comm, 0) + arena);
-  DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, w));
-  if (t->rank != 0)
-    DT_CHECK(dt_model_share_params(t->model, one));
-  t->grads_of = dt__alloc(2 * (size_t)t->world * sizeof *t->grads_of);
+  char *base = dt_comm_window_part(t->comm, 0);
+  float *one = (float *)(base + n * arena);
+  t->grads_of = dt__alloc(2 * n * sizeof *t->grads_of);
   if (!t->grads_of)
     return dt_set_error(DT_ERR_NOMEM, "%d gradient pointers", t->world);
-  t->blk = t->grads_of + t->world;
-  for (int q = 0; q < t->world; q++)
-    t->grads_of[q] = dt_comm_window_part(t->comm, q);
+  t->blk = t->grads_of + n;
+  for (size_t q = 0; q < n; q++)
+    t->grads_of[q] = (const float *)(base + q * arena);
+  DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, (float *)t->grads_of[t->rank]));
+  if (t->rank != 0)
+    DT_CHECK(dt_model_share_params(t->model, one));
   t->shared = 1;
-  DT_LOG_DEBUG("rank %d: parameters in rank 0's part of the shared window (one copy per host)", t->rank);
+  DT_LOG_DEBUG("rank %d: parameters: one copy per host, in the shared window", t->rank);
   return DT_OK;
 }
 

@@ -5,7 +5,8 @@
  *     that are not line-aligned; blocking and several nonblocking calls in flight on disjoint
  *     ranges; the window outside each range keeps what the caller wrote there, and every rank
  *     ends with the same bits;
- *   - dt_comm_window_part: every rank's part is reachable from every rank; none without a window;
+ *   - dt_comm_window_part: every rank's part is reachable from every rank, all back to back; none
+ *     without a window;
  *   - a buffer outside the window (below or above its mapping, or not in place) still takes the
  *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
@@ -185,6 +186,11 @@ static int body_results(int rank, int size, void *arg) {
   CHECK(dt_comm_window_part(c, rank) == w, "own part %p, window %p", dt_comm_window_part(c, rank), (void *)w);
   CHECK(!dt_comm_window_part(c, -1) && !dt_comm_window_part(c, size) && !dt_comm_window_part(NULL, 0),
         "a part for no rank");
+  /* back to back, in rank order */
+  uint8_t *p0 = dt_comm_window_part(c, 0), *p1 = dt_comm_window_part(c, 1);
+  CHECK(p1 - p0 >= WBYTES, "parts %td bytes apart, smaller than the window's %d", p1 - p0, (int)WBYTES);
+  for (int r = 1; r < size; r++)
+    CHECK((uint8_t *)dt_comm_window_part(c, r) == p0 + (size_t)r * (size_t)(p1 - p0), "part %d not back to back", r);
   int *next = dt_comm_window_part(c, (rank + 1) % size);
   CHECK(next && (uint8_t *)next != w, "rank %d's part: %p", (rank + 1) % size, (void *)next);
   CHECK(dt_comm_barrier(c) == DT_OK, "barrier: %s", dt_last_error());

@@ -229,7 +229,7 @@ static void group_window(void) {
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
   }
   /* sharded, every rank works on rank 0's copy of the parameters; not without sharding */
-  const char *one = "parameters in rank 0's part of the shared window";
+  const char *one = "parameters: one copy per host";
   int k = debug_lines(3, "", "--threads 1", one);
   CHECK(k == 3, "3 workers: %d said they use the one copy", k);
   k = debug_lines(2, "", "--threads 1 --zero 0", one);
