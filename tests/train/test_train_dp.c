@@ -20,7 +20,8 @@
  *             bit for bit); every rank says it uses the one copy (not with --zero 0); DTRAIN_WINDOW=2 is refused, naming it; with a
  *             /dev/shm too small for the window but not for the transport (a 24 MiB tmpfs in a
  *             mount namespace of its own; root only, else skipped with a note) the job warns
- *             that the gradients stay private and trains anyway */
+ *             that the gradients stay private and trains anyway; with one just large enough
+ *             for the gradients of both workers and one copy of the parameters, the window fits */
 #include <sched.h>
 
 #include "train_test.h"
@@ -252,6 +253,16 @@ static void group_window(void) {
   CHECK(r.code == 0, "small /dev/shm: exit %d: %s", r.code, r.err);
   CHECK(strstr(r.err, "gradients stay private") && strstr(r.err, "/dev/shm"), "small /dev/shm: no warning: %s",
         r.err);
+  tt_result_free(&r);
+  /* 60 MiB: room for the segment and 3 arenas of 16.4 MiB (2 workers' gradients and the one copy
+   * of the parameters), not for 4 (a parameter copy per worker) */
+  r = tt_run(dir, 300, "unshare -m sh -c 'mount -t tmpfs -o size=60m tmpfs /dev/shm && exec env DTRAIN_LOG=debug %s run "
+             "-n 2 -- %s train --data %s --model in=1x8x8,linear:2048,relu,linear:2048,relu,linear:4 --batch 30 "
+             "--threads 1 --max-steps 3 --out %s/midshm'",
+             tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code == 0, "60 MiB /dev/shm: exit %d: %s", r.code, r.err);
+  CHECK(!strstr(r.err, "gradients stay private") && strstr(r.err, "parameters: one copy per host"),
+        "60 MiB /dev/shm: the window did not fit 3 arenas: %s", r.err);
   tt_result_free(&r);
 }
 
