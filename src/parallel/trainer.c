@@ -379,19 +379,19 @@ static dt_status update_blocks(trainer *t, float lr) {
 /* ---- one copy per host ---------------------------------------------------------------------
  *
  * Where the workers share a window (share_memory), it holds the one copy of the parameters that
- * every worker's model uses, and every worker's gradients, where the others can read them. Then a step sends nothing: after backward the workers sum the
- * loss and the tail (the one small f64 allreduce, which also says that every worker's backward
- * is done and its gradients are in place); each worker then updates its blocks of the one copy
- * from the sum over workers of their gradients, in rank order, added up a few KiB at a time
- * inside the update (dt_optim_step_range_sum) and never written out; rank 0 alone updates the
- * tail; and a barrier ends the step: nobody reads a parameter of the next step before every
- * block is written, nor overwrites its gradients (next backward) while another worker may still
- * be reading them. Against reduce-scatter + allgather in the window, each worker moves 2.5x its
- * block's bytes fewer per step (it neither writes the summed block nor reads it back, nor copies
- * its block to the others) and the ranks meet twice a step instead of once per bucket and
- * twice more. --clip needs the global norm first: one more pass summing the blocks for their
- * squares, and one more f64 allreduce. With 2 workers every sum is the reduce-scatter's, bit
- * for bit. */
+ * every worker's model uses, and every worker's gradients, where the others can read them. Then
+ * a step sends nothing:
+ *   - after backward the workers sum the loss and the tail in the one small f64 allreduce, whose
+ *     completion also says that every worker's backward is done and its gradients are in place;
+ *   - each worker updates its blocks of the one copy from the sum over workers of their
+ *     gradients, in rank order, added up a few KiB at a time inside the update
+ *     (dt_optim_step_range_sum) and never written out; rank 0 alone updates the tail;
+ *   - a barrier ends the step: nobody reads a parameter of the next step before every block is
+ *     written, nor overwrites its gradients (next backward) while another may still read them.
+ * Against reduce-scatter + allgather in the window, no summed block is written out and read
+ * back, nothing is copied to the others, and the ranks meet twice a step instead of five times
+ * (mlp). --clip needs the global norm first: one more pass summing the blocks for their squares,
+ * and one more f64 allreduce. With 2 workers every sum is the reduce-scatter's, bit for bit. */
 
 /* Points blk at this rank's block of bucket b in every rank's gradients. */
 static void block_sources(trainer *t, size_t b) {
