@@ -179,7 +179,6 @@ static void group_kill(void) {
   CHECK(model_diff("res", "full") == 0, "parameters differ");
 }
 
-/* Number of "bound to" lines (comm/bind.c's debug message) a 2-worker run logs. */
 /* Debug lines holding `needle` from a short job of `n` workers (env and flags added). */
 static int debug_lines(int n, const char *env, const char *flags, const char *needle) {
   tt_result r = tt_run(dir, 300, "env DTRAIN_LOG=debug %s %s run -n %d -- %s train --data %s --model '" TINY_MODEL
@@ -193,6 +192,7 @@ static int debug_lines(int n, const char *env, const char *flags, const char *ne
   return k;
 }
 
+/* Number of "bound to" lines (comm/bind.c's debug message) a 2-worker run logs. */
 static int bound_lines(const char *env, int threads) {
   char flags[32];
   snprintf(flags, sizeof flags, "--threads %d", threads);
