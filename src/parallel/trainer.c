@@ -74,7 +74,8 @@ typedef struct trainer {
   dt_request **ag;             /* this step's parameter allgathers, one per bucket */
   /* one copy per host (shm window): every rank's gradient arena, block sources, clip factor */
   int shared;                  /* set by share_memory */
-  const float **grads_of, **blk;
+  float **grads_of;            /* [n]: rank q's gradients */
+  const float **blk;           /* [n]: this rank's block of one bucket in each */
   float clip_f;
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
 } trainer;
@@ -810,13 +811,13 @@ static dt_status share_memory(trainer *t) {
     return dt_model_use_memory(t->model, NULL, w);
   char *base = dt_comm_window_part(t->comm, 0);
   float *one = (float *)(base + n * arena);
-  t->grads_of = dt__alloc(2 * n * sizeof *t->grads_of);
-  if (!t->grads_of)
+  t->grads_of = dt__alloc(n * sizeof *t->grads_of);
+  t->blk = dt__alloc(n * sizeof *t->blk);
+  if (!t->grads_of || !t->blk)
     return dt_set_error(DT_ERR_NOMEM, "%d gradient pointers", t->world);
-  t->blk = t->grads_of + n;
   for (size_t q = 0; q < n; q++)
-    t->grads_of[q] = (const float *)(base + q * arena);
-  DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, (float *)t->grads_of[t->rank]));
+    t->grads_of[q] = (float *)(base + q * arena);
+  DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, t->grads_of[t->rank]));
   if (t->rank != 0)
     DT_CHECK(dt_model_share_params(t->model, one));
   t->shared = 1;
@@ -1187,6 +1188,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt__free(t.bk_c);
   dt__free(t.ag);
   dt__free(t.grads_of);
+  dt__free(t.blk);
   dt__free(t.small);
   dt_comm_destroy(t.comm);
   return rc;

@@ -17,11 +17,13 @@
  *   window    the default (gradients in the shared window, sharded optimizer, one copy of the
  *             parameters per host that every rank updates its blocks of) against private buffers
  *             (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers: the same parameters (2:
- *             bit for bit); every rank says it uses the one copy (not with --zero 0); DTRAIN_WINDOW=2 is refused, naming it; with a
- *             /dev/shm too small for the window but not for the transport (a 24 MiB tmpfs in a
- *             mount namespace of its own; root only, else skipped with a note) the job warns
- *             that the gradients stay private and trains anyway; with one just large enough
- *             for the gradients of both workers and one copy of the parameters, the window fits */
+ *             bit for bit); every rank says it uses the one copy (not with --zero 0); a peer
+ *             stopped mid-job makes rank 0 fail within the deadline, naming the step's allreduce
+ *             and rank 1; DTRAIN_WINDOW=2 is refused, naming it; with a /dev/shm too small for
+ *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
+ *             own; root only, else skipped with a note) the job warns that the gradients stay
+ *             private and trains anyway; with one just large enough for the gradients of both
+ *             workers and one copy of the parameters, the window fits */
 #include <sched.h>
 
 #include "train_test.h"
@@ -229,7 +231,15 @@ static void group_window(void) {
     CHECK(n == 2 ? d1 == 0 && d0 == 0 : d1 <= 1e-5 && d0 <= 1e-5,
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
   }
-  /* sharded, every rank works on rank 0's copy of the parameters; not without sharding */
+  /* a peer stopped in a step on the one copy: rank 0 names the loss allreduce and rank 1 */
+  tt_result st = tt_run(dir, 300, "env DTRAIN_TIMEOUT_MS=2000 %s run -n 2 --inject-fault 'stop:rank=1,step=3' -- %s train "
+                        "--data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 10 --out %s/stopped",
+                        tt_bin(), tt_bin(), data, dir);
+  CHECK(st.code != 0 && strstr(st.err, "rank 0 failed first") && strstr(st.err, "loss and gradient tail allreduce") &&
+            strstr(st.err, "waiting for rank 1"),
+        "stopped peer: exit %d: %s", st.code, st.err);
+  tt_result_free(&st);
+  /* sharded, every rank works on the one copy of the parameters; not without sharding */
   const char *one = "parameters: one copy per host";
   int k = debug_lines(3, "", "--threads 1", one);
   CHECK(k == 3, "3 workers: %d said they use the one copy", k);
