@@ -21,7 +21,11 @@
  *                 flipped, default; mode=truncate: cut to half, a torn write)
  * Keys: rank=R|any (default 0), step=S|A-B (default 0; a range picks one step with the seed),
  *       gen=G|any (restart generation it fires in, DTRAIN_RESTART_COUNT; default 0, so a fault
- *       does not fire again in the job that recovers from it).
+ *       does not fire again in the job that recovers from it); kill, stop and exit also take
+ *       at=start|update (default start: at the top of the step; update: once the step's
+ *       gradients are summed across the workers, before this worker's optimizer update, the
+ *       point where, with one copy of the parameters per host, the others have started
+ *       updating theirs).
  * "any" and ranges are drawn from seed=N (default 1) identically on every worker, so exactly
  * one worker is chosen. Example: "kill:rank=any,step=3-9;seed=7".
  * Every fault that fires writes one line to stderr first:
@@ -38,11 +42,19 @@
 extern "C" {
 #endif
 
+/* Where in a step a fault fires (at= in the spec). */
+typedef enum dt_fault_at { DT_FAULT_AT_START = 0, DT_FAULT_AT_UPDATE = 1 } dt_fault_at;
+
 /* Applies the faults of DTRAIN_FAULTS due at this step (this worker's rank from DTRAIN_RANK,
  * RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID; world size likewise). Returns DT_ERR_INVALID
  * with the detail naming the bad item if DTRAIN_FAULTS is malformed (checked once, at the
  * first call); kill, stop and exit do not return. Thread-safe. */
 dt_status dt_fault_step(int64_t step);
+
+/* The same at a given point of the step: dt_fault_step(s) is dt_fault_point(s,
+ * DT_FAULT_AT_START); a training loop calls dt_fault_point(s, DT_FAULT_AT_UPDATE) just before
+ * its optimizer update. Faults without at= fire at the start. */
+dt_status dt_fault_point(int64_t step, dt_fault_at at);
 
 /* Checks a spec without applying it (what `dtrain run --inject-fault` does before starting
  * anything): DT_OK, or DT_ERR_INVALID with the detail. world_size bounds rank=R. */

@@ -168,8 +168,11 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
       return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
     }
   }
-  char msg[1100];
-  snprintf(msg, sizeof msg, "rank %d: %s", c->world_ranks ? c->world_ranks[c->rank] : c->rank, dt_last_error());
+  /* The verdict names the failing rank first, once (a collective's detail already does). */
+  char msg[1100], who[32];
+  snprintf(who, sizeof who, "rank %d: ", c->world_ranks ? c->world_ranks[c->rank] : c->rank);
+  const char *detail = dt_last_error();
+  snprintf(msg, sizeof msg, "%s%s", strncmp(detail, who, strlen(who)) ? who : "", detail);
   dt__health_raise(c->health, msg);
   return st;
 }

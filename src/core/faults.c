@@ -24,6 +24,7 @@
 #define FAULT_MAX_ITEMS 16
 #define FAULT_ANY (-1)
 
+/* kill, stop and exit first: the kinds that take at= (kind <= F_EXIT) */
 typedef enum { F_KILL, F_STOP, F_EXIT, F_DELAY, F_CLOSE, F_CORRUPT, F_DROP, F_KINDS } fault_kind;
 static const char *const fault_names[F_KINDS] = {"kill", "stop", "exit", "delay", "close", "corrupt-ckpt", "drop"};
 
@@ -38,6 +39,7 @@ typedef struct fault_item {
   int64_t ms, code;
   int64_t count, ppm;      /* drop: messages to drop (0: all from the step on), probability */
   bool truncate;
+  dt_fault_at at;          /* kill, stop, exit: where in the step (at=) */
   char dir[512];
   atomic_bool fired;
 } fault_item;
@@ -117,19 +119,21 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): '%.*s' is not KEY=VALUE", idx, fault_names[it->kind], (int)n, s);
   size_t kn = (size_t)(eq - s), vn = n - kn - 1;
   const char *v = eq + 1;
-  static const char *const keys[] = {"rank", "step", "gen", "ms", "code", "dir", "mode", "count", "p"};
+  static const char *const keys[] = {"rank", "step", "gen", "ms", "code", "dir", "mode", "count", "p", "at"};
   int k = -1;
   for (int i = 0; i < (int)DT_ARRAY_LEN(keys); i++)
     if (strlen(keys[i]) == kn && !memcmp(keys[i], s, kn))
       k = i;
   /* Which kinds take which keys beyond rank/step/gen. */
   bool ok_for_kind = k >= 0 && (k <= 2 || (k == 3 && it->kind == F_DELAY) || (k == 4 && it->kind == F_EXIT) ||
-                                ((k == 5 || k == 6) && it->kind == F_CORRUPT) || (k >= 7 && it->kind == F_DROP));
+                                ((k == 5 || k == 6) && it->kind == F_CORRUPT) || ((k == 7 || k == 8) && it->kind == F_DROP) ||
+                                (k == 9 && it->kind <= F_EXIT));
   if (!ok_for_kind)
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): unknown key '%.*s' (keys: rank, step, gen%s)", idx,
                      fault_names[it->kind], (int)kn, s,
-                     it->kind == F_DELAY ? ", ms" : it->kind == F_EXIT ? ", code" : it->kind == F_CORRUPT ? ", dir, mode"
+                     it->kind == F_DELAY ? ", ms" : it->kind == F_EXIT ? ", code, at" : it->kind == F_CORRUPT ? ", dir, mode"
                      : it->kind == F_DROP    ? ", count, p"
+                     : it->kind <= F_STOP    ? ", at"
                                              : "");
   if (*seen & (1u << k))
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): key '%s' given twice", idx, fault_names[it->kind], keys[k]);
@@ -179,12 +183,20 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
   case 8:
     good = fault_prob(v, vn, &it->ppm);
     break;
+  case 9:
+    if (vn == 5 && !memcmp(v, "start", 5))
+      it->at = DT_FAULT_AT_START;
+    else if (vn == 6 && !memcmp(v, "update", 6))
+      it->at = DT_FAULT_AT_UPDATE;
+    else
+      good = false;
+    break;
   }
   if (!good) {
     static const char *const want[] = {"", "a step S or a range A-B", "a generation number or 'any'",
                                        "milliseconds 1..600000", "an exit code 0..255", "a directory",
                                        "flip or truncate", "a number of messages 1..2147483647",
-                                       "a probability 0 < p <= 1 (at most 6 decimals)"};
+                                       "a probability 0 < p <= 1 (at most 6 decimals)", "start or update"};
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): %s=%.*s must be %s", idx, fault_names[it->kind], keys[k], (int)vn,
                      v, want[k]);
   }
@@ -428,7 +440,9 @@ static void fault_corrupt(const fault_item *it, int64_t step) {
   fault_announce(it, step, extra);
 }
 
-dt_status dt_fault_step(int64_t step) {
+dt_status dt_fault_step(int64_t step) { return dt_fault_point(step, DT_FAULT_AT_START); }
+
+dt_status dt_fault_point(int64_t step, dt_fault_at at) {
   pthread_once(&fault_once, fault_init);
   if (fault_init_st)
     return dt_set_error(fault_init_st, "%s", fault_init_msg);
@@ -440,20 +454,23 @@ dt_status dt_fault_step(int64_t step) {
       continue;
     if (it->kind != F_DELAY && it->kind != F_DROP && step != it->step_lo)
       continue;
+    if (it->at != at)
+      continue;
     if (atomic_exchange(&it->fired, true))
       continue;
     char extra[160] = "";
+    const char *where = at == DT_FAULT_AT_UPDATE ? " - before its optimizer update" : "";
     switch (it->kind) {
     case F_KILL:
-      fault_announce(it, step, "");
+      fault_announce(it, step, where);
       kill(getpid(), SIGKILL);
       break;
     case F_STOP:
-      fault_announce(it, step, "");
+      fault_announce(it, step, where);
       kill(getpid(), SIGSTOP);
       break;
     case F_EXIT:
-      snprintf(extra, sizeof extra, " - exit code %lld", (long long)it->code);
+      snprintf(extra, sizeof extra, "%s - exit code %lld", where, (long long)it->code);
       fault_announce(it, step, extra);
       _exit((int)it->code);
     case F_DELAY:

@@ -949,6 +949,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       loss = t->loss_buf[0];
     }
     int64_t s3 = dt_now_ns();
+    DT_CHECK_GOTO(dt_fault_point(step, DT_FAULT_AT_UPDATE), rc, fail);
     if (t->shared) {
       /* the gradients are summed inside the update: the span is the whole exchange */
       DT_CHECK_GOTO(update_shared(t, lr), rc, fail);

@@ -128,7 +128,8 @@ static void test_parse_valid(void **state) {
   const char *ok[] = {"", "   ", "kill:rank=1,step=5", "stop:rank=any,step=3-9;seed=7", "exit:code=3",
                       "delay:ms=50,rank=0", "close:rank=2,step=1,gen=any", "corrupt-ckpt:dir=/tmp/x,mode=truncate",
                       "kill:rank=0 ; stop:rank=1,step=2", "seed=5;kill",
-                      "drop:rank=1,step=2", "drop:rank=any,step=1-4,count=3,p=0.25;seed=3", "drop:p=1", "drop:p=.5"};
+                      "drop:rank=1,step=2", "drop:rank=any,step=1-4,count=3,p=0.25;seed=3", "drop:p=1", "drop:p=.5",
+                      "stop:rank=1,step=3,at=update", "kill:at=start", "exit:code=2,at=update"};
   for (size_t i = 0; i < DT_ARRAY_LEN(ok); i++)
     if (dt_fault_validate(ok[i], 4) != DT_OK)
       fail_msg("'%s' should parse: %s", ok[i], dt_last_error());
@@ -162,6 +163,12 @@ static void test_parse_invalid(void **state) {
       {"drop:p=", "p= must be"},
       {"kill:count=1", "unknown key 'count'"},
       {"delay:ms=5,p=0.5", "unknown key 'p'"},
+      {"stop:at=end", "at=end must be start or update"},
+      {"kill:at=update,at=start", "given twice"},
+      {"delay:ms=5,at=update", "unknown key 'at'"},
+      {"drop:at=update", "unknown key 'at'"},
+      {"close:at=update", "unknown key 'at' (keys: rank, step, gen)"},
+      {"corrupt-ckpt:dir=/d,at=update", "unknown key 'at'"},
   };
   for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
     if (dt_fault_validate(bad[i].spec, 4) != DT_ERR_INVALID)

@@ -239,6 +239,16 @@ static void group_window(void) {
             strstr(st.err, "waiting for rank 1"),
         "stopped peer: exit %d: %s", st.code, st.err);
   tt_result_free(&st);
+  /* stopped once the gradients are summed, before its update: rank 0 waits in the barrier that
+   * ends the step, and names it and rank 1 */
+  st = tt_run(dir, 300, "env DTRAIN_TIMEOUT_MS=2000 %s run -n 2 --inject-fault 'stop:rank=1,step=3,at=update' -- %s "
+              "train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 10 --out %s/stopped2",
+              tt_bin(), tt_bin(), data, dir);
+  CHECK(st.code != 0 && strstr(st.err, "rank 1 stop at step 3 (generation 0") &&
+            strstr(st.err, "before its optimizer update") && strstr(st.err, "rank 0 failed first") &&
+            strstr(st.err, "waiting for every rank's parameter update") && strstr(st.err, "waiting for rank 1"),
+        "peer stopped before its update: exit %d: %s", st.code, st.err);
+  tt_result_free(&st);
   /* sharded, every rank works on the one copy of the parameters; not without sharding */
   const char *one = "parameters: one copy per host";
   int k = debug_lines(3, "", "--threads 1", one);
