@@ -131,13 +131,15 @@ typedef struct shm_flat {
   uint8_t data[];
 } shm_flat;
 #define SHM_FLAT_HDR 32
-/* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): up to 1 KiB of
- * halves. Measured (bench/dtypes, f16/bf16 against f32, old and new build alternated, 7 reps,
- * host in its fast state; bench/results/dtypes-2026-11-22-flat-widen-ab.txt): at 32 B-1 KiB f16
- * went from 0.92-0.96 to 0.96-1.11 of f32's bytes/s, bf16 from 0.91-0.96 to 0.95-1.04. Widening
- * whole pieces up to 4 KiB took 2-4 KiB down to 0.65-0.82 (the wait is shorter than the
- * widening), and widening only their first 512 elements gained nothing there. */
-#define SHM_FLAT_PRE 512
+/* Elements of a two-rank half-type flat piece widened ahead (shm_allreduce_flat): the first
+ * 2048, so a whole piece of the 4 KiB that choose() sends flat at n = 2 (a larger
+ * DTRAIN_SHM_FLAT piece reduces its rest from the halves). With the reduction of the widened
+ * piece and the other's halves written out per type (reduce.c's ZMIX: f32 + f16 -> f16), bf16/f32
+ * and f16/f32 in bytes/s, `bench/dtypes` medians of per-repetition ratios, 6 repetitions,
+ * 2026-11-23: 512 elements (the previous setting) 0.88 at 2 KiB and 0.92-0.96 at 4 KiB; 2048
+ * elements 1.14-1.16 and 1.09-1.21. Before that kernel (the generic mixed loop, type tests on
+ * every load) widening whole 4 KiB pieces had cost more than it saved (0.65-0.82). */
+#define SHM_FLAT_PRE 2048
 _Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
 typedef struct shm_slot {
@@ -995,9 +997,9 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
   const size_t per = t->h->flat_bytes / es;
   const size_t npieces = count ? (count + per - 1) / per : 1;
   const int n = t->n, div = op == DT_AVG ? n : 1;
-  /* Two ranks, half types: this rank's piece is widened to f32 while the other's is on its way,
-   * so only the other's conversion and the rounding are left once it is there (the same
-   * operations in rank order: the same bits as dt__reduce_many). */
+  /* Two ranks, half types: this rank's piece (its first SHM_FLAT_PRE elements) is widened to f32
+   * while the other's is on its way, so only the other's conversion and the rounding are left
+   * once it is there (the same operations in rank order: the same bits as dt__reduce_many). */
   float wide[SHM_FLAT_PRE];
   const bool ahead = n == 2 && (dt == DT_F16 || dt == DT_BF16);
   dt_status st = DT_OK;
@@ -1014,25 +1016,26 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
       shm_flat_copy(own->data, in + k * per * es, m * es);
     atomic_store_explicit(&own->g, g, memory_order_release);
     shm_ring_bell(t);
-    bool widened = ahead && m && m <= SHM_FLAT_PRE;
-    if (widened)
-      dt__to_f32(wide, in + k * per * es, m, dt);
+    size_t wn = ahead ? DT_MIN(m, (size_t)SHM_FLAT_PRE) : 0; /* widened ahead: [0, wn) */
+    if (wn)
+      dt__to_f32(wide, in + k * per * es, wn, dt);
     for (int r = 0; r < n; r++)
       if (r != t->rank)
         DT_CHECK_GOTO(shm_flat_wait(t, r, shm_flat_of(t, r, p), g, mine, fp, &deadline), st, fail);
     if (!m)
       continue;
-    if (widened) {
+    if (wn) {
       const void *peer = shm_flat_of(t, 1 - t->rank, p)->data;
       if (t->rank == 0)
-        dt__reduce_mix(out + k * per * es, dt, wide, DT_F32, peer, dt, m, op, div);
+        dt__reduce_mix(out + k * per * es, dt, wide, DT_F32, peer, dt, wn, op, div);
       else
-        dt__reduce_mix(out + k * per * es, dt, peer, dt, wide, DT_F32, m, op, div);
-      continue;
+        dt__reduce_mix(out + k * per * es, dt, peer, dt, wide, DT_F32, wn, op, div);
+      if (wn == m)
+        continue;
     }
     for (int r = 0; r < n; r++)
-      t->srcs[r] = shm_flat_of(t, r, p)->data;
-    dt__reduce_many(out + k * per * es, t->srcs, n, m, dt, op, div);
+      t->srcs[r] = shm_flat_of(t, r, p)->data + wn * es;
+    dt__reduce_many(out + (k * per + wn) * es, t->srcs, n, m - wn, dt, op, div);
   }
   return DT_OK;
 fail:
