@@ -561,6 +561,17 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
 #define ZB_NODIV(x) (x)
 #define ZB_DIV(x) _mm512_div_ps((x), vd)
 
+/* ZMIX_T's f32 + half -> half loop, in the operands' order (w: the f32 one, h: the half one). */
+#define ZMIX_WIDE(ZOP, LD, ST)                                                                    \
+  do {                                                                                            \
+    if (at == DT_F32)                                                                             \
+      for (; i + 16 <= n; i += 16)                                                                \
+        ST((uint16_t *)o + i, ZOP(_mm512_loadu_ps(w + i), LD(h + i)));                            \
+    else                                                                                          \
+      for (; i + 16 <= n; i += 16)                                                                \
+        ST((uint16_t *)o + i, ZOP(LD(h + i), _mm512_loadu_ps(w + i)));                            \
+  } while (0)
+
 /* out = (a op b) [/ div] over types (f32, f16, bf16), 16 at a time; returns elements done.
  * ZMIX: AVX-512F/BW; ZMIXB also rounds bf16 with AVX-512 BF16 where that is exact. */
 #define ZMIX_T(name, ZOP, TGTX, ST_BF16, ST2_BF16, ST_ANY)                                                                           \
@@ -605,25 +616,14 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
         ZB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, ZOP, ZB_NODIV, ST2_BF16); \
       for (; i + 16 <= n; i += 16)                                                                \
         ST_BF16((uint16_t *)o + i, ZOP(z_ld_bf16((const uint16_t *)a + i), z_ld_bf16((const uint16_t *)b + i))); \
-    } else if (ot == DT_F16 && ((at == DT_F32 && bt == DT_F16) || (at == DT_F16 && bt == DT_F32))) {   \
+    } else if (ot != DT_F32 && ((at == DT_F32 && bt == ot) || (at == ot && bt == DT_F32))) {     \
       /* a half piece widened ahead and the other rank's (shm flat): no type tests */            \
       const float *w = (const float *)(at == DT_F32 ? a : b);                                     \
       const uint16_t *h = (const uint16_t *)(at == DT_F32 ? b : a);                               \
-      if (at == DT_F32)                                                                           \
-        for (; i + 16 <= n; i += 16)                                                              \
-          z_st_f16((uint16_t *)o + i, ZOP(_mm512_loadu_ps(w + i), z_ld_f16(h + i)));              \
+      if (ot == DT_F16)                                                                           \
+        ZMIX_WIDE(ZOP, z_ld_f16, z_st_f16);                                                       \
       else                                                                                        \
-        for (; i + 16 <= n; i += 16)                                                              \
-          z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16(h + i), _mm512_loadu_ps(w + i)));              \
-    } else if (ot == DT_BF16 && ((at == DT_F32 && bt == DT_BF16) || (at == DT_BF16 && bt == DT_F32))) { \
-      const float *w = (const float *)(at == DT_F32 ? a : b);                                     \
-      const uint16_t *h = (const uint16_t *)(at == DT_F32 ? b : a);                               \
-      if (at == DT_F32)                                                                           \
-        for (; i + 16 <= n; i += 16)                                                              \
-          ST_BF16((uint16_t *)o + i, ZOP(_mm512_loadu_ps(w + i), z_ld_bf16(h + i)));              \
-      else                                                                                        \
-        for (; i + 16 <= n; i += 16)                                                              \
-          ST_BF16((uint16_t *)o + i, ZOP(z_ld_bf16(h + i), _mm512_loadu_ps(w + i)));              \
+        ZMIX_WIDE(ZOP, z_ld_bf16, ST_BF16);                                                       \
     } else {                                                                                      \
       for (; i + 16 <= n; i += 16)                                                                \
         ST_ANY(o, ot, i, ZOP(z_ld(a, at, i), z_ld(b, bt, i)));                                      \

@@ -112,6 +112,15 @@ static void fault_trim(const char **s, size_t *n) {
  * in dt_fault_validate, which a launcher calls before any worker thread exists. */
 static bool fault_check_ranks = true;
 
+/* 0 if v (vn bytes) is w0, 1 if it is w1, else -1. */
+static int fault_word(const char *v, size_t vn, const char *w0, const char *w1) {
+  if (vn == strlen(w0) && !memcmp(v, w0, vn))
+    return 0;
+  if (vn == strlen(w1) && !memcmp(v, w1, vn))
+    return 1;
+  return -1;
+}
+
 /* One "key=value" of item `idx` (1-based, for messages). `seen` tracks duplicates. */
 static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, unsigned *seen, int world) {
   const char *eq = memchr(s, '=', n);
@@ -169,28 +178,24 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     if (good)
       memcpy(it->dir, v, vn);
     break;
-  case 6:
-    if (vn == 4 && !memcmp(v, "flip", 4))
-      it->truncate = false;
-    else if (vn == 8 && !memcmp(v, "truncate", 8))
-      it->truncate = true;
-    else
-      good = false;
+  case 6: {
+    int w = fault_word(v, vn, "flip", "truncate");
+    it->truncate = w == 1;
+    good = w >= 0;
     break;
+  }
   case 7:
     good = fault_num(v, vn, &it->count) && it->count >= 1 && it->count <= INT32_MAX;
     break;
   case 8:
     good = fault_prob(v, vn, &it->ppm);
     break;
-  case 9:
-    if (vn == 5 && !memcmp(v, "start", 5))
-      it->at = DT_FAULT_AT_START;
-    else if (vn == 6 && !memcmp(v, "update", 6))
-      it->at = DT_FAULT_AT_UPDATE;
-    else
-      good = false;
+  case 9: {
+    int w = fault_word(v, vn, "start", "update");
+    it->at = w == 1 ? DT_FAULT_AT_UPDATE : DT_FAULT_AT_START;
+    good = w >= 0;
     break;
+  }
   }
   if (!good) {
     static const char *const want[] = {"", "a step S or a range A-B", "a generation number or 'any'",
