@@ -135,12 +135,14 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
       k = i;
   /* Which kinds take which keys beyond rank/step/gen. */
   bool ok_for_kind = k >= 0 && (k <= 2 || (k == 3 && it->kind == F_DELAY) || (k == 4 && it->kind == F_EXIT) ||
-                                ((k == 5 || k == 6) && it->kind == F_CORRUPT) || ((k == 7 || k == 8) && it->kind == F_DROP) ||
-                                (k == 9 && it->kind <= F_EXIT));
+                                ((k == 5 || k == 6) && it->kind == F_CORRUPT) ||
+                                ((k == 7 || k == 8) && it->kind == F_DROP) || (k == 9 && it->kind <= F_EXIT));
   if (!ok_for_kind)
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): unknown key '%.*s' (keys: rank, step, gen%s)", idx,
                      fault_names[it->kind], (int)kn, s,
-                     it->kind == F_DELAY ? ", ms" : it->kind == F_EXIT ? ", code, at" : it->kind == F_CORRUPT ? ", dir, mode"
+                     it->kind == F_DELAY     ? ", ms"
+                     : it->kind == F_EXIT    ? ", code, at"
+                     : it->kind == F_CORRUPT ? ", dir, mode"
                      : it->kind == F_DROP    ? ", count, p"
                      : it->kind <= F_STOP    ? ", at"
                                              : "");
