@@ -838,8 +838,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     DT_CHECK(share_memory(t));
     /* one copy per host: rank 0 put its parameters there, the barrier says so */
     rc = t->shared ? dt_comm_barrier(t->comm)
-                          : dt_comm_broadcast(t->comm, dt_model_params(t->model),
-                                              dt_model_param_count(t->model), DT_F32, 0);
+                   : dt_comm_broadcast(t->comm, dt_model_params(t->model), dt_model_param_count(t->model), DT_F32, 0);
     if (rc != DT_OK)
       return dt__error_prefix(rc, "broadcasting parameters from rank 0");
   }

@@ -18,8 +18,9 @@
  *             parameters per host that every rank updates its blocks of) against private buffers
  *             (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers: the same parameters (2:
  *             bit for bit); every rank says it uses the one copy (not with --zero 0); a peer
- *             stopped mid-job makes rank 0 fail within the deadline, naming the step's allreduce
- *             and rank 1; DTRAIN_WINDOW=2 is refused, naming it; with a /dev/shm too small for
+ *             stopped at a step's start makes rank 0 fail within the deadline, naming the step's
+ *             allreduce and rank 1, and one stopped before its update (at=update) the barrier that
+ *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it; with a /dev/shm too small for
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
  *             private and trains anyway; with one just large enough for the gradients of both
@@ -216,6 +217,13 @@ static void group_bind(void) {
   CHECK(n == 0, "--threads %d on %d CPU(s): %d rank(s) bound", ncpu, ncpu, n);
 }
 
+/* A 2-worker job with a 2 s deadline and fault `spec`. */
+static tt_result stopped_peer(const char *spec) {
+  return tt_run(dir, 300, "env DTRAIN_TIMEOUT_MS=2000 %s run -n 2 --inject-fault '%s' -- %s train --data %s --model '"
+                TINY_MODEL "' --batch 30 --threads 1 --max-steps 10 --out %s/stopped",
+                tt_bin(), spec, tt_bin(), data, dir);
+}
+
 static void group_window(void) {
   for (int n = 2; n <= 3; n++) {
     char a[32], b[32], c[32];
@@ -232,18 +240,14 @@ static void group_window(void) {
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
   }
   /* a peer stopped in a step on the one copy: rank 0 names the loss allreduce and rank 1 */
-  tt_result st = tt_run(dir, 300, "env DTRAIN_TIMEOUT_MS=2000 %s run -n 2 --inject-fault 'stop:rank=1,step=3' -- %s train "
-                        "--data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 10 --out %s/stopped",
-                        tt_bin(), tt_bin(), data, dir);
+  tt_result st = stopped_peer("stop:rank=1,step=3");
   CHECK(st.code != 0 && strstr(st.err, "rank 0 failed first") && strstr(st.err, "loss and gradient tail allreduce") &&
             strstr(st.err, "waiting for rank 1"),
         "stopped peer: exit %d: %s", st.code, st.err);
   tt_result_free(&st);
   /* stopped once the gradients are summed, before its update: rank 0 waits in the barrier that
    * ends the step, and names it and rank 1 */
-  st = tt_run(dir, 300, "env DTRAIN_TIMEOUT_MS=2000 %s run -n 2 --inject-fault 'stop:rank=1,step=3,at=update' -- %s "
-              "train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 10 --out %s/stopped2",
-              tt_bin(), tt_bin(), data, dir);
+  st = stopped_peer("stop:rank=1,step=3,at=update");
   CHECK(st.code != 0 && strstr(st.err, "rank 1 stop at step 3 (generation 0") &&
             strstr(st.err, "before its optimizer update") && strstr(st.err, "rank 0 failed first") &&
             strstr(st.err, "waiting for every rank's parameter update") && strstr(st.err, "waiting for rank 1") &&

@@ -137,8 +137,12 @@ typedef struct shm_flat {
  * piece and the other's halves written out per type (reduce.c's ZMIX: f32 + f16 -> f16), bf16/f32
  * and f16/f32 in bytes/s, `bench/dtypes` medians of per-repetition ratios, 6 repetitions,
  * 2026-11-23: 512 elements (the previous setting) 0.88 at 2 KiB and 0.92-0.96 at 4 KiB; 2048
- * elements 1.14-1.16 and 1.09-1.21. Before that kernel (the generic mixed loop, type tests on
- * every load) widening whole 4 KiB pieces had cost more than it saved (0.65-0.82). */
+ * elements 1.14-1.16 and 1.09-1.21 with the host in a slow state; in a fast one (old and new
+ * builds alternated) 2 KiB went from 0.86-0.89 to 1.15-1.18 and 4 KiB from 0.90-0.92 to 0.96, the
+ * wait there being shorter than widening 2048 elements. Widening only until the other's piece is
+ * there (256 at a time, polling its slot) was worse: 0.88-0.91 at 2-4 KiB. Before that kernel
+ * (the generic mixed loop, type tests on every load) widening whole 4 KiB pieces had cost more
+ * than it saved (0.65-0.82). */
 #define SHM_FLAT_PRE 2048
 _Static_assert(offsetof(shm_flat, data) == SHM_FLAT_HDR, "flat slot header is 32 bytes");
 
@@ -170,6 +174,7 @@ struct dt_transport {
   int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
   bool oversubscribed; /* more ranks on this host than CPUs this process may use */
   const void **srcs; /* [n]: the operands of one reduction, in the order they are reduced */
+  float *wide;       /* [SHM_FLAT_PRE], two ranks only: a half-type flat piece widened ahead */
   uint8_t *win_base;  /* the shared window: rank r's part at win_base + r * win_stride */
   size_t win_size, win_stride;
   uint64_t wins;      /* window collectives done (same on every rank) */
@@ -417,6 +422,7 @@ static void shm_destroy(dt_transport *t) {
   if (t->win_base)
     munmap(t->win_base, t->win_size);
   dt__free(t->srcs);
+  dt__free(t->wide);
   dt__free(t);
 }
 
@@ -569,7 +575,10 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->n = c->size;
   t->rank = c->rank;
   t->srcs = dt__calloc((size_t)t->n * sizeof *t->srcs);
-  if (!t->srcs) {
+  t->wide = t->n == 2 ? dt__alloc(SHM_FLAT_PRE * sizeof *t->wide) : NULL;
+  if (!t->srcs || (t->n == 2 && !t->wide)) {
+    dt__free(t->srcs);
+    dt__free(t->wide);
     dt__free(t);
     return DT_ERR_NOMEM;
   }
@@ -1000,8 +1009,8 @@ static dt_status shm_allreduce_flat(dt_transport *t, const void *sbuf, void *rbu
   /* Two ranks, half types: this rank's piece (its first SHM_FLAT_PRE elements) is widened to f32
    * while the other's is on its way, so only the other's conversion and the rounding are left
    * once it is there (the same operations in rank order: the same bits as dt__reduce_many). */
-  float wide[SHM_FLAT_PRE];
-  const bool ahead = n == 2 && (dt == DT_F16 || dt == DT_BF16);
+  float *wide = t->wide;
+  const bool ahead = wide && (dt == DT_F16 || dt == DT_BF16);
   dt_status st = DT_OK;
   for (size_t k = 0; k < npieces; k++) {
     uint64_t g = ++t->flats;
