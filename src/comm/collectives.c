@@ -334,27 +334,13 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   }
 }
 
-static void call_context(const dt_comm *c, const dt__fp *fp, char *buf, size_t n) {
-  char me[64], what[160];
-  dt__comm_peer_name(c, c->rank, me, sizeof me);
-  dt__fp_format(fp, what, sizeof what);
-  snprintf(buf, n, "%s: %s", me, what);
-}
-
 dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *k) {
-  char ctx[256];
-  dt_status st;
-  if (dt__comm_aborted(c)) {
-    st = dt__comm_abort_status(c);
-    call_context(c, &k->fp, ctx, sizeof ctx);
-    return dt__error_prefix(st, "%s", ctx);
-  }
-  st = exec_call(c, k);
+  if (dt__comm_aborted(c))
+    return dt__comm_call_error(c, &k->fp, dt__comm_abort_status(c));
+  dt_status st = exec_call(c, k);
   if (st == DT_OK)
     return DT_OK;
-  call_context(c, &k->fp, ctx, sizeof ctx);
-  dt__error_prefix(st, "%s", ctx);
-  return dt__comm_fail(c, st);
+  return dt__comm_fail(c, dt__comm_call_error(c, &k->fp, st));
 }
 
 /* The element offset into the shared window (dt_comm_window) of an in-place allreduce,

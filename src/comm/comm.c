@@ -151,6 +151,23 @@ dt_status dt__comm_abort_status(const dt_comm *c) {
   return dt_set_error(DT_ERR_ABORTED, "rank %d: job aborted: %s", c->rank, v[0] ? v : "(no reason given)");
 }
 
+/* msg past a leading "rank R: " that names this rank (as the transports and the abort status
+ * write it), so that the context a caller adds names the rank once. */
+static const char *comm_skip_self(const dt_comm *c, const char *msg) {
+  char me[32];
+  int k = snprintf(me, sizeof me, "rank %d: ", c->rank);
+  return strncmp(msg, me, (size_t)k) ? msg : msg + k;
+}
+
+dt_status dt__comm_call_error(const dt_comm *c, const dt__fp *fp, dt_status st) {
+  char me[64], what[160], detail[1024];
+  dt__comm_peer_name(c, c->rank, me, sizeof me);
+  dt__fp_format(fp, what, sizeof what);
+  const char *last = dt_last_error();
+  snprintf(detail, sizeof detail, "%s", last[0] ? comm_skip_self(c, last) : dt_strerror(st));
+  return dt_set_error(st, "%s: %s: %s", me, what, detail);
+}
+
 dt_status dt__comm_fail(dt_comm *c, dt_status st) {
   /* An abort we merely observed is not a new failure to publish. */
   if (st == DT_OK || st == DT_ERR_ABORTED || !c || !c->health)
@@ -163,7 +180,7 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
       dt__sleep_ns(5000000);
     if (dt__comm_aborted(c)) {
       char local[900], v[768] = "";
-      snprintf(local, sizeof local, "%s", dt_last_error());
+      snprintf(local, sizeof local, "%s", comm_skip_self(c, dt_last_error()));
       dt__health_verdict(c->health, v, sizeof v);
       return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
     }
@@ -674,6 +691,8 @@ dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, in
   dt__fp fp = {.seq = ++c->p2p_sent[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
   dt_status st = c->ops->sendrecv(c->tp, peer, buf, n, -1, NULL, 0, &fp, dt__comm_deadline(c));
   pthread_mutex_unlock(&c->lock);
+  if (st != DT_OK)
+    dt__comm_call_error(c, &fp, st);
   return dt__comm_fail(c, st);
 }
 
@@ -685,5 +704,7 @@ dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer
   dt__fp fp = {.seq = ++c->p2p_recvd[peer], .count = count, .coll = DT_COLL_SEND, .dtype = (uint8_t)t, .root = tag};
   dt_status st = c->ops->sendrecv(c->tp, -1, NULL, 0, peer, buf, n, &fp, dt__comm_deadline(c));
   pthread_mutex_unlock(&c->lock);
+  if (st != DT_OK)
+    dt__comm_call_error(c, &fp, st);
   return dt__comm_fail(c, st);
 }

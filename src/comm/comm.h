@@ -104,6 +104,9 @@ bool dt__comm_aborted(const dt_comm *c);
 int dt__comm_abort_fd(const dt_comm *c);
 /* Sets DT_ERR_ABORTED with the verdict as detail and returns it. */
 dt_status dt__comm_abort_status(const dt_comm *c);
+/* Puts "rank R: <the call>: " before the last error's detail, naming this rank once (a detail
+ * that starts by naming it loses that), and returns st. */
+dt_status dt__comm_call_error(const dt_comm *c, const dt__fp *fp, dt_status st);
 /* After a local error: publishes the current dt_last_error() so all ranks stop. Returns st. */
 dt_status dt__comm_fail(dt_comm *c, dt_status st);
 /* Deadline for an operation starting now. */

@@ -252,11 +252,10 @@ static void shm_unarm(dt_transport *t, shm_wait *w) {
   *w = (shm_wait){.next_alive = w->next_alive};
 }
 
-static dt_status shm_dead(dt_transport *t, int peer, const dt__fp *fp, int pid) {
-  char pn[64], what[160];
+static dt_status shm_dead(dt_transport *t, int peer, int pid) {
+  char pn[64];
   dt__comm_peer_name(t->c, peer, pn, sizeof pn);
-  dt__fp_format(fp, what, sizeof what);
-  return dt_set_error(DT_ERR_PEER, "rank %d: %s (pid %d) exited or was killed during %s", t->rank, pn, pid, what);
+  return dt_set_error(DT_ERR_PEER, "%s (pid %d) exited or was killed", pn, pid);
 }
 
 /* Checks that a rank's process still exists (kill(pid, 0); a zombie counts as gone). */
@@ -386,11 +385,9 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
     DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
   if (now >= deadline) {
-    char pn[64], what[160];
+    char pn[64];
     dt__comm_peer_name(c, peer, pn, sizeof pn);
-    dt__fp_format(fp, what, sizeof what);
-    return dt_set_error(DT_ERR_TIMEOUT, "rank %d: deadline (%d ms) passed waiting for %s in %s", t->rank, c->timeout_ms,
-                        pn, what);
+    return dt_set_error(DT_ERR_TIMEOUT, "deadline (%d ms) passed waiting for %s", c->timeout_ms, pn);
   }
   if (now >= w->next_alive) {
     if (w->next_alive) {
@@ -402,7 +399,7 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
            * barrier's last rank "killed"). The caller looks once more: gone still, and what it
            * waits for not there, means it never will be. */
           if (w->gone == r + 1)
-            return shm_dead(t, r, fp, pid);
+            return shm_dead(t, r, pid);
           w->gone = r + 1;
           return DT_OK;
         }

@@ -373,15 +373,10 @@ fail:
 
 /* ---- messages ---- */
 
-static dt_status tcp_closed(dt_transport *t, int peer, const dt__fp *fp, int err) {
-  char pn[64], what[160];
+static dt_status tcp_closed(dt_transport *t, int peer) {
+  char pn[64];
   dt__comm_peer_name(t->c, peer, pn, sizeof pn);
-  dt__fp_format(fp, what, sizeof what);
-  if (err)
-    return dt_set_error(DT_ERR_PEER, "rank %d: %s closed the connection during %s (it exited or was killed: %s)",
-                        t->rank, pn, what, strerror(err));
-  return dt_set_error(DT_ERR_PEER, "rank %d: %s closed the connection during %s (it exited or was killed)", t->rank, pn,
-                      what);
+  return dt_set_error(DT_ERR_PEER, "%s closed the connection (it exited or was killed)", pn);
 }
 
 /* A NACK header h (already read, with `have` bytes after it) from peer: its fingerprint, then
@@ -535,7 +530,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
         moved = true;
       } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         if (errno == EPIPE || errno == ECONNRESET)
-          return tcp_closed(t, dst, fp, 0);
+          return tcp_closed(t, dst);
         return dt__errno(DT_ERR_SYSTEM, "rank %d: send to rank %d", t->rank, dst);
       }
     }
@@ -565,10 +560,10 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
         g = 1;
       }
       if (g == 0)
-        return tcp_closed(t, src, fp, 0);
+        return tcp_closed(t, src);
       if (g < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         if (errno == ECONNRESET)
-          return tcp_closed(t, src, fp, 0);
+          return tcp_closed(t, src);
         return dt__errno(DT_ERR_SYSTEM, "rank %d: recv from rank %d", t->rank, src);
       }
       if (g > 0)
@@ -616,12 +611,10 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       DT_CHECK(tcp_stall(t, r_need ? src : -1, fp, &w, &ms));
     if (ms == 0) {
       int waited = r_need ? src : dst;
-      char pn[64], what[160];
+      char pn[64];
       dt__comm_peer_name(c, waited, pn, sizeof pn);
-      dt__fp_format(fp, what, sizeof what);
-      return dt_set_error(DT_ERR_TIMEOUT,
-                          "rank %d: deadline (%d ms) passed waiting for %s in %s (sent %zu of %zu bytes, received %zu of %zu)",
-                          t->rank, c->timeout_ms, pn, what, s_done, s_total, r_hdr + r_done,
+      return dt_set_error(DT_ERR_TIMEOUT, "deadline (%d ms) passed waiting for %s (sent %zu of %zu bytes, received %zu of %zu)",
+                          c->timeout_ms, pn, s_done, s_total, r_hdr + r_done,
                           src >= 0 ? TCP_HDR_BYTES + rn : 0);
     }
     int rc = poll(p, (nfds_t)np, ms);
@@ -641,7 +634,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
         return tcp_nacked(t, dst, h, 0, deadline);
       }
       if (g == 0)
-        return tcp_closed(t, dst, fp, 0);
+        return tcp_closed(t, dst);
       if (g > 0)
         watch_nack = false;
     }
