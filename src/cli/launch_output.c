@@ -193,8 +193,12 @@ static char *out_scratch(dt_out *o, size_t n) {
   return o->scratch;
 }
 
-/* One complete line (without its terminator): record it, then show it per mode. */
-static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, bool cr) {
+/* One complete line (s, n without its terminator `term`: "\n", "\r\n", "\r", or "" for a piece
+ * cut at OUT_MAX_LINE or the end of the stream): record it, then show it per mode. Rank 0's
+ * lines in rank0 mode go out as they came, terminator included; other shown lines get the
+ * prefix and end in \r (progress) or \n. */
+static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, const char *term) {
+  bool cr = !strcmp(term, "\r");
   if (cr && n == 0)
     return; /* "\r" that starts a progress display: nothing to show */
   tail_record(o, local, stream, s, n, cr);
@@ -211,26 +215,26 @@ static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, 
   bool raw0 = o->raw_stdout && rank == 0 && stream == 1;
   if (raw0)
     return; /* already copied byte for byte */
-  bool prefix = true;
-  if (o->mode == DT_OUT_RANK0) {
-    if (rank == 0)
-      prefix = false;
-    else if (!dt__out_is_alert(s, n))
-      return;
-  }
+  bool asis = o->mode == DT_OUT_RANK0 && rank == 0;
+  if (o->mode == DT_OUT_RANK0 && !asis && !dt__out_is_alert(s, n))
+    return;
   int fd = (o->raw_stdout && stream == 1) ? 2 : stream;
   char pre[32];
-  int np = prefix ? snprintf(pre, sizeof pre, "[rank %d] ", rank) : 0;
-  char *b = out_scratch(o, (size_t)np + n + 1);
+  int np = asis ? 0 : snprintf(pre, sizeof pre, "[rank %d] ", rank);
+  size_t nt = asis ? strlen(term) : 1;
+  char *b = out_scratch(o, (size_t)np + n + nt);
   if (!b)
     return;
   memcpy(b, pre, (size_t)np);
   memcpy(b + np, s, n);
-  b[(size_t)np + n] = cr ? '\r' : '\n';
+  memcpy(b + np + n, asis ? term : cr ? "\r" : "\n", nt);
   int src = local * 3 + stream;
+  size_t len = (size_t)np + n + nt;
+  if (len == 0)
+    return;
   out_settle_for(o, src);
-  out_write(o, fd, b, (size_t)np + n + 1);
-  out_note_end(o, fd, src, b[(size_t)np + n]);
+  out_write(o, fd, b, len);
+  out_note_end(o, fd, src, b[len - 1]);
 }
 
 static bool lbuf_append(lbuf *l, const char *buf, size_t n) {
@@ -255,13 +259,13 @@ static void out_split(dt_out *o, int local, int stream) {
   while (i < l->len) {
     char c = l->buf[i];
     if (c == '\n') {
-      out_line(o, local, stream, l->buf + start, i - start, false);
+      out_line(o, local, stream, l->buf + start, i - start, "\n");
       start = ++i;
     } else if (c == '\r') {
       if (i + 1 == l->len)
         break;
       bool crlf = l->buf[i + 1] == '\n';
-      out_line(o, local, stream, l->buf + start, i - start, !crlf);
+      out_line(o, local, stream, l->buf + start, i - start, crlf ? "\r\n" : "\r");
       i += crlf ? 2 : 1;
       start = i;
     } else {
@@ -269,7 +273,7 @@ static void out_split(dt_out *o, int local, int stream) {
     }
   }
   if (l->len - start >= OUT_MAX_LINE) {
-    out_line(o, local, stream, l->buf + start, l->len - start, false);
+    out_line(o, local, stream, l->buf + start, l->len - start, "");
     start = l->len;
   }
   memmove(l->buf, l->buf + start, l->len - start);
@@ -290,8 +294,8 @@ void dt__out_feed(dt_out *o, int local, int stream, const char *buf, size_t n) {
     /* No memory to hold a partial line: show what is held and the new bytes as lines
      * rather than lose them. */
     if (l->len)
-      out_line(o, local, stream, l->buf, l->len, false);
-    out_line(o, local, stream, buf, n, false);
+      out_line(o, local, stream, l->buf, l->len, "");
+    out_line(o, local, stream, buf, n, "");
     l->len = 0;
     return;
   }
@@ -303,7 +307,7 @@ void dt__out_eof(dt_out *o, int local, int stream) {
   if (l->len == 0)
     return;
   bool cr = l->buf[l->len - 1] == '\r';
-  out_line(o, local, stream, l->buf, l->len - (cr ? 1 : 0), cr);
+  out_line(o, local, stream, l->buf, l->len - (cr ? 1 : 0), cr ? "\r" : "");
   l->len = 0;
 }
 

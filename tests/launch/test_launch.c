@@ -442,6 +442,20 @@ static void test_output_prefix(void **state) {
   free(err);
 }
 
+static void test_output_rank0_as_is(void **state) {
+  /* rank0 mode passes rank 0's output as it came: a 100,000-byte line without a newline (longer
+   * than the launcher's line buffer) and \r\n endings, nothing added. */
+  const char *script = "[ $DTRAIN_RANK = 0 ] || exit 0; printf 'a\\r\\nb\\n'; "
+                       "head -c 100000 /dev/zero | tr '\\0' x";
+  const char *args[] = {"run", "-n", "2", "--output", "rank0", "--", "sh", "-c", script, NULL};
+  assert_int_equal(run_dtrain(30000, args), 0);
+  char *out = slurp(pathf("out"));
+  assert_int_equal(strlen(out), 5 + 100000);
+  assert_memory_equal(out, "a\r\nb\n", 5);
+  assert_int_equal(strspn(out + 5, "x"), 100000);
+  free(out);
+}
+
 static void test_output_rank0(void **state) {
   const char *script = "echo \"progress of $DTRAIN_RANK\"; "
                        "echo \"WARNING: low memory on $DTRAIN_RANK\" >&2; "
@@ -795,6 +809,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest output[] = {
       cmocka_unit_test_setup_teardown(test_output_prefix, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_output_rank0_as_is, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
   };
   const struct CMUnitTest failures[] = {
