@@ -82,6 +82,7 @@ typedef struct dt_worker {
   int sig;         /* terminating signal, 0 if it exited */
   bool core;       /* dumped core */
   int exec_errno;  /* non-zero: the command could not be executed */
+  bool stopped;    /* still running when we began stopping the job: we signalled it */
   int64_t exit_ns; /* dt_now_ns() when its exit was seen */
 } dt_worker;
 

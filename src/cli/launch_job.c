@@ -285,8 +285,10 @@ static void job_begin_stop(dt_job *job, job_stop *s) {
   s->stopping = true;
   job->stopped = 0;
   for (int i = 0; i < job->opts->nproc; i++)
-    if (job->w[i].pid > 0 && !job->w[i].exited)
+    if (job->w[i].pid > 0 && !job->w[i].exited) {
+      job->w[i].stopped = true;
       job->stopped++;
+    }
   DT_LOG_INFO("dtrain run: stopping %d running workers (SIGTERM, SIGKILL after %lld ms)",
               job->stopped, (long long)job->opts->kill_after_ms);
   job_signal_all(job, SIGTERM);

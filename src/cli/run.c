@@ -257,9 +257,11 @@ int dt__run_report(dt_job *job) {
     run_describe_exit(w, what, sizeof what);
     fprintf(stderr, "dtrain run: rank %d failed first: %s (local rank %d, pid %d, after %.2f s)\n",
             w->rank, what, w->local, (int)w->pid, (double)(w->exit_ns - job->start_ns) / 1e9);
-    if (job->stopped > 0)
-      fprintf(stderr, "dtrain run: stopped the other %d running worker%s%s\n", job->stopped,
-              job->stopped == 1 ? "" : "s",
+    /* The first to fail may have been still running when a peer's verdict line made us stop
+     * the job: it is not one of the others. */
+    int others = job->stopped - (w->stopped ? 1 : 0);
+    if (others > 0)
+      fprintf(stderr, "dtrain run: stopped the other %d running worker%s%s\n", others, others == 1 ? "" : "s",
               job->killed ? " (SIGKILL was needed after the grace period)" : "");
     int nt = dt__out_tail_count(job->out, w->local);
     if (nt == 0) {

@@ -403,6 +403,8 @@ static void test_run_kill_summary(void **state) {
   assert_int_equal(WEXITSTATUS(st), 128 + SIGKILL);
   assert_non_null(strstr(err, "rank 1 failed first: killed by signal 9 (SIGKILL)"));
   assert_non_null(strstr(err, "dtrain fault: rank 1 kill at step 4"));
+  /* the killed rank is not one of the others stopped, even if a survivor's verdict came first */
+  assert_non_null(strstr(err, "stopped the other 2 running workers"));
   free(out);
   free(err);
 }
