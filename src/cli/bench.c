@@ -56,6 +56,12 @@ typedef struct bench_opts {
   int timeout_s;
 } bench_opts;
 
+/* The least size that moves anything: one element, per rank where each rank owns a block. */
+static uint64_t bench_unit(const bench_opts *o, int nranks) {
+  bool blocks = o->coll != B_ALLREDUCE && o->coll != B_BROADCAST;
+  return dt_dtype_size(o->dtype) * (uint64_t)(blocks ? nranks : 1);
+}
+
 static int parse_int(const char *s, int lo, int hi, int *out) {
   char *end;
   errno = 0;
@@ -91,8 +97,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       printf("usage: %s\n\n"
              "Starts N local ranks and measures one collective at sizes lo, 2*lo, ... hi (bytes,\n"
-             "K/M/G suffixes), printing nccl-tests' columns: size (B), count (elements), type,\n"
-             "redop, time (us, median over --iters of the slowest rank), algbw and busbw (GB/s),\n"
+             "K/M/G suffixes; each rounded down to whole elements, per rank for allgather,\n"
+             "reduce_scatter and alltoall, and skipped below one), printing nccl-tests' columns:\n"
+             "size (B), count (elements), type, redop, time (us, median over --iters of the\n"
+             "slowest rank), algbw and busbw (GB/s),\n"
              "#wrong (elements that differ from the expected result, summed over ranks and the\n"
              "checked calls: every warm-up call and the last timed one; any wrong element makes\n"
              "the command exit 1). --json prints a JSON array\n"
@@ -175,6 +183,14 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->window && o->transport && strcmp(o->transport, "shm"))
     return dt_cli_usage_error("bench", "--window needs --transport shm (all ranks share memory)",
                               "--transport %s has no shared window", o->transport);
+  /* Each size is rounded down to whole elements (per rank, where each rank owns a block); sizes
+   * below one are skipped (a row would time a call that moves nothing), and some must remain. */
+  if (o->hi < bench_unit(o, o->nproc))
+    return dt_cli_usage_error("bench", "--sizes LO:HI with HI at least one element (per rank for allgather, reduce_scatter and alltoall)",
+                              "--sizes ends at %llu bytes, less than one %s element%s (%llu bytes)",
+                              (unsigned long long)o->hi, dt_dtype_name(o->dtype),
+                              o->coll != B_ALLREDUCE && o->coll != B_BROADCAST ? " per rank" : "",
+                              (unsigned long long)bench_unit(o, o->nproc));
   return 0;
 }
 
@@ -404,7 +420,12 @@ static int bench_worker(const bench_opts *o) {
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
              dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : "");
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
-      printf("# ranks %s\n", bound ? "bound to their share of the CPUs (DTRAIN_BIND=auto, as mpirun binds)" : "not bound (one rank, more ranks than CPUs, or DTRAIN_BIND=none)");
+      if (o->lo < bench_unit(o, n))
+        printf("# sizes below %llu bytes skipped: less than one element%s\n", (unsigned long long)bench_unit(o, n),
+               o->coll != B_ALLREDUCE && o->coll != B_BROADCAST ? " per rank" : "");
+      printf("# ranks %s\n", !bound ? "not bound (one rank, or DTRAIN_BIND=none)"
+                             : n > cpus_before ? "bound round-robin, local rank i to CPU i mod CPUs (DTRAIN_BIND=auto; more ranks than CPUs)"
+                                               : "bound to their share of the CPUs (DTRAIN_BIND=auto, as mpirun binds)");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "size(B)", "count", "type", "redop", "time(us)", "algbw",
              "busbw", "#wrong");
       printf("#%11s %12s %6s %6s %11s %9s %9s %8s\n", "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "");
@@ -413,6 +434,8 @@ static int bench_worker(const bench_opts *o) {
   }
   int rows = 0;
   for (uint64_t b = o->lo; b <= o->hi; b *= 2) {
+    if (b < bench_unit(o, o->nproc))
+      continue;
     bench_size s = size_of(o->coll, b, o->dtype, n);
     if (!o->window)
       fill_inputs(o, r, n, &s, sbuf, rbuf);
