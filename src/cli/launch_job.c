@@ -273,7 +273,7 @@ static int job_collect(dt_job *job) {
 }
 
 typedef struct {
-  bool stopping, killed, draining;
+  bool stopping, killed, draining, drain_stopped;
   int64_t kill_at;  /* SIGKILL when this passes */
   int64_t give_up;  /* after SIGKILL: stop waiting */
   int64_t drain_until;
@@ -327,7 +327,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
   int n = o->nproc;
   struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
   int *who = calloc((size_t)2 * n + 1, sizeof *who);
-  job_stop s = {false, false, false, DT_NO_DEADLINE, DT_NO_DEADLINE, DT_NO_DEADLINE};
+  job_stop s = {.kill_at = DT_NO_DEADLINE, .give_up = DT_NO_DEADLINE, .drain_until = DT_NO_DEADLINE};
   int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
   int seen_sigs = 0;
   job->outcome = DT_JOB_OK;
@@ -407,9 +407,18 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
       s.draining = true;
       s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
     }
+    if (dt__expired(s.drain_until) && s.drain_stopped) {
+      /* what still holds the pipes left the workers' process group (setsid): not ours to wait for */
+      fprintf(stderr, "dtrain run: every worker exited, but a process one of them started outside its "
+                      "process group (setsid?) still holds its output open; not waiting for it\n");
+      break;
+    }
     if (dt__expired(s.drain_until)) {
-      s.drain_until = DT_NO_DEADLINE;
-      job_begin_stop(job, &s); /* processes the workers left behind still hold our pipes */
+      /* processes the workers left behind in their group still hold our pipes: stop them, and
+       * give them as long again to go */
+      s.drain_stopped = true;
+      s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
+      job_begin_stop(job, &s);
     }
     if (dt__expired(s.give_up))
       break;

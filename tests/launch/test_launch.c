@@ -618,6 +618,21 @@ static void test_fail_timeout(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
 }
 
+static void test_detached_grandchild(void **state) {
+  /* A process a worker started in its own session holds the output pipe after every worker
+   * exited: the launcher says so and ends, rather than wait for it (here --kill-after 60). */
+  const char *args[] = {"run", "-n", "1", "--kill-after", "60", "--", "sh", "-c",
+                        "setsid sh -c 'echo $$ > \"$1/pid.g\"; exec sleep 60' sh \"$1\" & echo hi", "sh", dir,
+                        NULL};
+  assert_int_equal(run_dtrain(30000, args), 0);
+  char *err = slurp(pathf("err"));
+  assert_non_null(strstr(err, "still holds its output open; not waiting for it"));
+  free(err);
+  int g = read_pid(pathf("pid.g"));
+  assert_true(g > 0);
+  kill(g, SIGKILL);
+}
+
 static void test_all_ok_some_early(void **state) {
   /* Rank 0 finishing long before the others is not a failure. */
   const char *args[] = {"run", "-n", "3", "--", "sh", "-c",
@@ -810,6 +825,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_output_prefix, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0_as_is, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_detached_grandchild, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
   };
   const struct CMUnitTest failures[] = {
