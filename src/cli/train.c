@@ -158,6 +158,28 @@ static void json_num(FILE *f, double v) {
     fputs("null", f);
 }
 
+/* Prints a failed run's error with its hint; returns the exit code (2: settings or input).
+ * at_ckpt: the failure was at the checkpoints (directory, resume), not at the data. */
+static int train_error(dt_status rc, bool at_ckpt) {
+  if (at_ckpt && (rc == DT_ERR_NOT_FOUND || rc == DT_ERR_CORRUPT || rc == DT_ERR_MISMATCH))
+    return dt_cli_usage_error(CMD, "check the checkpoints with 'dtrain inspect DIR'; resume with the "
+                              "settings they were written with, or start afresh with another "
+                              "--checkpoint-dir", "%s", dt_last_error());
+  if (rc == DT_ERR_NOT_FOUND)
+    return dt_cli_usage_error(CMD, DATA_HINT, "%s", dt_last_error());
+  if (rc == DT_ERR_MISMATCH)
+    return dt_cli_usage_error(CMD, "start every worker with the same flags and data, and resume "
+                              "with the settings the checkpoint was written with",
+                              "%s", dt_last_error());
+  if (rc == DT_ERR_INVALID)
+    return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
+  if (rc == DT_ERR_CORRUPT)
+    return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
+                              "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
+                              "%s", dt_last_error());
+  return dt_cli_fail(CMD, "training failed");
+}
+
 int dt_cli_train(int argc, char **argv) {
   dt_train_config cfg;
   dt_train_config_init(&cfg);
@@ -358,19 +380,13 @@ int dt_cli_train(int argc, char **argv) {
   dt_monitor_finish(mon);
   dt_monitor_destroy(mon);
   if (rc != DT_OK) {
-    if (rc == DT_ERR_NOT_FOUND)
-      return dt_cli_usage_error(CMD, DATA_HINT, "%s", dt_last_error());
-    if (rc == DT_ERR_MISMATCH)
-      return dt_cli_usage_error(CMD, "start every worker with the same flags and data, and resume "
-                                "with the settings the checkpoint was written with",
-                                "%s", dt_last_error());
-    if (rc == DT_ERR_INVALID)
-      return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
-    if (rc == DT_ERR_CORRUPT)
-      return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
-                                "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
-                                "%s", dt_last_error());
-    return dt_cli_fail(CMD, "training failed");
+    int code = train_error(rc, s.failed_at_checkpoints);
+    /* A settings error is found on rank 0 too (check_settings, or rank 0's refusal shared with
+     * every rank): the others give it a moment to exit first (a launcher stops them then), so
+     * that a launcher naming the first rank to fail (dtrain run) names rank 0 and its reason. */
+    if (code == 2 && rank != 0)
+      sleep(3);
+    return code;
   }
   if (s.world_size > 1 && rank != 0)
     return 0;

@@ -16,11 +16,15 @@
  *
  * Not here: the loop (trainer.c), the checkpoint file format itself (ckpt). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "dtrain/ckpt.h"
@@ -144,6 +148,54 @@ out:
 }
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
+
+dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd) {
+  const char *dir = cfg->checkpoint_dir;
+  char p[PATH_MAX];
+  *lock_fd = -1;
+  if (snprintf(p, sizeof p, "%s/dtrain.lock", dir) >= (int)sizeof p)
+    return dt_set_error(DT_ERR_INVALID, "checkpoint directory %s: path too long", dir);
+  if (dt__mkdir_parents(p) != DT_OK)
+    return dt__error_prefix(DT_ERR_INVALID, "checkpoint directory %s", dir);
+  /* creating the lock file is the writability check (EROFS, EACCES, ENOTDIR for a file) */
+  int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return dt__errno(DT_ERR_INVALID, "checkpoint directory %s is not a writable directory: %s", dir, p);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char pid[24] = "";
+    ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
+    pid[r > 0 ? r : 0] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    close(fd);
+    errno = e;
+    if (e == EWOULDBLOCK)
+      return dt_set_error(DT_ERR_INVALID, "checkpoint directory %s is in use by another job "
+                          "(process %s holds %s): give each job its own --checkpoint-dir", dir,
+                          pid[0] ? pid : "?", p);
+    return dt__errno(DT_ERR_INVALID, "checkpoint directory %s: locking %s", dir, p);
+  }
+  if (ftruncate(fd, 0) == 0)
+    dprintf(fd, "%ld\n", (long)getpid());
+  /* A fresh run would prune its own checkpoints and keep the earlier run's higher-numbered
+   * ones, which a later --resume would then continue. */
+  if (!cfg->resume) {
+    char **paths;
+    size_t n;
+    dt_status rc = dt_ckpt_list_paths(dir, &paths, &n);
+    if (rc == DT_OK && n)
+      rc = dt_set_error(DT_ERR_INVALID, "checkpoint directory %s holds checkpoints of an earlier run "
+                        "(newest %s): pass --resume to continue it, or choose another --checkpoint-dir",
+                        dir, paths[n - 1]);
+    free(paths);
+    if (rc != DT_OK) {
+      close(fd);
+      return rc;
+    }
+  }
+  *lock_fd = fd;
+  return DT_OK;
+}
 
 static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
 
