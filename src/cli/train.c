@@ -66,12 +66,16 @@ static void help(FILE *f) {
       "  --progress MODE       auto | bar | lines | off (default auto: bar on a terminal)\n"
       "  --json                print the summary as one JSON object on stdout\n"
       "checkpoints:\n"
-      "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here\n"
+      "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here; created (with its\n"
+      "                        parents) and checked at start, locked (D/dtrain.lock) against a\n"
+      "                        second job; without --resume it must hold no checkpoints\n"
       "  --checkpoint-every K  every K steps (default: at each epoch's end) and at the end\n"
       "  --keep K              keep the last K checkpoints (default 3)\n"
       "  --resume              continue from the latest valid checkpoint in --checkpoint-dir\n"
       "                        (starts fresh if there is none); the loss sequence repeats the\n"
-      "                        uninterrupted run's\n"
+      "                        uninterrupted run's. --model, --batch, --seed, --optimizer and\n"
+      "                        --momentum must be those of the checkpoint; another --lr,\n"
+      "                        --schedule, --weight-decay, --epochs or --nesterov is warned about\n"
       "  -h, --help            this text\n"
       "\n"
       "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, missing or damaged data,\n"
@@ -436,9 +440,17 @@ int dt_cli_train(int argc, char **argv) {
     fflush(o);
     return 0;
   }
-  printf("trained %s (%zu parameters): %d epoch%s, %lld steps in %.1f s, %.0f samples/s "
+  /* a resumed run names the steps it ran, which its time and rate are for */
+  char steps[64];
+  if (s.resumed_from_step >= 0)
+    snprintf(steps, sizeof steps, "steps %lld-%lld", (long long)s.resumed_from_step + 1, (long long)s.steps);
+  else
+    snprintf(steps, sizeof steps, "%lld steps", (long long)s.steps);
+  if (s.resumed_from_step >= 0)
+    printf("resumed from step %lld\n", (long long)s.resumed_from_step);
+  printf("trained %s (%zu parameters): %d epoch%s, %s in %.1f s, %.0f samples/s "
          "(%d worker%s x %d thread%s)\n",
-         cfg.model, s.param_count, s.epochs, s.epochs == 1 ? "" : "s", (long long)s.steps, s.train_s,
+         cfg.model, s.param_count, s.epochs, s.epochs == 1 ? "" : "s", steps, s.train_s,
          s.samples_per_s, s.world_size, s.world_size == 1 ? "" : "s", cfg.threads,
          cfg.threads == 1 ? "" : "s");
   if (s.world_size > 1 && s.train_s > 0)

@@ -11,7 +11,8 @@
  *           resume_adamw: AdamW with a cosine schedule and clipping)
  *   ckdir   --checkpoint-dir is made (with parents) and checked at start-up: a regular file is
  *           refused before any step, so is a directory holding an earlier run's checkpoints
- *           (without --resume) and one locked by another job */
+ *           (without --resume) and one locked by another job; resuming with another --momentum
+ *           is refused as a settings mismatch, with another --lr warned about */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -283,6 +284,17 @@ static void group_ckdir(void) {
              dir, dir);
   CHECK(r.code == 2 && strstr(r.err, "ckpt-000000010.dtc") && strstr(r.err, "--resume"), "stale dir: exit %d: %s",
         r.code, r.err);
+  tt_result_free(&r);
+  /* another momentum is a settings mismatch (not damage); a changed --lr is accepted with a warning */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 12 --momentum 0.9 --checkpoint-dir %s/ck --resume "
+             "--out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "was written with --momentum 0, this run has 0.9") &&
+        !strstr(r.err, "dataset-fashion-mnist"), "momentum: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 12 --lr 0.1 --progress off --checkpoint-dir %s/ck --resume "
+             "--out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 0 && strstr(r.err, "resuming with --lr 0.1; the checkpoint was written with 0.05") &&
+        strstr(r.out, "resumed from step 10") && strstr(r.out, "steps 11-12 in"), "lr: exit %d: %s%s", r.code, r.out, r.err);
   tt_result_free(&r);
   /* a second job on a locked directory is refused */
   r = tt_run(dir, 120, "flock %s/ck/dtrain.lock %s train --data %s %s --max-steps 12 --checkpoint-dir %s/ck --resume "
