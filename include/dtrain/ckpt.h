@@ -121,7 +121,8 @@ dt_status dt_ckpt_save(const char *dir, uint64_t step, const dt_ckpt_section *se
                        size_t path_cap);
 
 /* Reads a checkpoint and verifies everything: magic, version, header and table checksums,
- * file length (torn or truncated files), section bounds and overlaps, each section's CRC32C.
+ * file length (torn or truncated files), section bounds and overlaps, each section's CRC32C,
+ * and, for a file named ckpt-<step>.dtc, that it holds that step (a renamed or copied file).
  * DT_ERR_CORRUPT names the file and the section; DT_ERR_UNSUPPORTED for a newer version. */
 dt_status dt_ckpt_open(const char *path, dt_ckpt **out);
 /* The same from memory (copied); name appears in messages. */
@@ -133,6 +134,9 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, dt_ckpt **o
 dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out);
 /* Steps of the checkpoint files in dir (valid or not), ascending; *steps is malloc'd. */
 dt_status dt_ckpt_list(const char *dir, uint64_t **steps, size_t *n);
+/* The same as paths "dir/name", each with the file's real name (ckpt-50.dtc stays so), in the
+ * same order; *paths is one malloc'd block holding the strings too: free(*paths) alone. */
+dt_status dt_ckpt_list_paths(const char *dir, char ***paths, size_t *n);
 
 uint64_t dt_ckpt_step(const dt_ckpt *c);
 const char *dt_ckpt_path(const dt_ckpt *c);

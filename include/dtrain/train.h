@@ -153,6 +153,8 @@ typedef struct dt_train_summary {
   size_t param_count;
   char model_file[1024];            /* "" if no out_dir */
   char checkpoint_file[1024];       /* last checkpoint written, "" if none */
+  bool failed_at_checkpoints;       /* the call failed preparing the checkpoint directory or
+                                       resuming (not at the data or in training) */
 } dt_train_summary;
 
 /* Trains as described at the top of this file. Blocks until done. Collective over the job when

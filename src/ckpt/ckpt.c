@@ -371,6 +371,25 @@ fail:
   return rc;
 }
 
+/* "ckpt-<digits>.dtc" -> step. */
+static int parse_ckpt_name(const char *nm, uint64_t *step) {
+  if (strncmp(nm, "ckpt-", 5) != 0)
+    return 0;
+  const char *p = nm + 5;
+  uint64_t v = 0;
+  int digits = 0;
+  while (*p >= '0' && *p <= '9') {
+    if (v > (UINT64_MAX - 9) / 10)
+      return 0;
+    v = v * 10 + (uint64_t)(*p++ - '0');
+    digits++;
+  }
+  if (!digits || strcmp(p, ".dtc") != 0)
+    return 0;
+  *step = v;
+  return 1;
+}
+
 dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, dt_ckpt **out) {
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_ckpt_parse: out is NULL");
@@ -394,42 +413,43 @@ dt_status dt_ckpt_open(const char *path, dt_ckpt **out) {
   void *buf;
   size_t n;
   DT_CHECK(dt__ckpt_read_file(path, &buf, &n));
-  return parse_owned(buf, n, path, out);
+  DT_CHECK(parse_owned(buf, n, path, out));
+  /* a file renamed or copied over another step's name would resume from the wrong place */
+  const char *base = strrchr(path, '/');
+  uint64_t named;
+  if (parse_ckpt_name(base ? base + 1 : path, &named) && named != (*out)->step) {
+    dt_status rc = dt_set_error(DT_ERR_CORRUPT, "%s: holds step %llu, but its name says step %llu "
+                                "(renamed or copied?)", path, (unsigned long long)(*out)->step,
+                                (unsigned long long)named);
+    dt_ckpt_destroy(*out);
+    *out = NULL;
+    return rc;
+  }
+  return DT_OK;
 }
 
 /* ---- directories -------------------------------------------------------------------------- */
 
-/* "ckpt-<digits>.dtc" -> step. */
-static int parse_ckpt_name(const char *nm, uint64_t *step) {
-  if (strncmp(nm, "ckpt-", 5) != 0)
-    return 0;
-  const char *p = nm + 5;
-  uint64_t v = 0;
-  int digits = 0;
-  while (*p >= '0' && *p <= '9') {
-    if (v > (UINT64_MAX - 9) / 10)
-      return 0;
-    v = v * 10 + (uint64_t)(*p++ - '0');
-    digits++;
-  }
-  if (!digits || strcmp(p, ".dtc") != 0)
-    return 0;
-  *step = v;
-  return 1;
+/* A checkpoint file as found in a directory: the step its name gives, and the name itself
+ * (which need not be the 9-digit one this code writes: ckpt-50.dtc is step 50 too). */
+typedef struct ck_file {
+  uint64_t step;
+  char name[256];
+} ck_file;
+
+static int cmp_ck_file(const void *a, const void *b) {
+  const ck_file *x = a, *y = b;
+  return x->step < y->step ? -1 : x->step > y->step ? 1 : strcmp(x->name, y->name);
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y ? 1 : 0;
+static void ckpt_path(const char *dir, const char *name, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/%s", dir, name);
 }
 
-static void ckpt_name(const char *dir, uint64_t step, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s/ckpt-%09llu.dtc", dir, (unsigned long long)step);
-}
-
-/* Lists checkpoint steps (ascending) and removes temp files whose writer process is gone. */
-static dt_status scan_dir(const char *dir, uint64_t **steps, size_t *n) {
-  *steps = NULL;
+/* Lists checkpoint files (ascending by step) and removes temp files whose writer process is
+ * gone. */
+static dt_status scan_dir(const char *dir, ck_file **files, size_t *n) {
+  *files = NULL;
   *n = 0;
   DIR *d = opendir(dir);
   if (!d)
@@ -440,17 +460,19 @@ static dt_status scan_dir(const char *dir, uint64_t **steps, size_t *n) {
   while ((de = readdir(d))) {
     uint64_t s;
     long pid;
-    if (parse_ckpt_name(de->d_name, &s)) {
+    if (parse_ckpt_name(de->d_name, &s) && strlen(de->d_name) < sizeof (*files)->name) {
       if (*n == cap) {
         cap = cap ? cap * 2 : 16;
-        uint64_t *ns = realloc(*steps, cap * sizeof *ns);
-        if (!ns) {
+        ck_file *nf = realloc(*files, cap * sizeof *nf);
+        if (!nf) {
           rc = dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
           break;
         }
-        *steps = ns;
+        *files = nf;
       }
-      (*steps)[(*n)++] = s;
+      (*files)[*n].step = s;
+      snprintf((*files)[*n].name, sizeof (*files)->name, "%s", de->d_name);
+      (*n)++;
     } else if (dt__afile_is_temp(de->d_name, &pid) && strstr(de->d_name, ".dtc.tmp.")) {
       /* A writer that died mid-write leaves its temp file; a live one (ours or another's) may
        * still be writing, so only the dead one's is removed. */
@@ -464,20 +486,54 @@ static dt_status scan_dir(const char *dir, uint64_t **steps, size_t *n) {
   }
   closedir(d);
   if (rc != DT_OK) {
-    free(*steps);
-    *steps = NULL;
+    free(*files);
+    *files = NULL;
     *n = 0;
     return rc;
   }
   if (*n)
-    qsort(*steps, *n, sizeof **steps, cmp_u64);
+    qsort(*files, *n, sizeof **files, cmp_ck_file);
   return DT_OK;
 }
 
 dt_status dt_ckpt_list(const char *dir, uint64_t **steps, size_t *n) {
   if (!dir || !steps || !n)
     return dt_set_error(DT_ERR_INVALID, "dt_ckpt_list: NULL argument");
-  return scan_dir(dir, steps, n);
+  ck_file *f;
+  DT_CHECK(scan_dir(dir, &f, n));
+  *steps = malloc((*n ? *n : 1) * sizeof **steps);
+  if (!*steps) {
+    free(f);
+    return dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
+  }
+  for (size_t i = 0; i < *n; i++)
+    (*steps)[i] = f[i].step;
+  free(f);
+  return DT_OK;
+}
+
+dt_status dt_ckpt_list_paths(const char *dir, char ***paths, size_t *n) {
+  if (!dir || !paths || !n)
+    return dt_set_error(DT_ERR_INVALID, "dt_ckpt_list_paths: NULL argument");
+  *paths = NULL;
+  ck_file *f;
+  DT_CHECK(scan_dir(dir, &f, n));
+  size_t dl = strlen(dir), bytes = (*n ? *n : 1) * sizeof(char *);
+  for (size_t i = 0; i < *n; i++)
+    bytes += dl + strlen(f[i].name) + 2;
+  char **p = malloc(bytes);
+  if (!p) {
+    free(f);
+    return dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
+  }
+  char *s = (char *)(p + (*n ? *n : 1));
+  for (size_t i = 0; i < *n; i++) {
+    p[i] = s;
+    s += sprintf(s, "%s/%s", dir, f[i].name) + 1;
+  }
+  free(f);
+  *paths = p;
+  return DT_OK;
 }
 
 dt_status dt_ckpt_save(const char *dir, uint64_t step, const dt_ckpt_section *sections, size_t n,
@@ -492,29 +548,29 @@ dt_status dt_ckpt_save(const char *dir, uint64_t step, const dt_ckpt_section *se
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return dt__errno(DT_ERR_IO, "cannot create checkpoint directory %s", dir);
   char path[PATH_MAX];
-  ckpt_name(dir, step, path, sizeof path);
+  snprintf(path, sizeof path, "%s/ckpt-%09llu.dtc", dir, (unsigned long long)step);
   DT_CHECK(dt_ckpt_write(path, step, sections, n, meta, nmeta));
   if (path_out && path_cap)
     snprintf(path_out, path_cap, "%s", path);
   /* Prune only now that the new file is durable; never the one just written. */
-  uint64_t *steps;
+  ck_file *files;
   size_t ns;
-  if (scan_dir(dir, &steps, &ns) != DT_OK) {
+  if (scan_dir(dir, &files, &ns) != DT_OK) {
     DT_LOG_WARN("checkpoint %s written, but pruning %s failed: %s", path, dir, dt_last_error());
     return DT_OK;
   }
   size_t kept = 0;
   for (size_t i = ns; i-- > 0;) {
-    if (steps[i] == step || kept < (size_t)keep_last) {
+    if (!strcmp(files[i].name, strrchr(path, '/') + 1) || kept < (size_t)keep_last) {
       kept++;
       continue;
     }
     char old[PATH_MAX];
-    ckpt_name(dir, steps[i], old, sizeof old);
+    ckpt_path(dir, files[i].name, old, sizeof old);
     if (unlink(old) != 0 && errno != ENOENT)
       DT_LOG_WARN("cannot remove old checkpoint %s: %s", old, strerror(errno));
   }
-  free(steps);
+  free(files);
   return DT_OK;
 }
 
@@ -522,11 +578,11 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
   if (!dir || !out)
     return dt_set_error(DT_ERR_INVALID, "dt_ckpt_open_latest: NULL argument");
   *out = NULL;
-  uint64_t *steps;
+  ck_file *files;
   size_t ns;
-  DT_CHECK(scan_dir(dir, &steps, &ns));
+  DT_CHECK(scan_dir(dir, &files, &ns));
   if (!ns) {
-    free(steps);
+    free(files);
     return dt_set_error(DT_ERR_NOT_FOUND, "no checkpoint (ckpt-*.dtc) in %s", dir);
   }
   /* Skip notes accumulate here; bounded because each line is bounded by the error detail size. */
@@ -535,12 +591,12 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
   dt_status rc = DT_ERR_CORRUPT;
   for (size_t i = ns; i-- > 0;) {
     char path[PATH_MAX];
-    ckpt_name(dir, steps[i], path, sizeof path);
+    ckpt_path(dir, files[i].name, path, sizeof path);
     dt_ckpt *c;
     dt_status r = dt_ckpt_open(path, &c);
     if (r == DT_OK) {
       if (used) {
-        DT_LOG_WARN("resuming from %s (step %llu) instead", path, (unsigned long long)steps[i]);
+        DT_LOG_WARN("resuming from %s (step %llu) instead", path, (unsigned long long)files[i].step);
         c->skipped = notes;
         notes = NULL;
       }
@@ -570,7 +626,7 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
   if (rc == DT_ERR_CORRUPT)
     dt_set_error(DT_ERR_CORRUPT, "no valid checkpoint in %s: %.800s", dir, notes ? notes : "");
   free(notes);
-  free(steps);
+  free(files);
   return rc;
 }
 

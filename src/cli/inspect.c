@@ -101,12 +101,12 @@ static int inspect_idx(const char *path) {
 
 /* A checkpoint directory: one line per file, and the one dt_ckpt_open_latest would pick. */
 static int inspect_dir(const char *dir) {
-  uint64_t *steps;
+  char **paths;
   size_t n;
-  if (dt_ckpt_list(dir, &steps, &n) != DT_OK)
+  if (dt_ckpt_list_paths(dir, &paths, &n) != DT_OK)
     return dt_cli_fail("inspect", "cannot list %s", dir);
   if (!n) {
-    free(steps);
+    free(paths);
     fprintf(stderr, "dtrain inspect: %s: no checkpoint files (ckpt-*.dtc)\n", dir);
     return 1;
   }
@@ -114,15 +114,15 @@ static int inspect_dir(const char *dir) {
   long long resume = -1;
   printf("%s: %zu checkpoint files\n", dir, n);
   for (size_t i = 0; i < n; i++) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/ckpt-%09llu.dtc", dir, (unsigned long long)steps[i]);
     dt_ckpt *c;
-    if (dt_ckpt_open(p, &c) == DT_OK) {
-      printf("  step %-10llu valid    %s\n", (unsigned long long)steps[i], p);
-      resume = (long long)steps[i];
+    if (dt_ckpt_open(paths[i], &c) == DT_OK) {
+      printf("  step %-10llu valid    %s\n", (unsigned long long)dt_ckpt_step(c), paths[i]);
+      resume = (long long)dt_ckpt_step(c);
       dt_ckpt_destroy(c);
     } else {
-      printf("  step %-10llu CORRUPT  %s\n", (unsigned long long)steps[i], dt_last_error());
+      unsigned long long named = 0; /* the step the name gives */
+      sscanf(strrchr(paths[i], '/') + 1, "ckpt-%llu", &named);
+      printf("  step %-10llu CORRUPT  %s\n", named, dt_last_error());
       bad = 1;
     }
   }
@@ -130,7 +130,7 @@ static int inspect_dir(const char *dir) {
     printf("a resume would use step %lld\n", resume);
   else
     printf("no valid checkpoint: a resume would fail\n");
-  free(steps);
+  free(paths);
   return bad;
 }
 

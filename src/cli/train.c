@@ -66,12 +66,16 @@ static void help(FILE *f) {
       "  --progress MODE       auto | bar | lines | off (default auto: bar on a terminal)\n"
       "  --json                print the summary as one JSON object on stdout\n"
       "checkpoints:\n"
-      "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here\n"
+      "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here; created (with its\n"
+      "                        parents) and checked at start, locked (D/dtrain.lock) against a\n"
+      "                        second job; without --resume it must hold no checkpoints\n"
       "  --checkpoint-every K  every K steps (default: at each epoch's end) and at the end\n"
       "  --keep K              keep the last K checkpoints (default 3)\n"
       "  --resume              continue from the latest valid checkpoint in --checkpoint-dir\n"
       "                        (starts fresh if there is none); the loss sequence repeats the\n"
-      "                        uninterrupted run's\n"
+      "                        uninterrupted run's. --model, --batch, --seed, --optimizer and\n"
+      "                        --momentum must be those of the checkpoint; another --lr,\n"
+      "                        --schedule, --weight-decay, --epochs or --nesterov is warned about\n"
       "  -h, --help            this text\n"
       "\n"
       "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, missing or damaged data,\n"
@@ -156,6 +160,28 @@ static void json_num(FILE *f, double v) {
     fprintf(f, "%.10g", v);
   else
     fputs("null", f);
+}
+
+/* Prints a failed run's error with its hint; returns the exit code (2: settings or input).
+ * at_ckpt: the failure was at the checkpoints (directory, resume), not at the data. */
+static int train_error(dt_status rc, bool at_ckpt) {
+  if (at_ckpt && (rc == DT_ERR_NOT_FOUND || rc == DT_ERR_CORRUPT || rc == DT_ERR_MISMATCH))
+    return dt_cli_usage_error(CMD, "check the checkpoints with 'dtrain inspect DIR'; resume with the "
+                              "settings they were written with, or start afresh with another "
+                              "--checkpoint-dir", "%s", dt_last_error());
+  if (rc == DT_ERR_NOT_FOUND)
+    return dt_cli_usage_error(CMD, DATA_HINT, "%s", dt_last_error());
+  if (rc == DT_ERR_MISMATCH)
+    return dt_cli_usage_error(CMD, "start every worker with the same flags and data, and resume "
+                              "with the settings the checkpoint was written with",
+                              "%s", dt_last_error());
+  if (rc == DT_ERR_INVALID)
+    return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
+  if (rc == DT_ERR_CORRUPT)
+    return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
+                              "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
+                              "%s", dt_last_error());
+  return dt_cli_fail(CMD, "training failed");
 }
 
 int dt_cli_train(int argc, char **argv) {
@@ -358,19 +384,13 @@ int dt_cli_train(int argc, char **argv) {
   dt_monitor_finish(mon);
   dt_monitor_destroy(mon);
   if (rc != DT_OK) {
-    if (rc == DT_ERR_NOT_FOUND)
-      return dt_cli_usage_error(CMD, DATA_HINT, "%s", dt_last_error());
-    if (rc == DT_ERR_MISMATCH)
-      return dt_cli_usage_error(CMD, "start every worker with the same flags and data, and resume "
-                                "with the settings the checkpoint was written with",
-                                "%s", dt_last_error());
-    if (rc == DT_ERR_INVALID)
-      return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
-    if (rc == DT_ERR_CORRUPT)
-      return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
-                                "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
-                                "%s", dt_last_error());
-    return dt_cli_fail(CMD, "training failed");
+    int code = train_error(rc, s.failed_at_checkpoints);
+    /* A settings error is found on rank 0 too (check_settings, or rank 0's refusal shared with
+     * every rank): the others give it a moment to exit first (a launcher stops them then), so
+     * that a launcher naming the first rank to fail (dtrain run) names rank 0 and its reason. */
+    if (code == 2 && rank != 0)
+      sleep(3);
+    return code;
   }
   if (s.world_size > 1 && rank != 0)
     return 0;
@@ -420,9 +440,17 @@ int dt_cli_train(int argc, char **argv) {
     fflush(o);
     return 0;
   }
-  printf("trained %s (%zu parameters): %d epoch%s, %lld steps in %.1f s, %.0f samples/s "
+  /* a resumed run names the steps it ran, which its time and rate are for */
+  char steps[64];
+  if (s.resumed_from_step >= 0)
+    snprintf(steps, sizeof steps, "steps %lld-%lld", (long long)s.resumed_from_step + 1, (long long)s.steps);
+  else
+    snprintf(steps, sizeof steps, "%lld steps", (long long)s.steps);
+  if (s.resumed_from_step >= 0)
+    printf("resumed from step %lld\n", (long long)s.resumed_from_step);
+  printf("trained %s (%zu parameters): %d epoch%s, %s in %.1f s, %.0f samples/s "
          "(%d worker%s x %d thread%s)\n",
-         cfg.model, s.param_count, s.epochs, s.epochs == 1 ? "" : "s", (long long)s.steps, s.train_s,
+         cfg.model, s.param_count, s.epochs, s.epochs == 1 ? "" : "s", steps, s.train_s,
          s.samples_per_s, s.world_size, s.world_size == 1 ? "" : "s", cfg.threads,
          cfg.threads == 1 ? "" : "s");
   if (s.world_size > 1 && s.train_s > 0)

@@ -26,6 +26,13 @@ typedef struct dt__train_state {
   float *buf[2];
 } dt__train_state;
 
+/* Makes cfg->checkpoint_dir ready at start-up (rank 0, the one writer): creates it with its
+ * parents, checks that it is a writable directory, locks it against a second job (flock on
+ * DIR/dtrain.lock; *lock_fd holds the lock until closed, or until the process ends, so a
+ * restarted job takes it again) and, unless cfg->resume, refuses a directory that holds
+ * checkpoints already. DT_ERR_INVALID naming the directory and the cause; *lock_fd = -1. */
+dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd);
+
 /* Writes a checkpoint of the model's parameters, the state st and the position into
  * cfg->checkpoint_dir (rank 0 only). path_out receives the file. Blocks on I/O. */
 dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,

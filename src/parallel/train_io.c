@@ -10,17 +10,23 @@
  * whole (a run with a sharded optimizer, --zero 1, gathers its shards first: the file does not
  * say how the state was spread, so any run resumes from it);
  * meta keys step, optim_steps, sampler_seed, sampler_epoch, sampler_pos, epoch, model_spec,
- * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng. The dropout
+ * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng, and the
+ * settings a resume compares (momentum: refused when it differs; lr, schedule, weight_decay,
+ * epochs, nesterov: a warning; files without them are read as before). The dropout
  * RNG is reseeded from (seed, step, micro-batch, rank) every micro-batch, so no RNG stream needs
  * saving: "dropout_rng" records that rule.
  *
  * Not here: the loop (trainer.c), the checkpoint file format itself (ckpt). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "dtrain/ckpt.h"
@@ -145,7 +151,73 @@ out:
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 
+dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd) {
+  const char *dir = cfg->checkpoint_dir;
+  char p[PATH_MAX];
+  *lock_fd = -1;
+  if (snprintf(p, sizeof p, "%s/dtrain.lock", dir) >= (int)sizeof p)
+    return dt_set_error(DT_ERR_INVALID, "checkpoint directory %s: path too long", dir);
+  if (dt__mkdir_parents(p) != DT_OK)
+    return dt__error_prefix(DT_ERR_INVALID, "checkpoint directory %s", dir);
+  /* creating the lock file is the writability check (EROFS, EACCES, ENOTDIR for a file) */
+  int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return dt__errno(DT_ERR_INVALID, "checkpoint directory %s is not a writable directory: %s", dir, p);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char pid[24] = "";
+    ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
+    pid[r > 0 ? r : 0] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    close(fd);
+    errno = e;
+    if (e == EWOULDBLOCK)
+      return dt_set_error(DT_ERR_INVALID, "checkpoint directory %s is in use by another job "
+                          "(process %s holds %s): give each job its own --checkpoint-dir", dir,
+                          pid[0] ? pid : "?", p);
+    return dt__errno(DT_ERR_INVALID, "checkpoint directory %s: locking %s", dir, p);
+  }
+  if (ftruncate(fd, 0) == 0)
+    dprintf(fd, "%ld\n", (long)getpid());
+  /* A fresh run would prune its own checkpoints and keep the earlier run's higher-numbered
+   * ones, which a later --resume would then continue. */
+  if (!cfg->resume) {
+    char **paths;
+    size_t n;
+    dt_status rc = dt_ckpt_list_paths(dir, &paths, &n);
+    if (rc == DT_OK && n)
+      rc = dt_set_error(DT_ERR_INVALID, "checkpoint directory %s holds checkpoints of an earlier run "
+                        "(newest %s): pass --resume to continue it, or choose another --checkpoint-dir",
+                        dir, paths[n - 1]);
+    free(paths);
+    if (rc != DT_OK) {
+      close(fd);
+      return rc;
+    }
+  }
+  *lock_fd = fd;
+  return DT_OK;
+}
+
 static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "adamw" : "sgd"; }
+
+/* Settings a resume may change (the run goes on, but not as the uninterrupted one would):
+ * stored, and compared with a warning. */
+enum { SOFT_N = 5 };
+static const char *const soft_key[SOFT_N] = {"lr", "schedule", "weight_decay", "epochs", "nesterov"};
+static const char *const soft_flag[SOFT_N] = {"--lr", "--schedule", "--weight-decay", "--epochs", "--nesterov"};
+
+static void soft_values(const dt_train_config *cfg, char v[SOFT_N][64]) {
+  snprintf(v[0], 64, "%g", cfg->lr);
+  snprintf(v[1], 64, "%s", cfg->schedule ? cfg->schedule : "constant");
+  snprintf(v[2], 64, "%g", cfg->optim.weight_decay);
+  snprintf(v[3], 64, "%d", cfg->epochs);
+  snprintf(v[4], 64, "%s", cfg->optim.nesterov ? "on" : "off");
+}
+
+static float run_momentum(const dt_train_config *cfg) {
+  return cfg->optim.kind == DT_OPTIM_SGD ? cfg->optim.momentum : 0;
+}
 
 dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap) {
@@ -167,6 +239,9 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
   snprintf(v[8], 32, "%d", cfg->accumulate);
   snprintf(v[9], 32, "%zu", np);
   snprintf(v[10], 32, "%" PRIu64, pos->sampler.epoch);
+  char mom[32], sv[SOFT_N][64];
+  snprintf(mom, sizeof mom, "%g", run_momentum(cfg));
+  soft_values(cfg, sv);
   dt_kv meta[] = {
       {"step", v[0]},         {"optim_steps", v[1]},  {"sampler_seed", v[2]},
       {"sampler_epoch", v[3]}, {"sampler_pos", v[4]}, {"global_batch", v[5]},
@@ -174,6 +249,8 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
       {"param_count", v[9]},  {"epoch", v[10]},       {"model_spec", dt_model_spec(m)},
       {"optimizer", optim_name(cfg->optim.kind)},
       {"dropout_rng", "reseeded per micro-batch from (seed, step, micro-batch, rank)"},
+      {"momentum", mom},      {"lr", sv[0]},          {"schedule", sv[1]},
+      {"weight_decay", sv[2]}, {"epochs", sv[3]},     {"nesterov", sv[4]},
   };
   return dt_ckpt_save(cfg->checkpoint_dir, (uint64_t)pos->step, sec, ns, meta, DT_ARRAY_LEN(meta),
                       cfg->keep, path_out, cap);
@@ -201,6 +278,29 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
   snprintf(buf, sizeof buf, "%" PRIu64, cfg->seed);
   DT_CHECK_GOTO(meta_expect(c, "seed", buf, "--seed"), rc, fail);
   DT_CHECK_GOTO(meta_expect(c, "optimizer", optim_name(cfg->optim.kind), "--optimizer"), rc, fail);
+  /* momentum: stored by name; older files tell by their momentum buffer */
+  char mom[32];
+  snprintf(mom, sizeof mom, "%g", run_momentum(cfg));
+  const char *had = dt_ckpt_meta_get(c, "momentum");
+  int buffer = dt_ckpt_find(c, "momentum") != NULL;
+  if (cfg->optim.kind == DT_OPTIM_SGD && (had ? strcmp(had, mom) != 0 : buffer != (run_momentum(cfg) > 0))) {
+    rc = dt_set_error(DT_ERR_MISMATCH, "%s was written with --momentum %s, this run has %s", dt_ckpt_path(c),
+                      had ? had : buffer ? "> 0" : "0", mom);
+    goto fail;
+  }
+  char sv[SOFT_N][64], now[512] = "", then[512] = "";
+  soft_values(cfg, sv);
+  for (int i = 0; i < SOFT_N; i++) {
+    const char *h = dt_ckpt_meta_get(c, soft_key[i]);
+    if (!h || !strcmp(h, sv[i]))
+      continue;
+    size_t a = strlen(now), b = strlen(then);
+    snprintf(now + a, sizeof now - a, "%s%s %s", a ? ", " : "", soft_flag[i], sv[i]);
+    snprintf(then + b, sizeof then - b, "%s%s", b ? ", " : "", h);
+  }
+  if (now[0])
+    DT_LOG_WARN("resuming with %s; the checkpoint was written with %s: the loss sequence will differ "
+                "from the uninterrupted run's", now, then);
   size_t np = dt_model_param_count(m);
   const dt_ckpt_section *s = dt_ckpt_find(c, "params");
   if (!s || s->nbytes != np * 4) {
@@ -233,8 +333,8 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
   pos->sampler.pos = spos;
   const char *ws = dt_ckpt_meta_get(c, "world_size");
   const char *skipped = dt_ckpt_skipped(c);
-  snprintf(note, cap, "from %s (step %" PRIu64 ", written by %s worker(s))%s%s", dt_ckpt_path(c),
-           step, ws ? ws : "?", skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
+  snprintf(note, cap, "from %s (step %" PRIu64 ", epoch %" PRIu64 ", written by %s worker(s))%s%s",
+           dt_ckpt_path(c), step, sepoch + 1, ws ? ws : "?", skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
   dt_ckpt_destroy(c);
   return DT_OK;
 fail:

@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "core/core.h"
@@ -78,6 +79,8 @@ typedef struct trainer {
   const float **blk;           /* [n]: this rank's block of one bucket in each */
   float clip_f;
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
+  int ckpt_lock;               /* rank 0: the checkpoint directory's lock (-1: none) */
+  int refused_by_root;         /* this rank stops because rank 0 refused the start (see share_start) */
 } trainer;
 
 void dt_train_config_init(dt_train_config *cfg) {
@@ -749,20 +752,35 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Broadcasts what rank 0 restored from a checkpoint (or that there was none); st holds rank 0's
- * whole optimizer state (the optimizer's own buffers unless sharded). */
-static dt_status share_resume(trainer *t, dt_status load_rc, dt__train_pos *pos,
-                              const dt__train_state *st) {
-  int64_t hdr[6] = {load_rc == DT_OK, pos->step, (int64_t)pos->sampler.seed,
+/* Broadcasts rank 0's start-up verdict on the checkpoints (root_rc: DT_OK, or why it refused:
+ * an unusable directory, settings that differ from the checkpoint's, no valid checkpoint) and
+ * what it restored (resumed, pos, st: rank 0's whole optimizer state, the optimizer's own
+ * buffers unless sharded). A refusal travels with its message, so every rank stops at once
+ * with rank 0's reason instead of waiting for data that never comes. */
+static dt_status share_start(trainer *t, dt_status root_rc, int resumed, dt__train_pos *pos,
+                             const dt__train_state *st) {
+  char msg[768] = "";
+  if (root_rc != DT_OK)
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+  int64_t hdr[7] = {root_rc, resumed, pos->step, (int64_t)pos->sampler.seed,
                     (int64_t)pos->sampler.epoch, (int64_t)pos->sampler.pos, pos->optim_steps};
-  DT_CHECK(dt_comm_broadcast(t->comm, hdr, 6, DT_I64, 0));
-  if (!hdr[0])
+  DT_CHECK(dt_comm_broadcast(t->comm, hdr, 7, DT_I64, 0));
+  if (hdr[0] != DT_OK) {
+    DT_CHECK(dt_comm_broadcast(t->comm, msg, sizeof msg, DT_U8, 0));
+    msg[sizeof msg - 1] = '\0';
+    if (t->rank == 0)
+      return dt_set_error(root_rc, "%s", msg);
+    t->refused_by_root = 1;
+    return dt_set_error((dt_status)hdr[0], "rank 0 refused to %s: %s", t->cfg->resume ? "resume" : "start",
+                        msg);
+  }
+  if (!hdr[1])
     return DT_OK;
-  pos->step = hdr[1];
-  pos->sampler.seed = (uint64_t)hdr[2];
-  pos->sampler.epoch = (uint64_t)hdr[3];
-  pos->sampler.pos = (uint64_t)hdr[4];
-  pos->optim_steps = hdr[5];
+  pos->step = hdr[2];
+  pos->sampler.seed = (uint64_t)hdr[3];
+  pos->sampler.epoch = (uint64_t)hdr[4];
+  pos->sampler.pos = (uint64_t)hdr[5];
+  pos->optim_steps = hdr[6];
   size_t n = dt_model_param_count(t->model);
   if (!t->shared) /* else rank 0 loaded them into the one copy before the header */
     DT_CHECK(dt_comm_broadcast(t->comm, dt_model_params(t->model), n, DT_F32, 0));
@@ -850,36 +868,39 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   if (c->max_steps > 0 && c->max_steps < total)
     total = c->max_steps;
 
-  /* resume */
+  /* checkpoints: rank 0, the writer, prepares the directory and, resuming, loads the latest;
+   * its verdict reaches every rank with what it restored */
   dt__train_pos pos = {.step = 0, .sampler = {.seed = c->seed, .epoch = 0, .pos = 0}};
   sum->resumed_from_step = -1;
-  if (c->resume) {
+  if (c->checkpoint_dir) {
     char what[1024] = "";
-    dt_status lrc = DT_ERR_NOT_FOUND;
-    dt__train_state st;
-    DT_CHECK(state_whole(t, &st, 1));
+    dt__train_state st = {0};
+    if (c->resume)
+      DT_CHECK(state_whole(t, &st, 1));
+    dt_status lrc = DT_ERR_NOT_FOUND; /* nothing restored */
     if (t->rank == 0) {
-      lrc = dt__train_ckpt_load(c, t->model, &st, &pos, what, sizeof what);
-      if (lrc != DT_OK && lrc != DT_ERR_NOT_FOUND) {
-        state_release(t, &st);
-        return lrc;
-      }
+      lrc = dt__train_ckpt_prepare(c, &t->ckpt_lock);
+      if (lrc == DT_OK)
+        lrc = c->resume ? dt__train_ckpt_load(c, t->model, &st, &pos, what, sizeof what) : DT_ERR_NOT_FOUND;
     }
+    rc = lrc == DT_ERR_NOT_FOUND ? DT_OK : lrc;
     if (t->world > 1) {
-      rc = share_resume(t, lrc, &pos, &st);
-      if (rc != DT_OK) {
-        state_release(t, &st);
-        return dt__error_prefix(rc, "sharing the checkpoint from rank 0");
-      }
+      rc = share_start(t, rc, lrc == DT_OK, &pos, &st);
+      if (rc != DT_OK && !t->refused_by_root && t->rank != 0)
+        dt__error_prefix(rc, "sharing the checkpoint from rank 0");
     }
     state_release(t, &st);
+    if (rc != DT_OK) {
+      sum->failed_at_checkpoints = true;
+      return rc;
+    }
     if (pos.step > 0) {
       dt_optim_set_step_count(t->optim, pos.optim_steps);
       DT_CHECK(dt_loader_seek(t->loader, &pos.sampler));
       sum->resumed_from_step = pos.step;
       if (t->rank == 0)
         note(t, "resumed %s", what);
-    } else if (t->rank == 0) {
+    } else if (c->resume && t->rank == 0) {
       note(t, "no checkpoint in %s: starting from step 0", c->checkpoint_dir);
     }
   }
@@ -1161,7 +1182,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   if (!cfg)
     return dt_set_error(DT_ERR_INVALID, "dt_train_run: cfg is NULL");
   DT_CHECK(check_config(cfg));
-  trainer t = {.cfg = cfg, .obs = obs, .world = 1};
+  trainer t = {.cfg = cfg, .obs = obs, .world = 1, .ckpt_lock = -1};
   dt_status rc = DT_OK;
   if (job_world_size() > 1) {
     dt_comm_config cc;
@@ -1191,5 +1212,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt__free(t.blk);
   dt__free(t.small);
   dt_comm_destroy(t.comm);
+  if (t.ckpt_lock >= 0)
+    close(t.ckpt_lock);
   return rc;
 }

@@ -1,6 +1,7 @@
 /* test_ckpt.c - the checkpoint format and its directory handling: round trip, a bit flip in each
  * part of the newest file detected and the previous one used, truncated / zero-length / torn
  * files, stray temp files of dead writers cleaned (a live writer's kept), keep-last-K pruning,
+ * a file whose name and stored step differ (invalid, named as found),
  * and a write that fails half way (file size limit, and a really full file system when the test
  * may mount one) leaving the previous checkpoint loadable and no temp file behind. */
 #include <setjmp.h>
@@ -185,6 +186,46 @@ static void test_keep_last(void **st) {
   assert_non_null(strstr(dt_last_error(), "no checkpoint"));
   assert_int_equal(dt_ckpt_open_latest(tpath("nodir"), &c), DT_ERR_NOT_FOUND);
   assert_null(c);
+}
+
+/* A file's name and the step inside are compared: a step-100 file copied to step 500's name is
+ * invalid (naming both) and skipped; an unpadded name (ckpt-700.dtc) is reported as it is. */
+static void test_name_and_step(void **st) {
+  char dir[400], p[512], q[512];
+  fresh_dir("names", dir, sizeof dir);
+  assert_int_equal(save(dir, 100, 0), DT_OK);
+  assert_int_equal(save(dir, 200, 0), DT_OK);
+  size_t n;
+  snprintf(p, sizeof p, "%s/ckpt-000000100.dtc", dir);
+  unsigned char *b = slurp(p, &n);
+  snprintf(q, sizeof q, "%s/ckpt-000000500.dtc", dir);
+  spit(q, b, n);
+  free(b);
+  dt_ckpt *c;
+  assert_int_equal(dt_ckpt_open(q, &c), DT_ERR_CORRUPT);
+  assert_null(c);
+  assert_non_null(strstr(dt_last_error(), "ckpt-000000500.dtc: holds step 100, but its name says step 500"));
+  snprintf(q, sizeof q, "%s/ckpt-700.dtc", dir);
+  spit(q, "not a checkpoint", 16);
+  assert_int_equal(dt_ckpt_open_latest(dir, &c), DT_OK);
+  check_state(c, 200);
+  assert_non_null(strstr(dt_ckpt_skipped(c), q));
+  assert_non_null(strstr(dt_ckpt_skipped(c), "holds step 100, but its name says step 500"));
+  assert_null(strstr(dt_ckpt_skipped(c), "ckpt-000000700.dtc"));
+  dt_ckpt_destroy(c);
+  char **paths;
+  assert_int_equal(dt_ckpt_list_paths(dir, &paths, &n), DT_OK);
+  assert_int_equal(n, 4);
+  assert_string_equal(paths[3], q);
+  snprintf(p, sizeof p, "%s/ckpt-000000200.dtc", dir);
+  assert_string_equal(paths[1], p);
+  free(paths);
+  /* pruning removes files by their real names too (keeping the highest step and the new one) */
+  assert_int_equal(save(dir, 300, 1), DT_OK);
+  assert_int_equal(dt_ckpt_list_paths(dir, &paths, &n), DT_OK);
+  assert_int_equal(n, 2);
+  assert_string_equal(paths[1], q);
+  free(paths);
 }
 
 /* Offsets of the parts of a file: header, table, and each section's data (from the table). */
@@ -436,7 +477,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip),         cmocka_unit_test(test_keep_last),
       cmocka_unit_test(test_bit_flips_fall_back), cmocka_unit_test(test_truncated_and_empty),
       cmocka_unit_test(test_stray_temp_files),   cmocka_unit_test(test_write_failure_keeps_previous),
-      cmocka_unit_test(test_enospc),
+      cmocka_unit_test(test_enospc),             cmocka_unit_test(test_name_and_step),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,7 +8,11 @@
  *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
  *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
  *           final parameters bit for bit (resume: SGD with Nesterov momentum and dropout;
- *           resume_adamw: AdamW with a cosine schedule and clipping) */
+ *           resume_adamw: AdamW with a cosine schedule and clipping)
+ *   ckdir   --checkpoint-dir is made (with parents) and checked at start-up: a regular file is
+ *           refused before any step, so is a directory holding an earlier run's checkpoints
+ *           (without --resume) and one locked by another job; resuming with another --momentum
+ *           is refused as a settings mismatch, with another --lr warned about */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -249,6 +253,56 @@ static void group_resume(int adamw) {
   tt_result_free(&r);
 }
 
+/* The checkpoint directory is checked at start-up, not at the first checkpoint. */
+static void group_ckdir(void) {
+  const char *b = tt_bin();
+  const char *common = "--model '" TINY_MODEL "' --batch 40 --threads 1 --log-interval 1 --checkpoint-every 5";
+  /* missing parents are created; a regular file is refused before any step */
+  tt_result r = tt_run(dir, 120, "%s train --data %s %s --max-steps 1 --checkpoint-dir %s/x/y/ck --out %s/o1",
+                       b, data, common, dir, dir);
+  CHECK(r.code == 0, "exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  char p[4096];
+  snprintf(p, sizeof p, "%s/x/y/ck/dtrain.lock", dir);
+  CHECK(access(p, F_OK) == 0, "%s/x/y/ck was not created at start", dir);
+  snprintf(p, sizeof p, "%s/afile", dir);
+  FILE *f = fopen(p, "w");
+  CHECK(f, "create %s", p);
+  fclose(f);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --checkpoint-dir %s --out %s/o2", b, data, common, p, dir);
+  CHECK(r.code == 2 && strstr(r.err, p) && strstr(r.err, "Not a directory"), "file as dir: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  snprintf(p, sizeof p, "%s/o2/metrics.jsonl", dir);
+  double l[16];
+  CHECK(tt_metrics_losses(p, l, 16) == 0, "steps were trained before the directory was checked");
+  /* a fresh run into an earlier run's checkpoints is refused, naming the newest */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --checkpoint-dir %s/ck --out %s/o3", b, data, common,
+             dir, dir);
+  CHECK(r.code == 0, "exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --checkpoint-dir %s/ck --out %s/o4", b, data, common,
+             dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "ckpt-000000010.dtc") && strstr(r.err, "--resume"), "stale dir: exit %d: %s",
+        r.code, r.err);
+  tt_result_free(&r);
+  /* another momentum is a settings mismatch (not damage); a changed --lr is accepted with a warning */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 12 --momentum 0.9 --checkpoint-dir %s/ck --resume "
+             "--out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "was written with --momentum 0, this run has 0.9") &&
+        !strstr(r.err, "dataset-fashion-mnist"), "momentum: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 12 --lr 0.1 --progress off --checkpoint-dir %s/ck --resume "
+             "--out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 0 && strstr(r.err, "resuming with --lr 0.1; the checkpoint was written with 0.05") &&
+        strstr(r.out, "resumed from step 10") && strstr(r.out, "steps 11-12 in"), "lr: exit %d: %s%s", r.code, r.out, r.err);
+  tt_result_free(&r);
+  /* a second job on a locked directory is refused */
+  r = tt_run(dir, 120, "flock %s/ck/dtrain.lock %s train --data %s %s --max-steps 12 --checkpoint-dir %s/ck --resume "
+             "--out %s/o5", dir, b, data, common, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "in use by another job"), "locked: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+}
+
 int main(int argc, char **argv) {
   const char *g = argc > 1 ? argv[1] : "usage";
   tt_scratch(dir, sizeof dir, g);
@@ -265,6 +319,8 @@ int main(int argc, char **argv) {
     group_resume(0);
   else if (!strcmp(g, "resume_adamw"))
     group_resume(1);
+  else if (!strcmp(g, "ckdir"))
+    group_ckdir();
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);

@@ -9,6 +9,11 @@
  *   resume    2 workers interrupted at step 12 and resumed on 2 workers repeat the
  *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
  *             workers they match within 1e-5
+ *   refuse    rank 0 refusing to resume (another --seed; only corrupt checkpoints) or to start
+ *             (a fresh run into a directory with checkpoints) stops both workers within seconds
+ *             at the default deadline, exit 2, rank 0 named first with its reason and rank 1
+ *             saying rank 0 refused; a job restarted by --max-restarts after a kill takes the
+ *             checkpoint directory's lock again and finishes
  *   kill      a 2-worker job whose rank 1 is SIGKILLed at step 130 resumes from the step-100
  *             checkpoint and repeats the uninterrupted losses and parameters exactly
  *   bind      2 workers whose compute threads fit the CPUs are pinned to their shares of them
@@ -26,6 +31,7 @@
  *             private and trains anyway; with one just large enough for the gradients of both
  *             workers and one copy of the parameters, the window fits */
 #include <sched.h>
+#include <time.h>
 
 #include "train_test.h"
 
@@ -153,6 +159,53 @@ static void group_resume(void) {
     else
       CHECK(d <= 1e-5, "%d workers: parameters differ by %g", ns[i], d);
   }
+}
+
+/* Runs a 2-worker job with `flags`, expecting rank 0's refusal: exit 2 within seconds (the
+ * collective deadline stays at its default 300 s), rank 0 named first with `why`. */
+static void expect_refusal(const char *flags, const char *why) {
+  int64_t t0 = (int64_t)time(NULL);
+  tt_result r = tt_run(dir, 120, "%s run -n 2 -- %s train --data %s " COMMON " %s", tt_bin(), tt_bin(),
+                       data, flags);
+  int64_t took = (int64_t)time(NULL) - t0;
+  CHECK(r.code == 2, "%s: exit %d, want 2: %s", why, r.code, r.err);
+  CHECK(took < 30, "%s: took %lld s", why, (long long)took);
+  CHECK(strstr(r.err, "rank 0 failed first: exit code 2"), "%s: rank 0 not named first: %s", why, r.err);
+  CHECK(strstr(r.err, why), "%s: reason not shown: %s", why, r.err);
+  CHECK(!strstr(r.err, "dataset-fashion-mnist"), "%s: dataset hint: %s", why, r.err);
+  tt_result_free(&r);
+}
+
+static void group_refuse(void) {
+  char flags[8192];
+  snprintf(flags, sizeof flags, "--max-steps 6 --checkpoint-every 3 --checkpoint-dir %s/ck --out %s/a", dir, dir);
+  train_n(2, flags, "a");
+  snprintf(flags, sizeof flags, "--max-steps 9 --seed 7 --checkpoint-dir %s/ck --resume --out %s/b", dir, dir);
+  expect_refusal(flags, "was written with --seed 42, this run has 7");
+  snprintf(flags, sizeof flags, "--max-steps 9 --checkpoint-dir %s/ck --out %s/b", dir, dir);
+  expect_refusal(flags, "holds checkpoints of an earlier run");
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "for f in %s/ck/ckpt-*.dtc; do printf garbage > $f; done", dir);
+  CHECK(system(cmd) == 0, "corrupt checkpoints");
+  snprintf(flags, sizeof flags, "--max-steps 9 --checkpoint-dir %s/ck --resume --out %s/b", dir, dir);
+  expect_refusal(flags, "no valid checkpoint in");
+  /* rank 1 says why it stopped */
+  tt_result r = tt_run(dir, 120, "%s run -n 2 --output prefix -- %s train --data %s " COMMON
+                       " --max-steps 9 --checkpoint-dir %s/ck --resume --out %s/b",
+                       tt_bin(), tt_bin(), data, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "rank 1: rank 0 refused to resume: no valid checkpoint in"),
+        "exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+
+  /* restarts: the killed generation's lock dies with it */
+  snprintf(cmd, sizeof cmd, "rm -rf %s/ck", dir);
+  CHECK(system(cmd) == 0, "rm");
+  r = tt_run(dir, 300, "%s run -n 2 --max-restarts 1 --inject-fault 'kill:rank=0,step=8' -- %s train --data %s "
+             COMMON " --max-steps 12 --checkpoint-every 3 --checkpoint-dir %s/ck --resume --out %s/c --json",
+             tt_bin(), tt_bin(), data, dir, dir);
+  CHECK(r.code == 0, "restarted job: exit %d: %s", r.code, r.err);
+  CHECK(!strstr(r.err, "in use by another job") && strstr(r.err, "1 restart"), "lock outlived its job: %s", r.err);
+  tt_result_free(&r);
 }
 
 /* A job whose rank 1 crashes (SIGKILL, from dtrain run --inject-fault) at step 130 resumes from
@@ -305,6 +358,8 @@ int main(int argc, char **argv) {
     group_resume();
   else if (!strcmp(g, "kill"))
     group_kill();
+  else if (!strcmp(g, "refuse"))
+    group_refuse();
   else if (!strcmp(g, "bind"))
     group_bind();
   else if (!strcmp(g, "window"))
