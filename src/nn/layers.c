@@ -436,6 +436,16 @@ static void gelu_backward(nn_layer *l, const nn_slice *s) {
   }
 }
 
+/* v when keep is 1, +0.0f when it is 0, without a branch: the masks are random, so a branch
+ * would be mispredicted for about every other value (that cost more than drawing the masks). */
+static inline float keep_or_zero(float v, uint32_t keep) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  u &= 0u - keep;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
 /* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. The mask
  * of a sample is a pure function of (forward key, the sample's number, layer): a counter-based
  * stream, word j = dt__mix64(h + (j + 1) * golden) with h hashed from those three, 16 bits per
@@ -453,14 +463,14 @@ static void dropout_forward(nn_layer *l, const nn_slice *s, bool train) {
     uint64_t ctr = dt__mix64(s->key ^ dt__mix64(((uint64_t)l->seq << 48) + s->first + (uint64_t)n));
     float *y = l->y + (size_t)n * sz;
     uint8_t *mask = l->mask + (size_t)n * sz;
-    uint64_t bits = 0;
-    for (size_t i = 0; i < sz; i++) {
-      if ((i & 3) == 0)
-        bits = dt__mix64(ctr += DT__GOLDEN64);
-      uint8_t keep = (uint32_t)(bits & 0xffff) >= thresh;
-      bits >>= 16;
-      mask[i] = keep;
-      y[i] = keep ? y[i] * scale : 0.0f;
+    for (size_t i = 0; i < sz; i += 4) {
+      uint64_t bits = dt__mix64(ctr += DT__GOLDEN64);
+      size_t e = DT_MIN(sz - i, (size_t)4);
+      for (size_t k = 0; k < e; k++) {
+        uint32_t keep = (uint32_t)(bits >> (16 * k) & 0xffff) >= thresh;
+        mask[i + k] = (uint8_t)keep;
+        y[i + k] = keep_or_zero(y[i + k] * scale, keep);
+      }
     }
   }
 }
@@ -473,7 +483,7 @@ static void dropout_backward(nn_layer *l, const nn_slice *s) {
   float *dx = ROWS(l->dx, sz);
   const uint8_t *mask = l->mask + (size_t)s->b0 * sz;
   for (size_t i = 0; i < n; i++)
-    dx[i] = mask[i] ? dx[i] * scale : 0.0f;
+    dx[i] = keep_or_zero(dx[i] * scale, mask[i]);
 }
 
 /* ---- layernorm over the F features of each sample, eps 1e-5 as PyTorch ---- */
