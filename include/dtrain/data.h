@@ -152,6 +152,9 @@ uint64_t dt_sampler_max_local(const dt_sampler *s);
  * (capacity dt_sampler_max_local) and returns true; *local = count written, *global = size of
  * the whole global batch. Returns false, writing nothing, when the epoch is exhausted. */
 bool dt_sampler_next(dt_sampler *s, uint32_t *idx, uint64_t *local, uint64_t *global);
+/* Where this rank's shard of a global batch of `global` samples starts in it: the number of
+ * samples the ranks before it get (the split dt_sampler_next makes). */
+uint64_t dt_sampler_shard_first(const dt_sampler *s, uint64_t global);
 /* Starts epoch e at position 0 (rebuilds the permutation). */
 void dt_sampler_set_epoch(dt_sampler *s, uint64_t epoch);
 /* Continues exactly where st says (a state saved by any rank with any world size and the same
@@ -169,6 +172,7 @@ typedef struct dt_batch {
   const int32_t *y;        /* (n) */
   uint64_t n;              /* this rank's samples (may be 0 in a short last batch) */
   uint64_t global_n;       /* samples of the global batch over all ranks */
+  uint64_t first;          /* position of this rank's first sample in the global batch */
   uint64_t epoch;          /* epoch this batch belongs to */
   uint64_t step;           /* index of this batch within its epoch */
   bool last_in_epoch;      /* no further batch in this epoch */

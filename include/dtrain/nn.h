@@ -147,8 +147,18 @@ void dt_model_discard_grad(dt_model *m);
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct);
 
-/* The dropout RNG (plain data: checkpoints save and restore it by copying *rng). */
+/* Dropout masks. Each sample's mask in each dropout layer is a pure function of (key, the
+ * sample's number, the layer's position in the model), drawn from a counter-based generator,
+ * so it does not depend on the thread split nor on how a batch is cut into forwards.
+ * dt_model_set_dropout_key sets the key of the NEXT training forward and numbers its samples
+ * first, first + 1, ...; it is used once. Forwarding a batch in pieces, each keyed by the same key
+ * and its first sample's position in the whole batch, draws the very masks of one forward of the
+ * whole batch: the trainer keys every micro-batch of every rank with (seed, step) and the
+ * sample's position in the global batch. A training forward without it draws its key from the
+ * model's RNG (seeded from the model's seed; plain data, save and restore it by copying *rng)
+ * and numbers its samples from 0. Eval forwards apply no dropout and consume nothing. */
 dt_rng *dt_model_rng(dt_model *m);
+void dt_model_set_dropout_key(dt_model *m, uint64_t key, uint64_t first);
 
 /* Scales the model's gradients so that their global L2 norm is at most max_norm (no change if
  * it already is, or if max_norm <= 0). Returns the norm before clipping. */

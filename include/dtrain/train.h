@@ -25,12 +25,12 @@
  *     of zero = 0 up to float rounding of the sums; checkpoints hold the whole state either way;
  *   - evaluation is split across ranks and the sums combined.
  * Everything that affects the numbers is deterministic: the sampler depends on (seed, epoch),
- * the dropout RNG is reseeded each micro-batch from (seed, step, micro-batch, rank), the
- * reductions run in a fixed order. Resuming from a checkpoint with the same world size repeats
- * the uninterrupted run bit for bit; with another world size (same global batch) it matches
- * within float rounding (about 1e-7 relative), as do runs on different world sizes, except that
- * dropout masks depend on the rank, so models with dropout agree across world sizes only in
- * distribution.
+ * each sample's dropout mask on (seed, step, its position in the global batch, layer) alone (not
+ * on the rank, the world size or accumulate: see dt_model_set_dropout_key), the reductions run
+ * in a fixed order. Resuming from a checkpoint with the same world size repeats the
+ * uninterrupted run bit for bit; with another world size or accumulate (same global batch) it
+ * matches within float rounding (about 1e-7 relative), as do runs on different world sizes,
+ * with or without dropout.
  *
  * Output. Rank 0 reports through an observer (NULL: silent): each logged step, each epoch, and
  * free-form notes. dtrain/monitor.h provides the observer `dtrain train` uses (metrics JSONL file

@@ -73,6 +73,17 @@ static inline uint64_t dt__get64(const uint8_t *p) {
   return (uint64_t)dt__get32(p) | (uint64_t)dt__get32(p + 4) << 32;
 }
 
+/* splitmix64's output function (Steele, Lea, Flood 2014): a bijection of 64-bit words whose
+ * outputs for the counters c, c + DT__GOLDEN64, c + 2 * DT__GOLDEN64, ... pass BigCrush. Used as a
+ * counter-based generator where a stream must be a pure function of its keys (dropout masks:
+ * nn/layers.c) and to seed dt_rng. Two multiplies: cheap enough for every activation. */
+#define DT__GOLDEN64 0x9E3779B97F4A7C15ULL
+static inline uint64_t dt__mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 /* Reads a whole regular file into a new dt__alloc'd buffer (*buf, *n; free with dt__free).
  * A missing file is DT_ERR_NOT_FOUND, one larger than max_bytes DT_ERR_INVALID; every message
  * names the path. */

@@ -3,12 +3,7 @@
 
 #include "core/core.h"
 
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
+static uint64_t splitmix64(uint64_t *x) { return dt__mix64(*x += DT__GOLDEN64); }
 
 void dt_rng_seed(dt_rng *r, uint64_t seed) {
   uint64_t x = seed;

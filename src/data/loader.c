@@ -52,6 +52,7 @@ static void fill_slot(dt_loader *l, slot *sl) {
   sl->b.y = sl->y;
   sl->b.n = n;
   sl->b.global_n = g;
+  sl->b.first = dt_sampler_shard_first(s, g);
   sl->b.epoch = s->st.epoch;
   sl->b.step = (pos - g) / B;
   sl->b.last_in_epoch = pos >= N || (s->cfg.drop_last && N - pos < B);

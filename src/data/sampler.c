@@ -65,6 +65,11 @@ uint64_t dt_sampler_max_local(const dt_sampler *s) {
   return (s->cfg.global_batch + (uint64_t)s->cfg.world - 1) / (uint64_t)s->cfg.world;
 }
 
+uint64_t dt_sampler_shard_first(const dt_sampler *s, uint64_t global) {
+  uint64_t world = (uint64_t)s->cfg.world, r = (uint64_t)s->cfg.rank;
+  return r * (global / world) + DT_MIN(r, global % world);
+}
+
 bool dt_sampler_next(dt_sampler *s, uint32_t *idx, uint64_t *local, uint64_t *global) {
   uint64_t n = s->cfg.num_samples, B = s->cfg.global_batch, pos = s->st.pos;
   if (pos >= n || (s->cfg.drop_last && n - pos < B)) {
@@ -72,9 +77,8 @@ bool dt_sampler_next(dt_sampler *s, uint32_t *idx, uint64_t *local, uint64_t *gl
     return false;
   }
   uint64_t b = DT_MIN(B, n - pos), world = (uint64_t)s->cfg.world, r = (uint64_t)s->cfg.rank;
-  uint64_t base = b / world, extra = b % world;
-  uint64_t cnt = base + (r < extra ? 1 : 0);
-  uint64_t off = r * base + DT_MIN(r, extra);
+  uint64_t cnt = b / world + (r < b % world ? 1 : 0);
+  uint64_t off = dt_sampler_shard_first(s, b);
   if (cnt)
     memcpy(idx, s->perm + pos + off, (size_t)cnt * sizeof(uint32_t));
   s->st.pos = pos + b;

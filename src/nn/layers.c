@@ -436,9 +436,23 @@ static void gelu_backward(nn_layer *l, const nn_slice *s) {
   }
 }
 
-/* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. Each
- * sample's mask comes from its own stream keyed by (forward key, layer, sample), so the masks
- * do not depend on how the batch is split across threads. 16 bits per value. */
+/* v when keep is 1, +0.0f when it is 0, without a branch: the masks are random, so a branch
+ * would be mispredicted for about every other value (that cost more than drawing the masks). */
+static inline float keep_or_zero(float v, uint32_t keep) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  u &= 0u - keep;
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+/* Inverted dropout: kept values are scaled by 1/(1-p) in training, eval is the identity. The mask
+ * of a sample is a pure function of (forward key, the sample's number, layer): a counter-based
+ * stream, word j = dt__mix64(h + (j + 1) * golden) with h hashed from those three, 16 bits per
+ * value (4 values per word, two multiplies). The sample's number is s->first + its row, so the
+ * masks depend neither on how the batch is split across threads nor on how the caller splits a
+ * larger batch into forwards (micro-batches, data-parallel shards: see
+ * dt_model_set_dropout_key). */
 static void dropout_forward(nn_layer *l, const nn_slice *s, bool train) {
   if (!train || l->p <= 0.0f)
     return;
@@ -446,18 +460,17 @@ static void dropout_forward(nn_layer *l, const nn_slice *s, bool train) {
   const uint32_t thresh = (uint32_t)((double)l->p * 65536.0);
   const float scale = 1.0f / (1.0f - l->p);
   for (int n = s->b0; n < s->b0 + s->nb; n++) {
-    dt_rng r;
-    dt_rng_seed(&r, s->key ^ ((uint64_t)l->seq << 40) ^ (uint64_t)n);
+    uint64_t ctr = dt__mix64(s->key ^ dt__mix64(((uint64_t)l->seq << 48) + s->first + (uint64_t)n));
     float *y = l->y + (size_t)n * sz;
     uint8_t *mask = l->mask + (size_t)n * sz;
-    uint64_t bits = 0;
-    for (size_t i = 0; i < sz; i++) {
-      if ((i & 3) == 0)
-        bits = dt_rng_next(&r);
-      uint8_t keep = (uint32_t)(bits & 0xffff) >= thresh;
-      bits >>= 16;
-      mask[i] = keep;
-      y[i] = keep ? y[i] * scale : 0.0f;
+    for (size_t i = 0; i < sz; i += 4) {
+      uint64_t bits = dt__mix64(ctr += DT__GOLDEN64);
+      size_t e = DT_MIN(sz - i, (size_t)4);
+      for (size_t k = 0; k < e; k++) {
+        uint32_t keep = (uint32_t)(bits >> (16 * k) & 0xffff) >= thresh;
+        mask[i + k] = (uint8_t)keep;
+        y[i + k] = keep_or_zero(y[i + k] * scale, keep);
+      }
     }
   }
 }
@@ -470,7 +483,7 @@ static void dropout_backward(nn_layer *l, const nn_slice *s) {
   float *dx = ROWS(l->dx, sz);
   const uint8_t *mask = l->mask + (size_t)s->b0 * sz;
   for (size_t i = 0; i < n; i++)
-    dx[i] = mask[i] ? dx[i] * scale : 0.0f;
+    dx[i] = keep_or_zero(dx[i] * scale, mask[i]);
 }
 
 /* ---- layernorm over the F features of each sample, eps 1e-5 as PyTorch ---- */

@@ -466,6 +466,12 @@ dt_status dt_model_share_params(dt_model *m, float *params) {
 size_t dt_model_tensor_count(const dt_model *m) { return m->ntensors; }
 dt_rng *dt_model_rng(dt_model *m) { return &m->rng; }
 
+void dt_model_set_dropout_key(dt_model *m, uint64_t key, uint64_t first) {
+  m->key_set = true;
+  m->next_key = key;
+  m->next_first = first;
+}
+
 const dt_tensor *dt_model_tensor(const dt_model *m, size_t i) {
   return i < m->ntensors ? &m->tensors[i] : NULL;
 }
@@ -493,13 +499,14 @@ const dt_tensor *dt_model_find_tensor(const dt_model *m, const char *name) {
 }
 
 /* Splits the batch across the model's threads: thread t gets samples [b0, b0 + nb). */
-static void split_batch(dt_model *m, int batch, uint64_t key) {
+static void split_batch(dt_model *m, int batch, uint64_t key, uint64_t first) {
   for (int t = 0; t < m->nthreads; t++) {
     nn_slice *s = &m->slices[t];
     s->b0 = (int)((int64_t)batch * t / m->nthreads);
     s->nb = (int)((int64_t)batch * (t + 1) / m->nthreads) - s->b0;
     s->B = batch;
     s->key = key;
+    s->first = first;
     s->pack = true;
   }
 }
@@ -561,8 +568,17 @@ static dt_status run_forward(dt_model *m, const float *x, int batch, bool train,
         for (size_t p = 0; p < HW; p++)
           m->input[(n * HW + p) * C + c] = x[(n * C + c) * HW + p];
   }
-  /* one draw per training forward keys every dropout mask of this pass */
-  split_batch(m, batch, train ? dt_rng_next(&m->rng) : 0);
+  /* every dropout mask of this pass comes from one key: the caller's (dt_model_set_dropout_key,
+   * used once), else one draw of the model's RNG, with the samples numbered from 0 */
+  uint64_t key = 0, first = 0;
+  if (train && m->key_set) {
+    key = m->next_key;
+    first = m->next_first;
+    m->key_set = false;
+  } else if (train) {
+    key = dt_rng_next(&m->rng);
+  }
+  split_batch(m, batch, key, first);
   fwd_job j = {m, train, labels};
   dt__nn_parallel(m, forward_job, &j);
   m->batch = batch;

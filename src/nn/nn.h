@@ -70,6 +70,7 @@ typedef struct nn_slice {
   int t, T;                 /* this thread, thread count */
   float *col, *dcol;        /* conv im2col / d(im2col) chunk, max over layers */
   uint64_t key;             /* dropout key of this forward */
+  uint64_t first;           /* dropout number of the forward's sample 0 (dt_model_set_dropout_key) */
   bool pack;                /* first call of this pass on this thread: conv.c packs weights */
   bool fresh;               /* backward after dt_model_discard_grad: a linear layer writes its
                              * rows of model_grads instead of adding (other layers' ranges are
@@ -102,6 +103,8 @@ struct dt_model {
   bool want_dinput;         /* tests: also compute d(loss)/d(input) */
   dt_rng rng;
   uint64_t fwd_key;         /* dropout key of the last forward */
+  bool key_set;             /* dt_model_set_dropout_key since the last training forward */
+  uint64_t next_key, next_first; /* what it set */
   int nthreads;
   int stem;                 /* layers [0, stem) come before the first linear layer */
   int stem_nb;              /* > 0: they run stem_nb samples at a time (see model.c) */

@@ -3,10 +3,24 @@
 #ifndef DT_PARALLEL_TRAIN_INTERNAL_H
 #define DT_PARALLEL_TRAIN_INTERNAL_H
 
+#include "core/core.h"
 #include "dtrain/comm.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
+
+/* Dropout. Every micro-batch of every rank keys its forward (dt_model_set_dropout_key) with
+ * dt__train_dropout_key(seed, step) and the position of its first sample in the global batch
+ * (the rank's shard start, dt_batch.first, plus the micro-batches before it), so each sample's
+ * mask depends only on (seed, step, its position in the global batch, layer): 1, 2 or 4
+ * workers, with any --accumulate, draw the same masks, and a checkpoint holds no RNG state.
+ * DT__TRAIN_DROPOUT_RULE is the checkpoint meta "dropout_rng" that records this rule; a
+ * checkpoint with another value (dtrain before this rule: "reseeded per micro-batch from (seed,
+ * step, micro-batch, rank)") still resumes, with a warning for a model with dropout. */
+#define DT__TRAIN_DROPOUT_RULE "per sample from (seed, step, position in the global batch, layer)"
+static inline uint64_t dt__train_dropout_key(uint64_t seed, int64_t step) {
+  return dt__mix64(dt__mix64(seed ^ 0xD50F0D50F0D50F0DULL) + (uint64_t)step * DT__GOLDEN64);
+}
 
 /* What a checkpoint restores besides the parameter and optimizer buffers. */
 typedef struct dt__train_pos {

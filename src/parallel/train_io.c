@@ -12,9 +12,9 @@
  * meta keys step, optim_steps, sampler_seed, sampler_epoch, sampler_pos, epoch, model_spec,
  * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng, and the
  * settings a resume compares (momentum: refused when it differs; lr, schedule, weight_decay,
- * epochs, nesterov: a warning; files without them are read as before). The dropout
- * RNG is reseeded from (seed, step, micro-batch, rank) every micro-batch, so no RNG stream needs
- * saving: "dropout_rng" records that rule.
+ * epochs, nesterov: a warning; files without them are read as before). Dropout masks are a
+ * pure function of (seed, step, the sample's position in the global batch, layer) (see
+ * train_internal.h), so no RNG stream needs saving: "dropout_rng" records that rule.
  *
  * Not here: the loop (trainer.c), the checkpoint file format itself (ckpt). */
 #include <errno.h>
@@ -248,7 +248,7 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
       {"world_size", v[6]},   {"seed", v[7]},         {"accumulate", v[8]},
       {"param_count", v[9]},  {"epoch", v[10]},       {"model_spec", dt_model_spec(m)},
       {"optimizer", optim_name(cfg->optim.kind)},
-      {"dropout_rng", "reseeded per micro-batch from (seed, step, micro-batch, rank)"},
+      {"dropout_rng", DT__TRAIN_DROPOUT_RULE},
       {"momentum", mom},      {"lr", sv[0]},          {"schedule", sv[1]},
       {"weight_decay", sv[2]}, {"epochs", sv[3]},     {"nesterov", sv[4]},
   };
@@ -333,8 +333,18 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
   pos->sampler.pos = spos;
   const char *ws = dt_ckpt_meta_get(c, "world_size");
   const char *skipped = dt_ckpt_skipped(c);
-  snprintf(note, cap, "from %s (step %" PRIu64 ", epoch %" PRIu64 ", written by %s worker(s))%s%s",
-           dt_ckpt_path(c), step, sepoch + 1, ws ? ws : "?", skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
+  /* an older dtrain drew the masks per (micro-batch, rank): the state resumes, the masks follow
+   * the rule of this build from here on */
+  const char *rule = dt_ckpt_meta_get(c, "dropout_rng");
+  bool old_rule = strstr(dt_model_spec(m), ",dropout:") && (!rule || strcmp(rule, DT__TRAIN_DROPOUT_RULE));
+  if (old_rule)
+    DT_LOG_WARN("%s was written by a dtrain that drew dropout masks %s; this one draws them "
+                DT__TRAIN_DROPOUT_RULE ": the run resumes, but its losses from here on differ from "
+                "what the interrupted run would have logged", dt_ckpt_path(c),
+                rule ? rule : "by an unrecorded rule");
+  snprintf(note, cap, "from %s (step %" PRIu64 ", epoch %" PRIu64 ", written by %s worker(s))%s%s%s", dt_ckpt_path(c),
+           step, sepoch + 1, ws ? ws : "?", old_rule ? "; dropout masks drawn by another rule before it" : "",
+           skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
   dt_ckpt_destroy(c);
   return DT_OK;
 fail:

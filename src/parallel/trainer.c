@@ -942,10 +942,9 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       t->armed = (m == k - 1) && t->world > 1 && !t->shared;
       if (nm == 0)
         continue;
-      /* dropout masks depend only on (seed, step, micro-batch, rank) */
-      dt_rng_seed(dt_model_rng(t->model),
-                  c->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(step + 1)) ^
-                      ((uint64_t)m << 40) ^ ((uint64_t)t->rank << 52));
+      /* dropout masks depend only on (seed, step, the sample's position in the global batch):
+       * not on the world size nor on --accumulate */
+      dt_model_set_dropout_key(t->model, dt__train_dropout_key(c->seed, step), b.first + off);
       DT_CHECK_GOTO(dt_model_forward(t->model, b.x + off * in, (int)nm, 1, NULL), rc, fail);
       float l = 0;
       float scale = (float)((double)nm / (double)b.global_n);

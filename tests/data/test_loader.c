@@ -47,6 +47,7 @@ static void check_batch(const dt_dataset *ds, dt_sampler *ref, const dt_batch *b
   }
   assert_int_equal(b->n, l);
   assert_int_equal(b->global_n, g);
+  assert_int_equal(b->first, dt_sampler_shard_first(ref, g));
   assert_int_equal(b->epoch, ref->st.epoch);
   assert_int_equal(b->after.pos, ref->st.pos);
   assert_int_equal(b->after.epoch, ref->st.epoch);

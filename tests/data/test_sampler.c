@@ -44,6 +44,7 @@ static void check_epoch(uint64_t n, uint64_t b, int world, bool drop, uint64_t e
       uint64_t want = gl / world + ((uint64_t)r < gl % world ? 1 : 0);
       assert_int_equal(ll, want);
       assert_memory_equal(lidx, gidx + off, ll * sizeof(uint32_t));
+      assert_int_equal(dt_sampler_shard_first(&s[r], gl), off);
       off += ll;
     }
     assert_int_equal(off, gl); /* shards cover the global batch exactly */

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "dtrain/nn.h"
+#include "nn/nn.h" /* dropout masks */
 
 /* A failed huge allocation must come back as NULL (DT_ERR_NOMEM), not kill the sanitizer run. */
 const char *__asan_default_options(void);
@@ -507,6 +508,82 @@ static void test_discard_grad(void **s) {
   dt_nn_set_threads(1);
 }
 
+/* The dropout masks of dt_model_set_dropout_key(key, first): a batch of 12 forwarded at once
+ * (samples numbered 100..111) and in pieces {5,7}, {1,4,7}, {3,3,3,3}, each piece keyed by the
+ * same key and its first sample's number, on 1-3 threads, draws every sample's mask in both
+ * dropout layers identically; an eval forward in between neither applies nor consumes the key;
+ * another key, another sample or another layer gets another mask, and about 1-p is kept. */
+static void test_dropout_key_split(void **s) {
+  (void)s;
+  enum { B = 12, IN = 40, F1 = 24, F2 = 16 };
+  const char *spec = "in=40,linear:24,relu,dropout:0.3,linear:16,dropout:0.5,linear:3";
+  const int li[2] = {2, 4}, fs[2] = {F1, F2};
+  static const int splits[4][5] = {{12}, {5, 7}, {1, 4, 7}, {3, 3, 3, 3}};
+  const uint64_t key = 0x1234567887654321ULL, first = 100;
+  float x[B * IN];
+  int32_t y[B];
+  dt_rng r;
+  dt_rng_seed(&r, 21);
+  rand_batch(&r, x, y, IN, B, 3);
+  uint8_t ref[2][B * F1];
+  for (int T = 1; T <= 3; T++) {
+    dt_nn_set_threads(T);
+    dt_model *m = make(spec, B, 3);
+    assert_int_equal(m->layers[li[0]].kind, NN_DROPOUT);
+    assert_int_equal(m->layers[li[1]].kind, NN_DROPOUT);
+    for (int sp = 0; sp < 4; sp++) {
+      int at = 0;
+      for (int k = 0; k < 5 && splits[sp][k]; k++) {
+        int n = splits[sp][k];
+        dt_model_set_dropout_key(m, key, first + (uint64_t)at);
+        if (k == 1) { /* eval in between: no dropout, the key stays for the next training forward */
+          double ls = 0;
+          int64_t c = 0;
+          assert_int_equal(dt_model_eval_batch(m, x, y, B, &ls, &c), DT_OK);
+        }
+        assert_int_equal(dt_model_forward(m, x + (size_t)at * IN, n, 1, NULL), DT_OK);
+        for (int l = 0; l < 2; l++) {
+          const uint8_t *mask = m->layers[li[l]].mask;
+          size_t rowb = (size_t)fs[l];
+          if (T == 1 && sp == 0) {
+            memcpy(ref[l], mask, B * rowb);
+            continue;
+          }
+          if (memcmp(mask, ref[l] + (size_t)at * rowb, (size_t)n * rowb))
+            fail_msg("threads %d, split %d, piece %d (samples %d..%d): layer %d's masks differ from "
+                     "the whole batch's", T, sp, k, at, at + n - 1, li[l]);
+        }
+        at += n;
+      }
+      assert_int_equal(at, B);
+    }
+    dt_model_destroy(m);
+  }
+  dt_nn_set_threads(1);
+  /* keep fraction, and no two samples (nor the two layers) share a mask */
+  const double p[2] = {0.3, 0.5};
+  for (int l = 0; l < 2; l++) {
+    int kept = 0;
+    for (int i = 0; i < B * fs[l]; i++)
+      kept += ref[l][i];
+    double f = (double)kept / (B * fs[l]);
+    if (fabs(f - (1 - p[l])) > 0.12)
+      fail_msg("layer %d keeps %.3f of its values, p = %.1f", li[l], f, p[l]);
+    for (int a = 0; a < B; a++)
+      for (int b = a + 1; b < B; b++)
+        assert_true(memcmp(ref[l] + (size_t)a * fs[l], ref[l] + (size_t)b * fs[l], (size_t)fs[l]));
+  }
+  assert_true(memcmp(ref[0], ref[1], F2));
+  /* another key, and the same key with other sample numbers, give other masks */
+  dt_model *m = make(spec, B, 3);
+  for (int v = 0; v < 2; v++) {
+    dt_model_set_dropout_key(m, v ? key : key + 1, v ? first + 1 : first);
+    assert_int_equal(dt_model_forward(m, x, B, 1, NULL), DT_OK);
+    assert_true(memcmp(m->layers[li[0]].mask, ref[0], (size_t)B * F1));
+  }
+  dt_model_destroy(m);
+}
+
 /* dt_model_use_memory: a model whose arenas moved into the caller's memory (half way through,
  * with 1 and 2 threads) trains bit for bit as one that kept its own, into that memory; moving
  * back keeps the contents; misaligned or overlapping buffers change nothing. */
@@ -621,6 +698,7 @@ int main(void) {
       cmocka_unit_test(test_learn_cnn),      cmocka_unit_test(test_determinism),
       cmocka_unit_test(test_threads_match),  cmocka_unit_test(test_discard_grad),
       cmocka_unit_test(test_use_memory),     cmocka_unit_test(test_share_params),
+      cmocka_unit_test(test_dropout_key_split),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,13 +2,16 @@
  * rendezvous store and transport), on a tiny IDX set the test writes. One group per process:
  *   equiv     1, 2, 3 and 4 workers, same global batch (uneven shards with 3 and 4) and seed,
  *             end with the same parameters after K steps: max|a-b| / max|b| <= 1e-5; the
- *             logged losses (global means) agree too; also with accumulation, and with short
- *             last batches that leave some ranks (and micro-batches) empty
+ *             logged losses (global means) agree too; also with accumulation, with short
+ *             last batches that leave some ranks (and micro-batches) empty, and for a model
+ *             with two dropout layers on 1, 2 and 4 workers and with --accumulate 2 (each
+ *             sample's mask depends on its position in the global batch, not on the split)
  *   mismatch  rank 1 started with another --seed (through a wrapper script) -> every rank
  *             stops, the error names rank 1 and --seed, exit code 2
  *   resume    2 workers interrupted at step 12 and resumed on 2 workers repeat the
  *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
- *             workers they match within 1e-5
+ *             workers they match within 1e-5; so does the dropout model resumed on 1 worker
+ *             with --accumulate 2 and on 4 workers
  *   refuse    rank 0 refusing to resume (another --seed; only corrupt checkpoints) or to start
  *             (a fresh run into a directory with checkpoints) stops both workers within seconds
  *             at the default deadline, exit 2, rank 0 named first with its reason and rank 1
@@ -39,6 +42,13 @@ static char dir[1024], data[2048];
 
 #define COMMON "--model '" TINY_MODEL "' --batch 30 --optimizer sgd --lr 0.1 --momentum 0.9 " \
                "--threads 1 --log-interval 1 --eval-batch 50"
+
+/* dropout in two layers of different widths, with uneven shards on 4 workers (30 = 8+8+7+7) */
+#define DROP_MODEL "in=1x8x8,linear:32,relu,dropout:0.3,linear:16,relu,dropout:0.2,linear:4"
+
+/* Losses of steps [from, to] and the final parameters of run `name` against run `ref`, within
+ * 1e-5 (relative). */
+static void check_close(const char *name, const char *ref, int from, int to);
 
 static void train_n(int n, const char *extra, const char *out) { tt_train_n(dir, data, COMMON, n, extra, out); }
 static double model_diff(const char *a, const char *b) { return tt_runs_model_diff(dir, a, b); }
@@ -88,6 +98,35 @@ static void group_equiv(void) {
   d = model_diff("c3", "c1");
   fprintf(stderr, "conv net, 3 workers vs 1: rel diff %.3g\n", d);
   CHECK(d <= 1e-5, "conv net on 3 workers differs from 1 worker: %g", d);
+
+  /* dropout: the same masks whatever the number of workers and micro-batches */
+  const char *drop = "--epochs 2 --max-steps 25 --model '" DROP_MODEL "'";
+  train_n(1, drop, "d1");
+  train_n(2, drop, "d2");
+  train_n(4, drop, "d4");
+  snprintf(extra, sizeof extra, "%s --accumulate 2", drop);
+  train_n(1, extra, "d1acc");
+  train_n(2, extra, "d2acc");
+  check_close("d2", "d1", 1, 25);
+  check_close("d4", "d1", 1, 25);
+  check_close("d1acc", "d1", 1, 25);
+  check_close("d2acc", "d1", 1, 25);
+  /* the dropout model trained */
+  double l1d[32];
+  losses("d1", l1d, 32);
+  CHECK(l1d[25] < 0.9 * l1d[1], "dropout model: loss did not fall: %g -> %g", l1d[1], l1d[25]);
+}
+
+static void check_close(const char *name, const char *ref, int from, int to) {
+  double a[64], b[64];
+  losses(name, a, 64);
+  losses(ref, b, 64);
+  for (int s = from; s <= to; s++)
+    CHECK(fabs(a[s] - b[s]) <= 1e-5 * fabs(b[s]) + 1e-7, "%s vs %s, step %d: loss %.9g vs %.9g",
+          name, ref, s, a[s], b[s]);
+  double d = model_diff(name, ref);
+  fprintf(stderr, "%s vs %s: parameter rel diff %.3g\n", name, ref, d);
+  CHECK(d <= 1e-5, "%s ends with other parameters than %s: rel diff %g", name, ref, d);
 }
 
 static void group_mismatch(void) {
@@ -158,6 +197,25 @@ static void group_resume(void) {
       CHECK(d == 0, "same world size: parameters differ (%g)", d);
     else
       CHECK(d <= 1e-5, "%d workers: parameters differ by %g", ns[i], d);
+  }
+
+  /* dropout: a 2-worker checkpoint resumed on 1 worker with 2 micro-batches, and on 4 workers */
+  const char *drop = "--epochs 2 --model '" DROP_MODEL "'";
+  snprintf(extra, sizeof extra, "%s", drop);
+  train_n(2, extra, "dfull");
+  snprintf(extra, sizeof extra, "%s --max-steps 12 --checkpoint-dir %s/dck --checkpoint-every 6", drop, dir);
+  train_n(2, extra, "dpart");
+  snprintf(cmd, sizeof cmd, "cp -r %s/dck %s/dck1", dir, dir);
+  CHECK(system(cmd) == 0, "copy checkpoints");
+  snprintf(extra, sizeof extra, "%s --accumulate 2 --checkpoint-dir %s/dck --resume", drop, dir);
+  train_n(1, extra, "dres1");
+  snprintf(extra, sizeof extra, "%s --checkpoint-dir %s/dck1 --resume", drop, dir);
+  train_n(4, extra, "dres4");
+  for (int i = 0; i < 2; i++) {
+    const char *out = i ? "dres4" : "dres1";
+    losses(out, res, 64);
+    CHECK(isnan(res[12]) && !isnan(res[13]), "%s should start after step 12", out);
+    check_close(out, "dfull", 13, 40);
   }
 }
 
