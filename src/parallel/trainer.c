@@ -686,18 +686,7 @@ static dt_status build(trainer *t) {
   int eval_local = (eval_batch + world - 1) / world;
   int maxb = DT_MAX(t->micro_max, DT_MIN(eval_local, DT_MAX(t->micro_max, 256)));
   DT_CHECK(dt_model_create(c->model, maxb, c->seed, &t->model));
-  size_t in = dt_model_input_size(t->model);
-  size_t sample = (size_t)t->train.c * t->train.h * t->train.w;
-  if (in != sample)
-    return dt_set_error(DT_ERR_INVALID,
-                        "model '%s' takes %zu inputs per sample but the dataset's images are "
-                        "%dx%dx%d = %zu",
-                        c->model, in, t->train.c, t->train.h, t->train.w, sample);
-  if ((size_t)t->train.num_classes > dt_model_output_size(t->model) ||
-      (size_t)t->test.num_classes > dt_model_output_size(t->model))
-    return dt_set_error(DT_ERR_INVALID, "model '%s' has %zu outputs but the dataset has %d classes",
-                        c->model, dt_model_output_size(t->model),
-                        DT_MAX(t->train.num_classes, t->test.num_classes));
+  DT_CHECK(dt__train_check_data(t->model, c->model, c->data_dir, &t->train, &t->test));
   t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
   /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
    * in place in the shared window (share_memory), each worker updates half as much and keeps

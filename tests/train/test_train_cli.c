@@ -5,6 +5,11 @@
  *   json    --json prints exactly one JSON object with the summary keys; the model file and the
  *           metrics file are written and valid; `dtrain eval` on the model gives the same
  *           accuracy and loss
+ *   shapes  train refuses test images of another shape than the training images (8x7 would
+ *           overrun the model's input, 8x9 give a meaningless accuracy) and images whose shape
+ *           differs from the model's input in order only (N x H x W x C), with exit 2 naming
+ *           both files and both shapes; eval refuses the same with the same check; a flat
+ *           model (in=F) takes any image of F values
  *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
  *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
  *           final parameters bit for bit (resume: SGD with Nesterov momentum and dropout;
@@ -51,7 +56,7 @@ static void group_usage(void) {
                tt_run(dir, 30, "%s train --data %s --model 'in=1x8x8,conv9x9:4,linear:4'", b, data),
                "--model");
   expect_usage("spec vs data",
-               tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "inputs");
+               tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "1x28x28");
   expect_usage("missing data", tt_run(dir, 30, "%s train --data %s/nowhere", b, dir),
                "apt-get install dataset-fashion-mnist");
   {
@@ -148,6 +153,67 @@ static void group_json(void) {
             strstr(r.out, "run2/metrics.jsonl"),
         "summary: %s", r.out);
   tt_result_free(&r);
+}
+
+/* dir/<prefix>-{images,labels} of n samples: images of the given dims after N (ndim 2 or 3). */
+static void write_split(const char *d, const char *prefix, uint32_t n, int ndim, const uint32_t *dims) {
+  uint32_t all[4] = {n};
+  size_t per = 1;
+  for (int i = 0; i < ndim; i++)
+    per *= all[i + 1] = dims[i];
+  unsigned char *img = malloc(n * per), *lab = malloc(n);
+  for (size_t i = 0; i < n * per; i++)
+    img[i] = (unsigned char)(i * 37);
+  for (uint32_t i = 0; i < n; i++)
+    lab[i] = (unsigned char)(i % 4);
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", d, prefix);
+  tt_write_idx(p, img, ndim + 1, all);
+  snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", d, prefix);
+  tt_write_idx(p, lab, 1, all);
+  free(img);
+  free(lab);
+}
+
+static void group_shapes(void) {
+  const char *b = tt_bin();
+  char d[2048];
+  const uint32_t hw[2] = {8, 8}, narrow[2] = {8, 7}, wide[2] = {8, 9}, hwc[3] = {8, 8, 1};
+  const uint32_t *tests[2] = {narrow, wide};
+  for (int k = 0; k < 2; k++) {
+    snprintf(d, sizeof d, "%s/test8x%u", dir, tests[k][1]);
+    mkdir(d, 0777);
+    write_split(d, "train", 64, 2, hw);
+    write_split(d, "t10k", 32, 2, tests[k]);
+    tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 2 --batch 16 "
+                         "--out %s/run --progress off", b, d, TINY_MODEL, dir);
+    char shape[16];
+    snprintf(shape, sizeof shape, "1x8x%u", tests[k][1]);
+    CHECK(strstr(r.err, "t10k-images-idx3-ubyte") && strstr(r.err, "train-images-idx3-ubyte") &&
+              strstr(r.err, shape) && strstr(r.err, "1x8x8"),
+          "test 8x%u: message names neither both files nor both shapes: %s", tests[k][1], r.err);
+    expect_usage("test images of another shape", r, "same shape");
+  }
+  /* N x H x W x C: the values of 1x8x8 images in another order */
+  snprintf(d, sizeof d, "%s/hwc", dir);
+  mkdir(d, 0777);
+  write_split(d, "train", 64, 3, hwc);
+  write_split(d, "t10k", 32, 3, hwc);
+  tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 2 --batch 16 "
+                       "--out %s/run --progress off", b, d, TINY_MODEL, dir);
+  CHECK(strstr(r.err, "train-images-idx3-ubyte") && strstr(r.err, "8x8x1") &&
+            strstr(r.err, "1x8x8"), "N x H x W x C: message: %s", r.err);
+  expect_usage("N x H x W x C images", r, "order");
+  /* a flat input takes them; its model file is refused by eval on 8x9 images by the same check */
+  r = tt_run(dir, 60, "%s train --data %s --model 'in=64,linear:4' --max-steps 2 --batch 16 "
+             "--out %s/flat --progress off", b, d, dir);
+  CHECK(r.code == 0, "flat model on N x H x W x C: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  snprintf(d, sizeof d, "%s/test8x9", dir);
+  r = tt_run(dir, 60, "%s eval --data %s --model-file %s/flat/model.safetensors", b, d, dir);
+  CHECK(strstr(r.err, "t10k-images-idx3-ubyte") && strstr(r.err, "64 values") &&
+            strstr(r.err, "1x8x9"), "eval 8x9: message: %s", r.err);
+  expect_usage("eval on images of another size", r, "HINT");
 }
 
 static void group_accum(void) {
@@ -259,6 +325,8 @@ int main(int argc, char **argv) {
     group_usage();
   else if (!strcmp(g, "json"))
     group_json();
+  else if (!strcmp(g, "shapes"))
+    group_shapes();
   else if (!strcmp(g, "accum"))
     group_accum();
   else if (!strcmp(g, "resume"))
