@@ -51,7 +51,8 @@
 extern "C" {
 #endif
 
-/* Caller-owned; strings are borrowed for the duration of dt_train_run. */
+/* Caller-owned; strings are borrowed for the duration of dt_train_run. An empty directory
+ * name ("") is DT_ERR_INVALID: it would put files at the filesystem root. */
 typedef struct dt_train_config {
   const char *model;          /* preset ("mlp", "cnn") or spec string; default "mlp" */
   const char *data_dir;       /* IDX directory; NULL: DT_FASHION_MNIST_DIR */

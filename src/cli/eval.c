@@ -60,6 +60,8 @@ int dt_cli_eval(int argc, char **argv) {
                                 strncmp(a, "--", 2) ? "argument" : "flag", a);
     if (!v)
       return dt_cli_usage_error(CMD, HELP_HINT, "%.*s needs a value", (int)nl, a);
+    if (!*v) /* an unset shell variable */
+      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '' for %.*s", (int)nl, a);
     if (!eq)
       i++;
     char *end;

@@ -209,6 +209,8 @@ int dt_cli_train(int argc, char **argv) {
     const char *v = flag_value(&f, eq);
     if (!v)
       return dt_cli_usage_error(CMD, HELP_HINT, "%s needs a value", name);
+    if (!*v) /* an unset shell variable: --out "" would write into / */
+      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '' for %s", name);
     int64_t iv;
     double dv;
     int bad = 0;

@@ -657,6 +657,11 @@ static dt_status check_config(const dt_train_config *c) {
   if (c->checkpoint_every < 0)
     return dt_set_error(DT_ERR_INVALID, "checkpoint every %lld must be >= 0",
                         (long long)c->checkpoint_every);
+  if ((c->data_dir && !*c->data_dir) || (c->out_dir && !*c->out_dir) ||
+      (c->checkpoint_dir && !*c->checkpoint_dir))
+    return dt_set_error(DT_ERR_INVALID, "an empty %s directory name (NULL is the default)",
+                        c->data_dir && !*c->data_dir ? "data" : c->out_dir && !*c->out_dir ? "out"
+                                                                                    : "checkpoint");
   if (c->resume && !c->checkpoint_dir)
     return dt_set_error(DT_ERR_INVALID, "resume needs a checkpoint directory");
   if (c->zero != 0 && c->zero != 1 && c->zero != DT_TRAIN_ZERO_AUTO)

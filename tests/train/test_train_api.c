@@ -98,6 +98,12 @@ int main(void) {
   bad = cfg;
   bad.resume = true;
   CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "resume without dir");
+  bad = cfg;
+  bad.out_dir = ""; /* not "/": the model would go to /model.safetensors */
+  CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "empty out_dir");
+  bad = cfg;
+  bad.checkpoint_dir = "";
+  CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "empty checkpoint_dir");
 
   /* the monitor as an observer: a metrics file of JSON lines */
   char mpath[4096];

@@ -69,6 +69,20 @@ static void group_usage(void) {
     expect_usage("truncated data", tt_run(dir, 30, "%s train --data %s --model '%s'", b, bad, TINY_MODEL),
                  "train-images-idx3-ubyte");
   }
+  /* an empty path (an unset shell variable) is refused, not taken as "" + "/model.safetensors";
+   * --data nowhere: without the check the run fails later without writing into / */
+  const char *paths[] = {"--out", "--data", "--checkpoint-dir"};
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    tt_result r = tt_run(dir, 30, "%s train --data %s/nowhere %s ''", b, dir, paths[i]);
+    char what[64];
+    snprintf(what, sizeof what, "train %s ''", paths[i]);
+    expect_usage(what, r, "bad value '' for");
+  }
+  expect_usage("eval --model-file ''", tt_run(dir, 30, "%s eval --model-file ''", b),
+               "bad value '' for --model-file");
+  expect_usage("eval --data ''",
+               tt_run(dir, 30, "%s eval --model-file %s/none.safetensors --data ''", b, dir),
+               "bad value '' for --data");
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
