@@ -66,7 +66,8 @@ static void help(FILE *f) {
       "  --out DIR             model.safetensors and metrics.jsonl go here (default runs/train)\n"
       "  --log-interval K      a metrics line every K steps (default 10)\n"
       "  --progress MODE       auto | bar | lines | off (default auto: bar on a terminal)\n"
-      "  --json                print the summary as one JSON object on stdout\n"
+      "  --json                print the summary as one JSON object on stdout (here and in\n"
+      "                        metrics.jsonl a number that is not finite is null)\n"
       "checkpoints:\n"
       "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here\n"
       "  --checkpoint-every K  every K steps (default: at each epoch's end) and at the end\n"
@@ -137,27 +138,6 @@ static int default_threads(void) {
   }
   long t = cores / local;
   return t < 1 ? 1 : (int)t;
-}
-
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; s && *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
-static void json_num(FILE *f, double v) {
-  if (isfinite(v))
-    fprintf(f, "%.10g", v);
-  else
-    fputs("null", f);
 }
 
 int dt_cli_train(int argc, char **argv) {
@@ -381,43 +361,43 @@ int dt_cli_train(int argc, char **argv) {
   if (json) {
     FILE *o = stdout;
     fputs("{\"test_accuracy\":", o);
-    json_num(o, s.test_accuracy);
+    dt__json_num(o, "%.10g", s.test_accuracy);
     fputs(",\"test_loss\":", o);
-    json_num(o, s.test_loss);
+    dt__json_num(o, "%.10g", s.test_loss);
     fputs(",\"train_loss\":", o);
-    json_num(o, s.train_loss);
+    dt__json_num(o, "%.10g", s.train_loss);
     fprintf(o, ",\"epochs\":%d,\"steps\":%lld,\"steps_run\":%lld,\"samples_per_s\":", s.epochs,
             (long long)s.steps, (long long)s.steps_run);
-    json_num(o, s.samples_per_s);
+    dt__json_num(o, "%.10g", s.samples_per_s);
     fputs(",\"steady_samples_per_s\":", o);
-    json_num(o, s.steady_samples_per_s);
+    dt__json_num(o, "%.10g", s.steady_samples_per_s);
     fputs(",\"wall_s\":", o);
-    json_num(o, s.wall_s);
+    dt__json_num(o, "%.10g", s.wall_s);
     fputs(",\"train_s\":", o);
-    json_num(o, s.train_s);
+    dt__json_num(o, "%.10g", s.train_s);
     fputs(",\"comm_exposed_s\":", o);
-    json_num(o, s.comm_exposed_s);
+    dt__json_num(o, "%.10g", s.comm_exposed_s);
     fputs(",\"comm_exposed_share\":", o);
-    json_num(o, s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
+    dt__json_num(o, "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
     fputs(",\"data_wait_s\":", o);
-    json_num(o, s.data_wait_s);
+    dt__json_num(o, "%.10g", s.data_wait_s);
     fputs(",\"peak_rss_mb\":", o);
-    json_num(o, s.peak_rss_mb);
+    dt__json_num(o, "%.10g", s.peak_rss_mb);
     fprintf(o, ",\"world_size\":%d,\"threads\":%d,\"global_batch\":%d,\"params\":%zu,\"model\":",
             s.world_size, cfg.threads, cfg.global_batch, s.param_count);
-    json_str(o, s.model_spec);
+    dt__json_str(o, s.model_spec);
     fputs(",\"model_file\":", o);
-    json_str(o, s.model_file);
+    dt__json_str(o, s.model_file);
     fputs(",\"metrics_file\":", o);
-    json_str(o, metrics_path);
+    dt__json_str(o, metrics_path);
     fputs(",\"checkpoint_dir\":", o);
     if (cfg.checkpoint_dir)
-      json_str(o, cfg.checkpoint_dir);
+      dt__json_str(o, cfg.checkpoint_dir);
     else
       fputs("null", o);
     fputs(",\"checkpoint_file\":", o);
     if (s.checkpoint_file[0])
-      json_str(o, s.checkpoint_file);
+      dt__json_str(o, s.checkpoint_file);
     else
       fputs("null", o);
     fprintf(o, ",\"resumed_from_step\":%lld}\n", (long long)s.resumed_from_step);

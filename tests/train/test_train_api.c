@@ -115,10 +115,19 @@ int main(void) {
   cfg.out_dir = NULL;
   cfg.max_steps = 7;
   CHECK(dt_train_run(&cfg, &mobs, &s) == DT_OK, "run 2: %s", dt_last_error());
+  /* numbers that are not finite are null: the lines stay JSON (tt_metrics_losses checks each) */
+  dt_train_step_info nan_step = {.step = 8, .epoch = 1, .loss = NAN, .lr = INFINITY};
+  dt_train_epoch_info nan_epoch = {.epoch = 1, .step = 8, .test_loss = NAN, .train_loss = -INFINITY};
+  mobs.on_step(mobs.ctx, &nan_step);
+  mobs.on_epoch(mobs.ctx, &nan_epoch);
   dt_monitor_destroy(mon);
+  char *mtext = tt_slurp(mpath);
+  CHECK(strstr(mtext, "\"loss\":null,\"lr\":null") && strstr(mtext, "\"test_loss\":null"),
+        "non-finite numbers are not null: %s", mtext);
+  free(mtext);
   CHECK(s.model_file[0] == '\0' && s.steps == 7, "no out dir: no model file");
   double l[16];
-  CHECK(tt_metrics_losses(mpath, l, 16) == 7, "metrics up to step 7");
+  CHECK(tt_metrics_losses(mpath, l, 16) == 8, "metrics up to step 8");
   CHECK(isfinite(l[5]) && isfinite(l[7]) && isnan(l[6]), "logged steps 5 and 7 only");
   tt_rmrf(dir);
   printf("ok\n");

@@ -4,7 +4,7 @@
  *           --help documents the flags and the spec syntax
  *   json    --json prints exactly one JSON object with the summary keys; the model file and the
  *           metrics file are written and valid; `dtrain eval` on the model gives the same
- *           accuracy and loss
+ *           accuracy and loss, and on a copy with a NaN weight test_loss null (not a bare nan)
  *   shapes  train refuses test images of another shape than the training images (8x7 would
  *           overrun the model's input, 8x9 give a meaningless accuracy) and images whose shape
  *           differs from the model's input in order only (N x H x W x C), with exit 2 naming
@@ -158,6 +158,28 @@ static void group_json(void) {
         tt_json_num(r.out, "test_loss"), loss);
   CHECK(tt_json_num(r.out, "samples") == 200, "samples");
   tt_result_free(&r);
+
+  /* a model with a NaN weight: its loss is NaN, written as null so that stdout stays JSON */
+  {
+    char nanf[4096], cmd[16384];
+    snprintf(nanf, sizeof nanf, "%s/nan.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "cp %s %s", want, nanf);
+    CHECK(system(cmd) == 0, "copy model");
+    FILE *f = fopen(nanf, "r+b");
+    unsigned char hl[8];
+    CHECK(f && fread(hl, 1, 8, f) == 8, "read %s", nanf);
+    long data_at = 8;
+    for (int i = 0; i < 8; i++)
+      data_at += (long)hl[i] << (8 * i);
+    const unsigned char qnan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* f32 NaN, little-endian */
+    CHECK(fseek(f, data_at, SEEK_SET) == 0 && fwrite(qnan, 1, 4, f) == 4 && fclose(f) == 0,
+          "poke NaN into %s", nanf);
+    r = tt_run(dir, 60, "%s eval --model-file %s --data %s --json", b, nanf, data);
+    CHECK(r.code == 0, "eval NaN model exit %d: %s", r.code, r.err);
+    CHECK(tt_json_is_object(r.out) && strstr(r.out, "\"test_loss\":null"),
+          "eval of a NaN model: stdout not JSON with test_loss null: %s", r.out);
+    tt_result_free(&r);
+  }
 
   /* the text summary (no --json) ends with where things went */
   r = tt_run(dir, 120, "%s train --data %s --model '%s' --max-steps 3 --batch 32 --threads 1 --out %s/run2",
