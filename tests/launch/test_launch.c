@@ -505,6 +505,25 @@ static void test_output_raw_stdout(void **state) {
   free(err);
 }
 
+/* A stdout that cannot be written (/dev/full: ENOSPC) is exit 1 and one message, for the
+ * launcher's own write(2)s of its workers' output as for stdio (main.c checks both at exit). */
+static void test_output_full(void **state) {
+  if (access("/dev/full", W_OK) != 0)
+    skip();
+  const char *cmds[] = {"version", "run -n 2 -- echo hi", "run -n 2 --raw-stdout -- echo hi",
+                        "run -n 2 --output rank0 -- echo hi"};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s > /dev/full 2> '%s'", bin, cmds[i], pathf("err"));
+    int st = system(cmd);
+    char *err = slurp(pathf("err"));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 ||
+        !strstr(err, "dtrain: writing standard output: No space left on device"))
+      fail_msg("dtrain %s > /dev/full: status 0x%x, stderr: %s", cmds[i], st, err);
+    free(err);
+  }
+}
+
 /* ---- failures ---- */
 
 /* Workers other than `bad` record their pid and sleep; `bad` waits until they did, then runs
@@ -796,6 +815,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_output_prefix, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_output_full, setup_dir, teardown_dir),
   };
   const struct CMUnitTest failures[] = {
       cmocka_unit_test_setup_teardown(test_fail_exit_code, setup_dir, teardown_dir),

@@ -159,6 +159,15 @@ static void group_json(void) {
   CHECK(tt_json_num(r.out, "samples") == 200, "samples");
   tt_result_free(&r);
 
+  /* a disk that is full: exit 1 and a message, not exit 0 and an empty result file */
+  if (access("/dev/full", W_OK) == 0) {
+    r = tt_run(dir, 60, "sh -c 'exec %s eval --model-file %s --data %s --json > /dev/full'", b,
+               want, data);
+    CHECK(r.code == 1 && strstr(r.err, "dtrain: writing standard output: No space left on device"),
+          "eval --json > /dev/full: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+  }
+
   /* a model with a NaN weight: its loss is NaN, written as null so that stdout stays JSON */
   {
     char nanf[4096], cmd[16384];
