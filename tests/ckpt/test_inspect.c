@@ -128,7 +128,8 @@ static void test_inspect(void **st) {
   expect_out("unknown format");
   snprintf(args, sizeof args, "'%s/missing.dtc'", tmpdir);
   assert_int_equal(run(args), 1);
-  expect_out("missing.dtc");
+  expect_out("dtrain inspect: ");
+  expect_out("missing.dtc: No such file or directory");
   assert_int_equal(run(""), 2);
   expect_out("no file given");
   expect_out("---> HINT");

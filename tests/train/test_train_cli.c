@@ -83,6 +83,15 @@ static void group_usage(void) {
   expect_usage("eval --data ''",
                tt_run(dir, 30, "%s eval --model-file %s/none.safetensors --data ''", b, dir),
                "bad value '' for --data");
+  {
+    /* a diverged run is a runtime failure (1), not bad usage (2); stdout stays empty */
+    tt_result r = tt_run(dir, 60, "%s train --data %s --model 'in=1x8x8,linear:32,linear:4' "
+                         "--lr 1000000 --epochs 20 --batch 16 --out %s/div --json --progress off",
+                         b, data, dir);
+    CHECK(r.code == 1 && strstr(r.err, "diverged") && r.out[0] == '\0',
+          "diverged run: exit %d, stdout [%s], stderr: %s", r.code, r.out, r.err);
+    tt_result_free(&r);
+  }
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
