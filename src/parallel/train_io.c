@@ -84,9 +84,19 @@ dt_status dt_train_model_load(const char *path, int max_batch, dt_model **out) {
     for (int d = 0; same && d < t->ndim; d++)
       same = v->shape[d] == (uint64_t)t->shape[d];
     if (!same) {
-      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is %s with %d dims, the model needs F32 %s",
-                        path, t->name, dt_st_dtype_name(v->dtype) ? dt_st_dtype_name(v->dtype) : "?",
-                        v->ndim, t->ndim == 1 ? "(C)" : "of the model's shape");
+      char has[128], needs[128];
+      size_t k = 0;
+      for (int d = 0; d < v->ndim && k < sizeof has; d++)
+        k += (size_t)snprintf(has + k, sizeof has - k, "%s%llu", d ? "x" : "",
+                              (unsigned long long)v->shape[d]);
+      k = 0;
+      for (int d = 0; d < t->ndim && k < sizeof needs; d++)
+        k += (size_t)snprintf(needs + k, sizeof needs - k, "%s%lld", d ? "x" : "",
+                              (long long)t->shape[d]);
+      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is %s %s, the model spec in the metadata "
+                        "needs F32 %s", path, t->name,
+                        dt_st_dtype_name(v->dtype) ? dt_st_dtype_name(v->dtype) : "?",
+                        v->ndim ? has : "(scalar)", needs);
       goto fail;
     }
     memcpy(p + t->offset, v->data, t->count * sizeof(float));

@@ -782,6 +782,13 @@ static void test_usage(void **state) {
   expect_usage((const char *[]){"run", "-n", "2", "--output", "loud", "true", NULL}, "--output mode 'loud'");
   expect_usage((const char *[]){"run", "-n", "2", "--kill-after", "-1", "true", NULL}, "--kill-after '-1'");
   expect_usage((const char *[]){"run", "-n", "2", "--timeout", "0", "true", NULL}, "--timeout '0'");
+  /* out of range above: the message states the range, not just "> 0" */
+  expect_usage((const char *[]){"run", "-n", "2", "--timeout", "1e30", "true", NULL},
+               "--timeout '1e30' is not seconds in 0.001..10000000");
+  expect_usage((const char *[]){"run", "-n", "2", "--kill-after", "1e30", "true", NULL},
+               "--kill-after '1e30' is not seconds in 0..10000000");
+  expect_usage((const char *[]){"run", "-n", "2", "--tail", "99999999999", "true", NULL},
+               "is not a line count 1..10000");
   expect_usage((const char *[]){"run", "-n", "2", "--raw-stdout=1", "true", NULL}, "takes no value");
 
   /* Accepted spellings. */

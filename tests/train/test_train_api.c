@@ -81,6 +81,25 @@ int main(void) {
   CHECK(dt_safetensors_write(other, &t, 1, NULL, 0) == DT_OK, "write other");
   CHECK(dt_train_model_load(other, 8, &m) == DT_ERR_CORRUPT && m == NULL, "foreign file accepted");
   CHECK(strstr(dt_last_error(), "dtrain.model_spec"), "message: %s", dt_last_error());
+  /* a spec that disagrees with the tensors: the message names both shapes */
+  {
+    dt_safetensors *f = NULL;
+    CHECK(dt_safetensors_open(s.model_file, &f) == DT_OK, "open: %s", dt_last_error());
+    dt_tensor_view views[8];
+    size_t nv = dt_safetensors_count(f);
+    CHECK(nv <= 8, "%zu tensors", nv);
+    for (size_t i = 0; i < nv; i++)
+      views[i] = *dt_safetensors_tensor(f, i);
+    dt_kv spec = {"dtrain.model_spec", "in=1x8x8,linear:16,relu,linear:4"};
+    char narrow[4096];
+    snprintf(narrow, sizeof narrow, "%s/narrow.safetensors", dir);
+    CHECK(dt_safetensors_write(narrow, views, nv, &spec, 1) == DT_OK, "write: %s", dt_last_error());
+    dt_safetensors_destroy(f);
+    CHECK(dt_train_model_load(narrow, 8, &m) == DT_ERR_CORRUPT && m == NULL, "spec mismatch accepted");
+    const char *e = dt_last_error();
+    CHECK((strstr(e, "F32 32x64") && strstr(e, "F32 16x64")) || (strstr(e, "F32 4x32") && strstr(e, "F32 4x16")),
+          "message does not name both shapes: %s", e);
+  }
 
   /* bad configurations fail cleanly */
   dt_train_config bad = cfg;
