@@ -77,8 +77,8 @@ static void help(FILE *f) {
       "                        uninterrupted run's\n"
       "  -h, --help            this text\n"
       "\n"
-      "Exit codes: 0 done, 1 runtime failure (a diverged loss too), 2 bad flags, model spec, missing or damaged data,\n"
-      "or settings that differ across workers.\n"
+      "Exit codes: 0 done, 1 runtime failure (a diverged loss too), 2 bad flags, model spec,\n"
+      "missing or damaged data, or settings that differ across workers.\n"
       "\n"
       "Model specs:\n%s",
       DT_FASHION_MNIST_DIR, dt_model_spec_help());
