@@ -97,6 +97,10 @@ dt_status dt_dataset_load_idx(const char *images_path, const char *labels_path,
  * (callers add the hint "apt-get install dataset-fashion-mnist"). */
 dt_status dt_dataset_load_dir(const char *dir, dt_split split, const dt_dataset_opts *opts,
                               dt_dataset *out);
+/* The file dt_dataset_load_dir reads for split's images (labels false) or labels, into path
+ * (cap bytes): dir/<name>.gz if it exists, else dir/<name>. Errors as dt_dataset_load_dir. */
+dt_status dt_dataset_dir_path(const char *dir, dt_split split, bool labels, char *path,
+                              size_t cap);
 void dt_dataset_free(dt_dataset *ds);
 /* Fills ds->value: value[p] = p/255, or (p/255 - mean)/std with opts->normalize, computed as
  * p * (1/(255 std)) - mean/std in float, the same bits for every copy. opts may be NULL.

@@ -86,6 +86,8 @@ int dt_model_max_batch(const dt_model *m);
 /* Floats per input sample (C*H*W) and per output sample (number of classes). */
 size_t dt_model_input_size(const dt_model *m);
 size_t dt_model_output_size(const dt_model *m);
+/* The input shape the spec declares: C, H, W of in=CxHxW, or F, 1, 1 of in=F (flat vectors). */
+void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w);
 
 /* The parameter and gradient arenas (param_count floats each). Owned by the model; the
  * pointers never change during the model's life, except by dt_model_use_memory. */

@@ -51,7 +51,8 @@
 extern "C" {
 #endif
 
-/* Caller-owned; strings are borrowed for the duration of dt_train_run. */
+/* Caller-owned; strings are borrowed for the duration of dt_train_run. An empty directory
+ * name ("") is DT_ERR_INVALID: it would put files at the filesystem root. */
 typedef struct dt_train_config {
   const char *model;          /* preset ("mlp", "cnn") or spec string; default "mlp" */
   const char *data_dir;       /* IDX directory; NULL: DT_FASHION_MNIST_DIR */
@@ -160,8 +161,8 @@ typedef struct dt_train_summary {
 /* Trains as described at the top of this file. Blocks until done. Collective over the job when
  * there is one. On failure returns the status with dt_last_error() naming what failed
  * (DT_ERR_INVALID for bad settings or model spec, DT_ERR_NOT_FOUND for missing data or
- * checkpoint, DT_ERR_MISMATCH for settings differing across ranks, comm errors for a failed
- * peer); nothing is leaked. summary may be NULL. */
+ * checkpoint, DT_ERR_MISMATCH for settings differing across ranks, DT_ERR_STATE for a loss
+ * that is not finite (diverged), comm errors for a failed peer); nothing is leaked. summary may be NULL. */
 dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
                        dt_train_summary *summary);
 

@@ -104,7 +104,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "#wrong (elements that differ from the expected result, summed over ranks and the\n"
              "checked calls: every warm-up call and the last timed one; any wrong element makes\n"
              "the command exit 1). --json prints a JSON array\n"
-             "of rows {bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong} instead.\n"
+             "of rows {bytes, count, dtype, time_us, algbw_gbs, busbw_gbs, wrong} instead\n"
+             "(a number that is not finite is null).\n"
              "--algo names the algorithm of this collective (DTRAIN_ALGO), --transport sets\n"
              "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n"
              "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
@@ -469,14 +470,20 @@ static int bench_worker(const bench_opts *o) {
     double us = o->iters % 2 ? times[o->iters / 2] : (times[o->iters / 2 - 1] + times[o->iters / 2]) / 2;
     double algbw = us > 0 ? (double)s.bytes / (us * 1e3) : 0, busbw = algbw * s.factor;
     if (r == 0) {
-      if (o->json)
-        printf("%s\n  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"time_us\": %.3f, \"algbw_gbs\": %.4f, "
-               "\"busbw_gbs\": %.4f, \"wrong\": %lld}",
-               rows ? "," : "", s.bytes, s.total, dt_dtype_name(o->dtype), us, algbw, busbw, (long long)wrong);
-      else
+      if (o->json) {
+        printf("%s\n  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"time_us\": ", rows ? "," : "",
+               s.bytes, s.total, dt_dtype_name(o->dtype));
+        dt__json_num(stdout, "%.3f", us);
+        fputs(", \"algbw_gbs\": ", stdout);
+        dt__json_num(stdout, "%.4f", algbw);
+        fputs(", \"busbw_gbs\": ", stdout);
+        dt__json_num(stdout, "%.4f", busbw);
+        printf(", \"wrong\": %lld}", (long long)wrong);
+      } else {
         printf(" %11zu %12zu %6s %6s %11.2f %9.3f %9.3f %8lld\n", s.bytes, s.total, dt_dtype_name(o->dtype),
                o->coll == B_ALLREDUCE || o->coll == B_REDUCE_SCATTER ? dt_op_name(o->op) : "-", us, algbw, busbw,
                (long long)wrong);
+      }
       fflush(stdout);
     }
     rows++;

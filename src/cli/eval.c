@@ -26,7 +26,8 @@ static void help(FILE *f) {
           "  --data DIR       IDX directory (default %s)\n"
           "  --batch N        evaluation batch (default 1000)\n"
           "  --threads N      compute threads (default 1)\n"
-          "  --json           print one JSON object on stdout\n"
+          "  --json           print one JSON object on stdout (a loss that is not finite,\n"
+          "                   e.g. from a NaN weight, is null)\n"
           "  -h, --help       this text\n"
           "\n"
           "Exit codes: 0 done, 1 runtime failure, 2 bad flags, missing or invalid files.\n",
@@ -60,6 +61,8 @@ int dt_cli_eval(int argc, char **argv) {
                                 strncmp(a, "--", 2) ? "argument" : "flag", a);
     if (!v)
       return dt_cli_usage_error(CMD, HELP_HINT, "%.*s needs a value", (int)nl, a);
+    if (!*v) /* an unset shell variable */
+      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '' for %.*s", (int)nl, a);
     if (!eq)
       i++;
     char *end;
@@ -103,14 +106,15 @@ int dt_cli_eval(int argc, char **argv) {
     return dt_cli_fail(CMD, "evaluation failed");
   }
   if (json) {
-    printf("{\"test_accuracy\":%.10g,\"test_loss\":%.10g,\"samples\":%llu,\"model_file\":\"", acc,
-           loss, (unsigned long long)n);
-    for (const char *p = model_file; *p; p++) {
-      if (*p == '"' || *p == '\\')
-        putchar('\\');
-      putchar(*p);
-    }
-    printf("\",\"model\":\"%s\"}\n", dt_model_spec(m));
+    fputs("{\"test_accuracy\":", stdout);
+    dt__json_num(stdout, "%.10g", acc);
+    fputs(",\"test_loss\":", stdout);
+    dt__json_num(stdout, "%.10g", loss);
+    printf(",\"samples\":%llu,\"model_file\":", (unsigned long long)n);
+    dt__json_str(stdout, model_file);
+    fputs(",\"model\":", stdout);
+    dt__json_str(stdout, dt_model_spec(m));
+    fputs("}\n", stdout);
   } else {
     printf("test accuracy %.4f, test loss %.4f on %llu samples\nmodel: %s (%s)\n", acc, loss,
            (unsigned long long)n, model_file, dt_model_spec(m));

@@ -2,7 +2,9 @@
  * holds and verifies it (every checksum and every header field; the readers do the checking).
  * Exit 0 when every file is valid, 1 when one is corrupt or unreadable, 2 for bad usage.
  * It only reads; it never repairs or rewrites a file. */
+#include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,8 @@ static void help(FILE *f) {
           "usage: dtrain inspect FILE...\n\n"
           "Prints what FILE holds and verifies it:\n"
           "  checkpoint (.dtc)  step, sections with sizes and CRC32C, meta keys and values\n"
-          "  safetensors        tensors with dtype, shape and bytes; __metadata__\n"
+          "  safetensors        tensors with dtype, shape and bytes; __metadata__; how many\n"
+          "                     values are NaN or infinite (the file is still valid)\n"
           "  IDX (.gz or raw)   element type and dimensions\n"
           "  directory          each checkpoint in it, valid or not, and which one a resume uses\n"
           "Exits 1 if a file is corrupt (the message names the file and the problem).\n");
@@ -49,19 +52,39 @@ static int inspect_ckpt(const char *path) {
   return 0;
 }
 
+/* NaN and infinite values of an F32 or F64 tensor (other types: 0). */
+static uint64_t count_nonfinite(const dt_tensor_view *t) {
+  uint64_t n = 0;
+  const unsigned char *p = t->data;
+  for (size_t i = 0; t->dtype == DT_ST_F32 && i + 4 <= t->nbytes; i += 4) {
+    float v;
+    memcpy(&v, p + i, 4);
+    n += !isfinite(v);
+  }
+  for (size_t i = 0; t->dtype == DT_ST_F64 && i + 8 <= t->nbytes; i += 8) {
+    double v;
+    memcpy(&v, p + i, 8);
+    n += !isfinite(v);
+  }
+  return n;
+}
+
 static int inspect_st(const char *path) {
   dt_safetensors *f;
   if (dt_safetensors_open(path, &f) != DT_OK)
     return dt_cli_fail("inspect", "corrupt or unreadable safetensors file");
-  uint64_t total = 0, elems = 0;
+  uint64_t total = 0, elems = 0, nonfinite = 0;
   for (size_t i = 0; i < dt_safetensors_count(f); i++) {
     const dt_tensor_view *t = dt_safetensors_tensor(f, i);
     total += t->nbytes;
     elems += t->nbytes / dt_st_dtype_size(t->dtype);
+    nonfinite += count_nonfinite(t);
   }
-  printf("%s: safetensors, header %llu bytes, %zu tensors, %llu elements, %llu data bytes, valid\n",
+  /* valid: the checksums and the header hold; NaN or infinite values are still worth a word */
+  printf("%s: safetensors, header %llu bytes, %zu tensors, %llu elements, %llu data bytes, valid; "
+         "%llu values not finite (NaN or infinity)\n",
          path, (unsigned long long)dt_safetensors_header_len(f), dt_safetensors_count(f),
-         (unsigned long long)elems, (unsigned long long)total);
+         (unsigned long long)elems, (unsigned long long)total, (unsigned long long)nonfinite);
   if (dt_safetensors_meta_count(f)) {
     printf("metadata:\n");
     for (size_t i = 0; i < dt_safetensors_meta_count(f); i++) {
@@ -141,8 +164,7 @@ static int inspect_one(const char *path) {
   unsigned char m[9] = {0};
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    dt_set_error(DT_ERR_NOT_FOUND, "%s: cannot open", path);
-    perror(path);
+    fprintf(stderr, "dtrain inspect: %s: %s\n", path, strerror(errno));
     return 1;
   }
   ssize_t k = read(fd, m, sizeof m);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "cli/launch.h"
 #include "core/core.h"
 
@@ -108,6 +109,8 @@ static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
       o->dead[fd] = true;
       if (fd == 1 && errno == EPIPE)
         o->broken_stdout = true;
+      else if (fd == 1)
+        dt_cli_stdout_failed(errno); /* a full disk: run exits 1 (main.c) */
       return;
     }
     buf += w;

@@ -1,4 +1,6 @@
 /* main.c - the dtrain command: dispatches to one subcommand per file under src/cli/. */
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,23 +51,49 @@ int dt_cli_fail(const char *cmd, const char *fmt, ...) {
   return 1;
 }
 
+static int stdout_errno; /* first failed write(2) to fd 1 outside stdio (the launcher's) */
+
+void dt_cli_stdout_failed(int err) {
+  if (!stdout_errno)
+    stdout_errno = err;
+}
+
+/* Every command ends here: output that could not be written (a full disk, > /dev/full) makes it
+ * fail with exit 1, never exit 0 with a truncated file. A reader that went away (EPIPE) is not
+ * reported: that is 141, as if SIGPIPE had ended the process (run's documented code). */
+static int finish(int rc) {
+  int err = stdout_errno;
+  errno = 0;
+  if ((fflush(stdout) != 0 || ferror(stdout)) && !err)
+    err = errno ? errno : EIO;
+  if (fclose(stdout) != 0 && !err)
+    err = errno ? errno : EIO;
+  if (!err)
+    return rc;
+  if (err == EPIPE)
+    return rc ? rc : 128 + SIGPIPE;
+  fprintf(stderr, "dtrain: writing standard output: %s\n", strerror(err));
+  return rc ? rc : 1;
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: dtrain <command> [options]\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-  fprintf(f, "\n'dtrain <command> --help' describes each command.\n");
+  fprintf(f, "\n'dtrain <command> --help' describes each command. Every command exits 1 when its\n"
+             "standard output cannot be written (a full disk).\n");
 }
 
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+    return finish(argc < 2 ? 2 : 0);
   }
   if (!strcmp(argv[1], "--version"))
-    return dt_cli_version(argc - 1, argv + 1);
+    return finish(dt_cli_version(argc - 1, argv + 1));
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(argv[1], commands[i].name))
-      return commands[i].main(argc - 1, argv + 1);
+      return finish(commands[i].main(argc - 1, argv + 1));
   fprintf(stderr, "dtrain: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;

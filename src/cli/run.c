@@ -92,8 +92,8 @@ static void run_help(FILE *f) {
 "\n"
 "exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
 "128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
-"after SIGINT/SIGTERM/SIGHUP; 141 if our stdout's reader went away; 124 after --timeout;\n"
-"2 for bad usage.\n",
+"after SIGINT/SIGTERM/SIGHUP; 141 if our stdout's reader went away, 1 if it cannot be\n"
+"written (a full disk); 124 after --timeout; 2 for bad usage.\n",
           RUN_MAX_NPROC);
 }
 
@@ -109,11 +109,13 @@ static bool run_parse_int(const char *s, long lo, long hi, int *out) {
   return true;
 }
 
+#define RUN_MAX_SECONDS 10000000 /* 115 days: far beyond any job */
+
 static bool run_parse_seconds(const char *s, int64_t *ms) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || end == s || *end || !isfinite(v) || v < 0 || v > 1e7)
+  if (errno || end == s || *end || !isfinite(v) || v < 0 || v > RUN_MAX_SECONDS)
     return false;
   *ms = (int64_t)llround(v * 1000.0);
   return true;
@@ -517,22 +519,24 @@ int dt_cli_run(int argc, char **argv) {
                                   "unknown --output mode '%s'", val);
     } else if (!strcmp(name, "--kill-after")) {
       if (!run_parse_seconds(val, &o.kill_after_ms))
-        return dt_cli_usage_error("run", USAGE_HINT, "--kill-after '%s' is not seconds >= 0", val);
+        return dt_cli_usage_error("run", USAGE_HINT, "--kill-after '%s' is not seconds in 0..%d", val,
+                                  RUN_MAX_SECONDS);
     } else if (!strcmp(name, "--timeout")) {
       if (!run_parse_seconds(val, &o.timeout_ms) || o.timeout_ms == 0)
-        return dt_cli_usage_error("run", USAGE_HINT, "--timeout '%s' is not seconds > 0", val);
+        return dt_cli_usage_error("run", USAGE_HINT, "--timeout '%s' is not seconds in 0.001..%d", val,
+                                  RUN_MAX_SECONDS);
     } else if (!strcmp(name, "--tail")) {
       if (!run_parse_int(val, 1, 10000, &o.tail_lines))
-        return dt_cli_usage_error("run", USAGE_HINT, "--tail '%s' is not a line count >= 1", val);
+        return dt_cli_usage_error("run", USAGE_HINT, "--tail '%s' is not a line count 1..10000", val);
     } else if (!strcmp(name, "--max-restarts")) {
       if (!run_parse_int(val, 0, 10000, &o.max_restarts))
         return dt_cli_usage_error("run", USAGE_HINT, "--max-restarts '%s' is not a count 0..10000", val);
     } else if (!strcmp(name, "--min-nodes")) {
       if (!run_parse_int(val, 1, 65536, &o.min_nodes))
-        return dt_cli_usage_error("run", USAGE_HINT, "--min-nodes '%s' is not a host count >= 1", val);
+        return dt_cli_usage_error("run", USAGE_HINT, "--min-nodes '%s' is not a host count 1..65536", val);
     } else if (!strcmp(name, "--max-nodes")) {
       if (!run_parse_int(val, 1, 65536, &o.max_nodes))
-        return dt_cli_usage_error("run", USAGE_HINT, "--max-nodes '%s' is not a host count >= 1", val);
+        return dt_cli_usage_error("run", USAGE_HINT, "--max-nodes '%s' is not a host count 1..65536", val);
     } else if (!strcmp(name, "--fault-timeout")) {
       if (!run_parse_seconds(val, &o.fault_timeout_ms) || o.fault_timeout_ms < 1 || o.fault_timeout_ms > 86400000)
         return dt_cli_usage_error("run", USAGE_HINT, "--fault-timeout '%s' is not seconds in 0.001..86400", val);

@@ -88,6 +88,9 @@ int dt_cli_store(int argc, char **argv) {
   int bound;
   dt_status st = dt__store_server_start(bind, port, secret, secret_len, world, fault_ms, &s, &bound);
   explicit_bzero(secret, sizeof secret);
+  if (st == DT_ERR_INVALID) /* the address given: a bad flag, not a runtime failure */
+    return dt_cli_usage_error("store", "--bind takes an address of this host, e.g. 0.0.0.0",
+                              "bad value '%s' for --bind: %s", bind ? bind : "", dt_last_error());
   if (st)
     return dt_cli_fail("store", "cannot start the store on %s:%d", bind ? bind : "*", port);
   printf("listening on %s:%d\n", bind ? bind : "0.0.0.0", bound);

@@ -33,7 +33,9 @@ static void help(FILE *f) {
       "model and data:\n"
       "  --model SPEC          preset (mlp, cnn) or spec string, see below (default mlp)\n"
       "  --data DIR            IDX directory with train-/t10k- images and labels\n"
-      "                        (default %s)\n"
+      "                        (default %s); images N x H x W (read as\n"
+      "                        1xHxW) or N x C x H x W, one shape in both splits, the model's\n"
+      "                        in=CxHxW (in=F takes any image of F values)\n"
       "  --seed S              parameters, shuffling and dropout (default 42)\n"
       "training:\n"
       "  --epochs N            passes over the training set (default 1)\n"
@@ -64,7 +66,8 @@ static void help(FILE *f) {
       "  --out DIR             model.safetensors and metrics.jsonl go here (default runs/train)\n"
       "  --log-interval K      a metrics line every K steps (default 10)\n"
       "  --progress MODE       auto | bar | lines | off (default auto: bar on a terminal)\n"
-      "  --json                print the summary as one JSON object on stdout\n"
+      "  --json                print the summary as one JSON object on stdout (here and in\n"
+      "                        metrics.jsonl a number that is not finite is null)\n"
       "checkpoints:\n"
       "  --checkpoint-dir D    write checkpoints (ckpt-<step>.dtc) here; created (with its\n"
       "                        parents) and checked at start, locked (D/dtrain.lock) against a\n"
@@ -78,8 +81,8 @@ static void help(FILE *f) {
       "                        --schedule, --weight-decay, --epochs or --nesterov is warned about\n"
       "  -h, --help            this text\n"
       "\n"
-      "Exit codes: 0 done, 1 runtime failure, 2 bad flags, model spec, missing or damaged data,\n"
-      "or settings that differ across workers.\n"
+      "Exit codes: 0 done, 1 runtime failure (a diverged loss too), 2 bad flags, model spec,\n"
+      "missing or damaged data, or settings that differ across workers.\n"
       "\n"
       "Model specs:\n%s",
       DT_FASHION_MNIST_DIR, dt_model_spec_help());
@@ -139,27 +142,6 @@ static int default_threads(void) {
   }
   long t = cores / local;
   return t < 1 ? 1 : (int)t;
-}
-
-static void json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; s && *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
-static void json_num(FILE *f, double v) {
-  if (isfinite(v))
-    fprintf(f, "%.10g", v);
-  else
-    fputs("null", f);
 }
 
 /* Prints a failed run's error with its hint; returns the exit code (2: settings or input).
@@ -233,6 +215,8 @@ int dt_cli_train(int argc, char **argv) {
     const char *v = flag_value(&f, eq);
     if (!v)
       return dt_cli_usage_error(CMD, HELP_HINT, "%s needs a value", name);
+    if (!*v) /* an unset shell variable: --out "" would write into / */
+      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '' for %s", name);
     int64_t iv;
     double dv;
     int bad = 0;
@@ -397,43 +381,43 @@ int dt_cli_train(int argc, char **argv) {
   if (json) {
     FILE *o = stdout;
     fputs("{\"test_accuracy\":", o);
-    json_num(o, s.test_accuracy);
+    dt__json_num(o, "%.10g", s.test_accuracy);
     fputs(",\"test_loss\":", o);
-    json_num(o, s.test_loss);
+    dt__json_num(o, "%.10g", s.test_loss);
     fputs(",\"train_loss\":", o);
-    json_num(o, s.train_loss);
+    dt__json_num(o, "%.10g", s.train_loss);
     fprintf(o, ",\"epochs\":%d,\"steps\":%lld,\"steps_run\":%lld,\"samples_per_s\":", s.epochs,
             (long long)s.steps, (long long)s.steps_run);
-    json_num(o, s.samples_per_s);
+    dt__json_num(o, "%.10g", s.samples_per_s);
     fputs(",\"steady_samples_per_s\":", o);
-    json_num(o, s.steady_samples_per_s);
+    dt__json_num(o, "%.10g", s.steady_samples_per_s);
     fputs(",\"wall_s\":", o);
-    json_num(o, s.wall_s);
+    dt__json_num(o, "%.10g", s.wall_s);
     fputs(",\"train_s\":", o);
-    json_num(o, s.train_s);
+    dt__json_num(o, "%.10g", s.train_s);
     fputs(",\"comm_exposed_s\":", o);
-    json_num(o, s.comm_exposed_s);
+    dt__json_num(o, "%.10g", s.comm_exposed_s);
     fputs(",\"comm_exposed_share\":", o);
-    json_num(o, s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
+    dt__json_num(o, "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
     fputs(",\"data_wait_s\":", o);
-    json_num(o, s.data_wait_s);
+    dt__json_num(o, "%.10g", s.data_wait_s);
     fputs(",\"peak_rss_mb\":", o);
-    json_num(o, s.peak_rss_mb);
+    dt__json_num(o, "%.10g", s.peak_rss_mb);
     fprintf(o, ",\"world_size\":%d,\"threads\":%d,\"global_batch\":%d,\"params\":%zu,\"model\":",
             s.world_size, cfg.threads, cfg.global_batch, s.param_count);
-    json_str(o, s.model_spec);
+    dt__json_str(o, s.model_spec);
     fputs(",\"model_file\":", o);
-    json_str(o, s.model_file);
+    dt__json_str(o, s.model_file);
     fputs(",\"metrics_file\":", o);
-    json_str(o, metrics_path);
+    dt__json_str(o, metrics_path);
     fputs(",\"checkpoint_dir\":", o);
     if (cfg.checkpoint_dir)
-      json_str(o, cfg.checkpoint_dir);
+      dt__json_str(o, cfg.checkpoint_dir);
     else
       fputs("null", o);
     fputs(",\"checkpoint_file\":", o);
     if (s.checkpoint_file[0])
-      json_str(o, s.checkpoint_file);
+      dt__json_str(o, s.checkpoint_file);
     else
       fputs("null", o);
     fprintf(o, ",\"resumed_from_step\":%lld}\n", (long long)s.resumed_from_step);

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dtrain/core.h"
 
@@ -90,6 +91,12 @@ static inline uint64_t dt__mix64(uint64_t z) {
 dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n);
 /* Creates the missing parent directories of path (mkdir -p of its dirname). */
 dt_status dt__mkdir_parents(const char *path);
+
+/* JSON output (json.c). dt__json_num writes v with fmt, one double conversion such as "%.9g",
+ * or null when v is NaN or infinite; dt__json_str writes s quoted, with '"', '\\' and control
+ * characters escaped (NULL as ""). */
+void dt__json_num(FILE *f, const char *fmt, double v);
+void dt__json_str(FILE *f, const char *s);
 
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -96,19 +96,22 @@ static dt_status find_file(const char *dir, const char *base, char *path, size_t
                       base);
 }
 
+dt_status dt_dataset_dir_path(const char *dir, dt_split split, bool labels, char *path,
+                              size_t cap) {
+  char base[64];
+  snprintf(base, sizeof base, "%s-%s", split == DT_SPLIT_TEST ? "t10k" : "train",
+           labels ? "labels-idx1-ubyte" : "images-idx3-ubyte");
+  return find_file(dir ? dir : DT_FASHION_MNIST_DIR, base, path, cap);
+}
+
 dt_status dt_dataset_load_dir(const char *dir, dt_split split, const dt_dataset_opts *opts,
                               dt_dataset *out) {
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_dataset_load_dir: out is NULL");
   memset(out, 0, sizeof *out);
-  if (!dir)
-    dir = DT_FASHION_MNIST_DIR;
-  const char *pre = split == DT_SPLIT_TEST ? "t10k" : "train";
-  char base[64], ip[4096], lp[4096];
-  snprintf(base, sizeof base, "%s-images-idx3-ubyte", pre);
-  DT_CHECK(find_file(dir, base, ip, sizeof ip));
-  snprintf(base, sizeof base, "%s-labels-idx1-ubyte", pre);
-  DT_CHECK(find_file(dir, base, lp, sizeof lp));
+  char ip[4096], lp[4096];
+  DT_CHECK(dt_dataset_dir_path(dir, split, false, ip, sizeof ip));
+  DT_CHECK(dt_dataset_dir_path(dir, split, true, lp, sizeof lp));
   return dt_dataset_load_idx(ip, lp, opts, out);
 }
 

@@ -68,17 +68,29 @@ static void clear_bar(dt_monitor *m) {
   }
 }
 
+/* ,"key":v with v as dt__json_num writes it. */
+static void num(FILE *f, const char *key, const char *fmt, double v) {
+  fprintf(f, ",\"%s\":", key);
+  dt__json_num(f, fmt, v);
+}
+
 static void on_step(void *ctx, const dt_train_step_info *s) {
   dt_monitor *m = ctx;
   if (m->metrics) {
-    fprintf(m->metrics,
-            "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld,\"loss\":%.9g,"
-            "\"lr\":%.9g,\"samples_per_s\":%.1f,\"compute_ms\":%.4f,\"comm_ms\":%.4f,"
-            "\"data_ms\":%.4f,\"allreduce_bytes\":%.0f,\"busbw_gbps\":%.6g,\"world_size\":%d,"
-            "\"time\":%.3f}\n",
-            (long long)s->step, s->epoch, (long long)s->step_in_epoch, (double)s->loss,
-            (double)s->lr, s->samples_per_s, s->compute_ms, s->comm_ms, s->data_ms,
-            s->allreduce_bytes, s->busbw_gbps, s->world_size, dt_wall_s());
+    FILE *f = m->metrics;
+    fprintf(f, "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld",
+            (long long)s->step, s->epoch, (long long)s->step_in_epoch);
+    num(f, "loss", "%.9g", (double)s->loss);
+    num(f, "lr", "%.9g", (double)s->lr);
+    num(f, "samples_per_s", "%.1f", s->samples_per_s);
+    num(f, "compute_ms", "%.4f", s->compute_ms);
+    num(f, "comm_ms", "%.4f", s->comm_ms);
+    num(f, "data_ms", "%.4f", s->data_ms);
+    num(f, "allreduce_bytes", "%.0f", s->allreduce_bytes);
+    num(f, "busbw_gbps", "%.6g", s->busbw_gbps);
+    fprintf(f, ",\"world_size\":%d", s->world_size);
+    num(f, "time", "%.3f", dt_wall_s());
+    fputs("}\n", f);
     fflush(m->metrics);
   }
   char eta[32];
@@ -124,11 +136,14 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
 static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
   dt_monitor *m = ctx;
   if (m->metrics) {
-    fprintf(m->metrics,
-            "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld,\"test_loss\":%.9g,"
-            "\"test_accuracy\":%.6f,\"train_loss\":%.9g,\"epoch_s\":%.3f,\"time\":%.3f}\n",
-            e->epoch, (long long)e->step, e->test_loss, e->test_accuracy, e->train_loss,
-            e->epoch_s, dt_wall_s());
+    FILE *f = m->metrics;
+    fprintf(f, "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld", e->epoch, (long long)e->step);
+    num(f, "test_loss", "%.9g", e->test_loss);
+    num(f, "test_accuracy", "%.6f", e->test_accuracy);
+    num(f, "train_loss", "%.9g", e->train_loss);
+    num(f, "epoch_s", "%.3f", e->epoch_s);
+    num(f, "time", "%.3f", dt_wall_s());
+    fputs("}\n", f);
     fflush(m->metrics);
   }
   if (m->mode == DT_PROGRESS_OFF)
@@ -138,26 +153,13 @@ static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
           e->epoch, e->test_accuracy, e->test_loss, e->train_loss, e->epoch_s);
 }
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 static void on_note(void *ctx, const char *text) {
   dt_monitor *m = ctx;
   if (m->metrics) {
     fputs("{\"type\":\"note\",\"text\":", m->metrics);
-    json_string(m->metrics, text);
-    fprintf(m->metrics, ",\"time\":%.3f}\n", dt_wall_s());
+    dt__json_str(m->metrics, text);
+    num(m->metrics, "time", "%.3f", dt_wall_s());
+    fputs("}\n", m->metrics);
     fflush(m->metrics);
   }
   if (m->mode == DT_PROGRESS_OFF)

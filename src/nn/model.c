@@ -412,6 +412,11 @@ void dt_model_destroy(dt_model *m) {
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
 int dt_model_max_batch(const dt_model *m) { return m->max_batch; }
 size_t dt_model_input_size(const dt_model *m) { return nn_shape_size(m->in); }
+void dt_model_input_shape(const dt_model *m, int *c, int *h, int *w) {
+  *c = m->in.c;
+  *h = m->in.h;
+  *w = m->in.w;
+}
 size_t dt_model_output_size(const dt_model *m) { return m->nout; }
 size_t dt_model_param_count(const dt_model *m) { return m->nparams; }
 float *dt_model_params(dt_model *m) { return m->params; }

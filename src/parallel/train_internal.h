@@ -59,4 +59,13 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
 dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
                               dt__train_pos *pos, char *note, size_t cap);
 
+/* The one check that data fits a model, run when the data is loaded (dt_train_run before it
+ * trains, dt_train_evaluate): the test images have the training images' C x H x W (train may
+ * be NULL), the model's input takes them (a model with in=F takes any image of F values; one
+ * with in=CxHxW exactly that shape: an N x H x W file is read as 1xHxW, any other order is
+ * refused) and has an output for every class. DT_ERR_INVALID naming the files (from dir, as
+ * dt_dataset_load_dir reads them) and both shapes. model_name NULL: the model's spec. */
+dt_status dt__train_check_data(const dt_model *m, const char *model_name, const char *dir,
+                               const dt_dataset *train, const dt_dataset *test);
+
 #endif

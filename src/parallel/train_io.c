@@ -90,9 +90,19 @@ dt_status dt_train_model_load(const char *path, int max_batch, dt_model **out) {
     for (int d = 0; same && d < t->ndim; d++)
       same = v->shape[d] == (uint64_t)t->shape[d];
     if (!same) {
-      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is %s with %d dims, the model needs F32 %s",
-                        path, t->name, dt_st_dtype_name(v->dtype) ? dt_st_dtype_name(v->dtype) : "?",
-                        v->ndim, t->ndim == 1 ? "(C)" : "of the model's shape");
+      char has[128], needs[128];
+      size_t k = 0;
+      for (int d = 0; d < v->ndim && k < sizeof has; d++)
+        k += (size_t)snprintf(has + k, sizeof has - k, "%s%llu", d ? "x" : "",
+                              (unsigned long long)v->shape[d]);
+      k = 0;
+      for (int d = 0; d < t->ndim && k < sizeof needs; d++)
+        k += (size_t)snprintf(needs + k, sizeof needs - k, "%s%lld", d ? "x" : "",
+                              (long long)t->shape[d]);
+      rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is %s %s, the model spec in the metadata "
+                        "needs F32 %s", path, t->name,
+                        dt_st_dtype_name(v->dtype) ? dt_st_dtype_name(v->dtype) : "?",
+                        v->ndim ? has : "(scalar)", needs);
       goto fail;
     }
     memcpy(p + t->offset, v->data, t->count * sizeof(float));
@@ -106,6 +116,47 @@ fail:
   return rc;
 }
 
+/* dir's images file of a split, or a generic name if it cannot be found again. */
+static void images_path(const char *dir, dt_split split, char *path, size_t cap) {
+  if (dt_dataset_dir_path(dir, split, false, path, cap) != DT_OK)
+    snprintf(path, cap, "the %s images", split == DT_SPLIT_TEST ? "test" : "training");
+}
+
+dt_status dt__train_check_data(const dt_model *m, const char *model_name, const char *dir,
+                               const dt_dataset *train, const dt_dataset *test) {
+  char tp[4096], sp[4096];
+  const dt_dataset *ds = train ? train : test;
+  const char *mname = model_name ? model_name : dt_model_spec(m);
+  images_path(dir, train ? DT_SPLIT_TRAIN : DT_SPLIT_TEST, sp, sizeof sp);
+  if (train && (test->c != train->c || test->h != train->h || test->w != train->w)) {
+    images_path(dir, DT_SPLIT_TEST, tp, sizeof tp);
+    return dt_set_error(DT_ERR_INVALID, "%s holds %dx%dx%d images (C x H x W) but %s holds "
+                        "%dx%dx%d: training and test images must have the same shape", tp,
+                        test->c, test->h, test->w, sp, train->c, train->h, train->w);
+  }
+  int c, h, w;
+  dt_model_input_shape(m, &c, &h, &w);
+  size_t in = (size_t)c * h * w, sample = (size_t)ds->c * ds->h * ds->w;
+  bool flat = h == 1 && w == 1;
+  if (flat ? in != sample : ds->c != c || ds->h != h || ds->w != w) {
+    char want[64];
+    if (flat)
+      snprintf(want, sizeof want, "%zu values", in);
+    else
+      snprintf(want, sizeof want, "%dx%dx%d images", c, h, w);
+    return dt_set_error(DT_ERR_INVALID, "model '%s' takes %s but %s holds %dx%dx%d images (C x H "
+                        "x W)%s", mname, want, sp, ds->c, ds->h, ds->w, in == sample ?
+                        ": the same number of values in another order (an N x H x W file is read "
+                        "as 1xHxW; N x H x W x C and other orders are refused)" : "");
+  }
+  int classes = DT_MAX(ds->num_classes, test->num_classes);
+  if ((size_t)classes > dt_model_output_size(m))
+    return dt_set_error(DT_ERR_INVALID, "model '%s' has %zu outputs but the dataset in %s has %d "
+                        "classes", mname, dt_model_output_size(m), dir ? dir : DT_FASHION_MNIST_DIR,
+                        classes);
+  return DT_OK;
+}
+
 dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double *test_loss,
                             double *test_accuracy, uint64_t *samples) {
   dt_dataset ds;
@@ -113,16 +164,9 @@ dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double
   dt_status rc = DT_OK;
   float *x = NULL;
   size_t in = dt_model_input_size(m);
-  if (in != (size_t)ds.c * ds.h * ds.w) {
-    rc = dt_set_error(DT_ERR_INVALID, "model takes %zu inputs per sample, the test images are %dx%dx%d",
-                      in, ds.c, ds.h, ds.w);
+  rc = dt__train_check_data(m, NULL, data_dir, NULL, &ds);
+  if (rc != DT_OK)
     goto out;
-  }
-  if ((size_t)ds.num_classes > dt_model_output_size(m)) {
-    rc = dt_set_error(DT_ERR_INVALID, "model has %zu outputs, the test set has %d classes",
-                      dt_model_output_size(m), ds.num_classes);
-    goto out;
-  }
   int maxb = DT_MIN(batch > 0 ? batch : dt_model_max_batch(m), dt_model_max_batch(m));
   double loss = 0;
   int64_t correct = 0;

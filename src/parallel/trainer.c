@@ -660,6 +660,11 @@ static dt_status check_config(const dt_train_config *c) {
   if (c->checkpoint_every < 0)
     return dt_set_error(DT_ERR_INVALID, "checkpoint every %lld must be >= 0",
                         (long long)c->checkpoint_every);
+  if ((c->data_dir && !*c->data_dir) || (c->out_dir && !*c->out_dir) ||
+      (c->checkpoint_dir && !*c->checkpoint_dir))
+    return dt_set_error(DT_ERR_INVALID, "an empty %s directory name (NULL is the default)",
+                        c->data_dir && !*c->data_dir ? "data" : c->out_dir && !*c->out_dir ? "out"
+                                                                                    : "checkpoint");
   if (c->resume && !c->checkpoint_dir)
     return dt_set_error(DT_ERR_INVALID, "resume needs a checkpoint directory");
   if (c->zero != 0 && c->zero != 1 && c->zero != DT_TRAIN_ZERO_AUTO)
@@ -689,18 +694,7 @@ static dt_status build(trainer *t) {
   int eval_local = (eval_batch + world - 1) / world;
   int maxb = DT_MAX(t->micro_max, DT_MIN(eval_local, DT_MAX(t->micro_max, 256)));
   DT_CHECK(dt_model_create(c->model, maxb, c->seed, &t->model));
-  size_t in = dt_model_input_size(t->model);
-  size_t sample = (size_t)t->train.c * t->train.h * t->train.w;
-  if (in != sample)
-    return dt_set_error(DT_ERR_INVALID,
-                        "model '%s' takes %zu inputs per sample but the dataset's images are "
-                        "%dx%dx%d = %zu",
-                        c->model, in, t->train.c, t->train.h, t->train.w, sample);
-  if ((size_t)t->train.num_classes > dt_model_output_size(t->model) ||
-      (size_t)t->test.num_classes > dt_model_output_size(t->model))
-    return dt_set_error(DT_ERR_INVALID, "model '%s' has %zu outputs but the dataset has %d classes",
-                        c->model, dt_model_output_size(t->model),
-                        DT_MAX(t->train.num_classes, t->test.num_classes));
+  DT_CHECK(dt__train_check_data(t->model, c->model, c->data_dir, &t->train, &t->test));
   t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
   /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
    * in place in the shared window (share_memory), each worker updates half as much and keeps
@@ -1001,7 +995,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     iv.data_ns += (double)(s1 - s0);
     iv.span_ns += (double)span;
     if (!isfinite(loss)) {
-      rc = dt_set_error(DT_ERR_INVALID, "loss is %g at step %lld: training diverged (lower --lr or "
+      rc = dt_set_error(DT_ERR_STATE, "loss is %g at step %lld: training diverged (lower --lr or "
                         "use --clip)", loss, (long long)step);
       goto fail;
     }

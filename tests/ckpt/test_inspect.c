@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,17 @@ static void test_inspect(void **st) {
   expect_out("[2, 3]");
   expect_out("format = pt");
   expect_out("IDX, u8, 1 dimensions [3], 3 elements, valid");
+  expect_out("valid; 0 values not finite");
+  /* NaN and infinite values: still valid (the file is what was written), but counted */
+  char sfn[400];
+  snprintf(sfn, sizeof sfn, "%s/nan.safetensors", tmpdir);
+  float wn[6] = {1, NAN, 3, INFINITY, 5, -INFINITY};
+  dt_tensor_view tn = t;
+  tn.data = wn;
+  assert_int_equal(dt_safetensors_write(sfn, &tn, 1, NULL, 0), DT_OK);
+  snprintf(args, sizeof args, "'%s'", sfn);
+  assert_int_equal(run(args), 0);
+  expect_out("valid; 3 values not finite (NaN or infinity)");
 
   /* A directory: every checkpoint listed. */
   char ck2[400];
@@ -116,7 +128,8 @@ static void test_inspect(void **st) {
   expect_out("unknown format");
   snprintf(args, sizeof args, "'%s/missing.dtc'", tmpdir);
   assert_int_equal(run(args), 1);
-  expect_out("missing.dtc");
+  expect_out("dtrain inspect: ");
+  expect_out("missing.dtc: No such file or directory");
   assert_int_equal(run(""), 2);
   expect_out("no file given");
   expect_out("---> HINT");

@@ -519,6 +519,25 @@ static void test_output_raw_stdout(void **state) {
   free(err);
 }
 
+/* A stdout that cannot be written (/dev/full: ENOSPC) is exit 1 and one message, for the
+ * launcher's own write(2)s of its workers' output as for stdio (main.c checks both at exit). */
+static void test_output_full(void **state) {
+  if (access("/dev/full", W_OK) != 0)
+    skip();
+  const char *cmds[] = {"version", "run -n 2 -- echo hi", "run -n 2 --raw-stdout -- echo hi",
+                        "run -n 2 --output rank0 -- echo hi"};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s > /dev/full 2> '%s'", bin, cmds[i], pathf("err"));
+    int st = system(cmd);
+    char *err = slurp(pathf("err"));
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 ||
+        !strstr(err, "dtrain: writing standard output: No space left on device"))
+      fail_msg("dtrain %s > /dev/full: status 0x%x, stderr: %s", cmds[i], st, err);
+    free(err);
+  }
+}
+
 /* ---- failures ---- */
 
 /* Workers other than `bad` record their pid and sleep; `bad` waits until they did, then runs
@@ -792,6 +811,13 @@ static void test_usage(void **state) {
   expect_usage((const char *[]){"run", "-n", "2", "--output", "loud", "true", NULL}, "--output mode 'loud'");
   expect_usage((const char *[]){"run", "-n", "2", "--kill-after", "-1", "true", NULL}, "--kill-after '-1'");
   expect_usage((const char *[]){"run", "-n", "2", "--timeout", "0", "true", NULL}, "--timeout '0'");
+  /* out of range above: the message states the range, not just "> 0" */
+  expect_usage((const char *[]){"run", "-n", "2", "--timeout", "1e30", "true", NULL},
+               "--timeout '1e30' is not seconds in 0.001..10000000");
+  expect_usage((const char *[]){"run", "-n", "2", "--kill-after", "1e30", "true", NULL},
+               "--kill-after '1e30' is not seconds in 0..10000000");
+  expect_usage((const char *[]){"run", "-n", "2", "--tail", "99999999999", "true", NULL},
+               "is not a line count 1..10000");
   expect_usage((const char *[]){"run", "-n", "2", "--raw-stdout=1", "true", NULL}, "takes no value");
 
   /* Accepted spellings. */
@@ -827,6 +853,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_output_rank0_as_is, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_detached_grandchild, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_output_full, setup_dir, teardown_dir),
   };
   const struct CMUnitTest failures[] = {
       cmocka_unit_test_setup_teardown(test_fail_exit_code, setup_dir, teardown_dir),

@@ -82,7 +82,8 @@ static int read_port(int fd) {
 }
 
 static void test_usage(void **unused) {
-  const char *cases[][3] = {{NULL}, {"--world", "0", NULL}, {"--world", "2", "--port"}, {"--bogus", NULL}};
+  const char *cases[][5] = {{NULL}, {"--world", "0", NULL}, {"--world", "2", "--port"}, {"--bogus", NULL},
+                            {"--world", "2", "--bind", "999.1.1.1", NULL}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int o, e;
     pid_t p = start_store(cases[i], &o, &e);

@@ -81,6 +81,25 @@ int main(void) {
   CHECK(dt_safetensors_write(other, &t, 1, NULL, 0) == DT_OK, "write other");
   CHECK(dt_train_model_load(other, 8, &m) == DT_ERR_CORRUPT && m == NULL, "foreign file accepted");
   CHECK(strstr(dt_last_error(), "dtrain.model_spec"), "message: %s", dt_last_error());
+  /* a spec that disagrees with the tensors: the message names both shapes */
+  {
+    dt_safetensors *f = NULL;
+    CHECK(dt_safetensors_open(s.model_file, &f) == DT_OK, "open: %s", dt_last_error());
+    dt_tensor_view views[8];
+    size_t nv = dt_safetensors_count(f);
+    CHECK(nv <= 8, "%zu tensors", nv);
+    for (size_t i = 0; i < nv; i++)
+      views[i] = *dt_safetensors_tensor(f, i);
+    dt_kv spec = {"dtrain.model_spec", "in=1x8x8,linear:16,relu,linear:4"};
+    char narrow[4096];
+    snprintf(narrow, sizeof narrow, "%s/narrow.safetensors", dir);
+    CHECK(dt_safetensors_write(narrow, views, nv, &spec, 1) == DT_OK, "write: %s", dt_last_error());
+    dt_safetensors_destroy(f);
+    CHECK(dt_train_model_load(narrow, 8, &m) == DT_ERR_CORRUPT && m == NULL, "spec mismatch accepted");
+    const char *e = dt_last_error();
+    CHECK((strstr(e, "F32 32x64") && strstr(e, "F32 16x64")) || (strstr(e, "F32 4x32") && strstr(e, "F32 4x16")),
+          "message does not name both shapes: %s", e);
+  }
 
   /* bad configurations fail cleanly */
   dt_train_config bad = cfg;
@@ -98,6 +117,12 @@ int main(void) {
   bad = cfg;
   bad.resume = true;
   CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "resume without dir");
+  bad = cfg;
+  bad.out_dir = ""; /* not "/": the model would go to /model.safetensors */
+  CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "empty out_dir");
+  bad = cfg;
+  bad.checkpoint_dir = "";
+  CHECK(dt_train_run(&bad, NULL, NULL) == DT_ERR_INVALID, "empty checkpoint_dir");
 
   /* the monitor as an observer: a metrics file of JSON lines */
   char mpath[4096];
@@ -109,10 +134,19 @@ int main(void) {
   cfg.out_dir = NULL;
   cfg.max_steps = 7;
   CHECK(dt_train_run(&cfg, &mobs, &s) == DT_OK, "run 2: %s", dt_last_error());
+  /* numbers that are not finite are null: the lines stay JSON (tt_metrics_losses checks each) */
+  dt_train_step_info nan_step = {.step = 8, .epoch = 1, .loss = NAN, .lr = INFINITY};
+  dt_train_epoch_info nan_epoch = {.epoch = 1, .step = 8, .test_loss = NAN, .train_loss = -INFINITY};
+  mobs.on_step(mobs.ctx, &nan_step);
+  mobs.on_epoch(mobs.ctx, &nan_epoch);
   dt_monitor_destroy(mon);
+  char *mtext = tt_slurp(mpath);
+  CHECK(strstr(mtext, "\"loss\":null,\"lr\":null") && strstr(mtext, "\"test_loss\":null"),
+        "non-finite numbers are not null: %s", mtext);
+  free(mtext);
   CHECK(s.model_file[0] == '\0' && s.steps == 7, "no out dir: no model file");
   double l[16];
-  CHECK(tt_metrics_losses(mpath, l, 16) == 7, "metrics up to step 7");
+  CHECK(tt_metrics_losses(mpath, l, 16) == 8, "metrics up to step 8");
   CHECK(isfinite(l[5]) && isfinite(l[7]) && isnan(l[6]), "logged steps 5 and 7 only");
   tt_rmrf(dir);
   printf("ok\n");

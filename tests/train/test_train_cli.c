@@ -4,7 +4,12 @@
  *           --help documents the flags and the spec syntax
  *   json    --json prints exactly one JSON object with the summary keys; the model file and the
  *           metrics file are written and valid; `dtrain eval` on the model gives the same
- *           accuracy and loss
+ *           accuracy and loss, and on a copy with a NaN weight test_loss null (not a bare nan)
+ *   shapes  train refuses test images of another shape than the training images (8x7 would
+ *           overrun the model's input, 8x9 give a meaningless accuracy) and images whose shape
+ *           differs from the model's input in order only (N x H x W x C), with exit 2 naming
+ *           both files and both shapes; eval refuses the same with the same check; a flat
+ *           model (in=F) takes any image of F values
  *   accum   --accumulate 4 ends with the same parameters as one big batch (1e-5)
  *   resume  a run stopped at step 10 and resumed reproduces the uninterrupted run's losses and
  *           final parameters bit for bit (resume: SGD with Nesterov momentum and dropout;
@@ -55,7 +60,7 @@ static void group_usage(void) {
                tt_run(dir, 30, "%s train --data %s --model 'in=1x8x8,conv9x9:4,linear:4'", b, data),
                "--model");
   expect_usage("spec vs data",
-               tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "inputs");
+               tt_run(dir, 60, "%s train --data %s --model mlp --max-steps 1", b, data), "1x28x28");
   expect_usage("missing data", tt_run(dir, 30, "%s train --data %s/nowhere", b, dir),
                "apt-get install dataset-fashion-mnist");
   {
@@ -67,6 +72,29 @@ static void group_usage(void) {
     CHECK(system(cmd) == 0, "prepare truncated data");
     expect_usage("truncated data", tt_run(dir, 30, "%s train --data %s --model '%s'", b, bad, TINY_MODEL),
                  "train-images-idx3-ubyte");
+  }
+  /* an empty path (an unset shell variable) is refused, not taken as "" + "/model.safetensors";
+   * --data nowhere: without the check the run fails later without writing into / */
+  const char *paths[] = {"--out", "--data", "--checkpoint-dir"};
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    tt_result r = tt_run(dir, 30, "%s train --data %s/nowhere %s ''", b, dir, paths[i]);
+    char what[64];
+    snprintf(what, sizeof what, "train %s ''", paths[i]);
+    expect_usage(what, r, "bad value '' for");
+  }
+  expect_usage("eval --model-file ''", tt_run(dir, 30, "%s eval --model-file ''", b),
+               "bad value '' for --model-file");
+  expect_usage("eval --data ''",
+               tt_run(dir, 30, "%s eval --model-file %s/none.safetensors --data ''", b, dir),
+               "bad value '' for --data");
+  {
+    /* a diverged run is a runtime failure (1), not bad usage (2); stdout stays empty */
+    tt_result r = tt_run(dir, 60, "%s train --data %s --model 'in=1x8x8,linear:32,linear:4' "
+                         "--lr 1000000 --epochs 20 --batch 16 --out %s/div --json --progress off",
+                         b, data, dir);
+    CHECK(r.code == 1 && strstr(r.err, "diverged") && r.out[0] == '\0',
+          "diverged run: exit %d, stdout [%s], stderr: %s", r.code, r.out, r.err);
+    tt_result_free(&r);
   }
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
@@ -144,6 +172,37 @@ static void group_json(void) {
   CHECK(tt_json_num(r.out, "samples") == 200, "samples");
   tt_result_free(&r);
 
+  /* a disk that is full: exit 1 and a message, not exit 0 and an empty result file */
+  if (access("/dev/full", W_OK) == 0) {
+    r = tt_run(dir, 60, "sh -c 'exec %s eval --model-file %s --data %s --json > /dev/full'", b,
+               want, data);
+    CHECK(r.code == 1 && strstr(r.err, "dtrain: writing standard output: No space left on device"),
+          "eval --json > /dev/full: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+  }
+
+  /* a model with a NaN weight: its loss is NaN, written as null so that stdout stays JSON */
+  {
+    char nanf[4096], cmd[16384];
+    snprintf(nanf, sizeof nanf, "%s/nan.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "cp %s %s", want, nanf);
+    CHECK(system(cmd) == 0, "copy model");
+    FILE *f = fopen(nanf, "r+b");
+    unsigned char hl[8];
+    CHECK(f && fread(hl, 1, 8, f) == 8, "read %s", nanf);
+    long data_at = 8;
+    for (int i = 0; i < 8; i++)
+      data_at += (long)hl[i] << (8 * i);
+    const unsigned char qnan[4] = {0x00, 0x00, 0xc0, 0x7f}; /* f32 NaN, little-endian */
+    CHECK(fseek(f, data_at, SEEK_SET) == 0 && fwrite(qnan, 1, 4, f) == 4 && fclose(f) == 0,
+          "poke NaN into %s", nanf);
+    r = tt_run(dir, 60, "%s eval --model-file %s --data %s --json", b, nanf, data);
+    CHECK(r.code == 0, "eval NaN model exit %d: %s", r.code, r.err);
+    CHECK(tt_json_is_object(r.out) && strstr(r.out, "\"test_loss\":null"),
+          "eval of a NaN model: stdout not JSON with test_loss null: %s", r.out);
+    tt_result_free(&r);
+  }
+
   /* the text summary (no --json) ends with where things went */
   r = tt_run(dir, 120, "%s train --data %s --model '%s' --max-steps 3 --batch 32 --threads 1 --out %s/run2",
              b, data, TINY_MODEL, dir);
@@ -152,6 +211,67 @@ static void group_json(void) {
             strstr(r.out, "run2/metrics.jsonl"),
         "summary: %s", r.out);
   tt_result_free(&r);
+}
+
+/* dir/<prefix>-{images,labels} of n samples: images of the given dims after N (ndim 2 or 3). */
+static void write_split(const char *d, const char *prefix, uint32_t n, int ndim, const uint32_t *dims) {
+  uint32_t all[4] = {n};
+  size_t per = 1;
+  for (int i = 0; i < ndim; i++)
+    per *= all[i + 1] = dims[i];
+  unsigned char *img = malloc(n * per), *lab = malloc(n);
+  for (size_t i = 0; i < n * per; i++)
+    img[i] = (unsigned char)(i * 37);
+  for (uint32_t i = 0; i < n; i++)
+    lab[i] = (unsigned char)(i % 4);
+  char p[4096];
+  snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", d, prefix);
+  tt_write_idx(p, img, ndim + 1, all);
+  snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", d, prefix);
+  tt_write_idx(p, lab, 1, all);
+  free(img);
+  free(lab);
+}
+
+static void group_shapes(void) {
+  const char *b = tt_bin();
+  char d[2048];
+  const uint32_t hw[2] = {8, 8}, narrow[2] = {8, 7}, wide[2] = {8, 9}, hwc[3] = {8, 8, 1};
+  const uint32_t *tests[2] = {narrow, wide};
+  for (int k = 0; k < 2; k++) {
+    snprintf(d, sizeof d, "%s/test8x%u", dir, tests[k][1]);
+    mkdir(d, 0777);
+    write_split(d, "train", 64, 2, hw);
+    write_split(d, "t10k", 32, 2, tests[k]);
+    tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 2 --batch 16 "
+                         "--out %s/run --progress off", b, d, TINY_MODEL, dir);
+    char shape[16];
+    snprintf(shape, sizeof shape, "1x8x%u", tests[k][1]);
+    CHECK(strstr(r.err, "t10k-images-idx3-ubyte") && strstr(r.err, "train-images-idx3-ubyte") &&
+              strstr(r.err, shape) && strstr(r.err, "1x8x8"),
+          "test 8x%u: message names neither both files nor both shapes: %s", tests[k][1], r.err);
+    expect_usage("test images of another shape", r, "same shape");
+  }
+  /* N x H x W x C: the values of 1x8x8 images in another order */
+  snprintf(d, sizeof d, "%s/hwc", dir);
+  mkdir(d, 0777);
+  write_split(d, "train", 64, 3, hwc);
+  write_split(d, "t10k", 32, 3, hwc);
+  tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 2 --batch 16 "
+                       "--out %s/run --progress off", b, d, TINY_MODEL, dir);
+  CHECK(strstr(r.err, "train-images-idx3-ubyte") && strstr(r.err, "8x8x1") &&
+            strstr(r.err, "1x8x8"), "N x H x W x C: message: %s", r.err);
+  expect_usage("N x H x W x C images", r, "order");
+  /* a flat input takes them; its model file is refused by eval on 8x9 images by the same check */
+  r = tt_run(dir, 60, "%s train --data %s --model 'in=64,linear:4' --max-steps 2 --batch 16 "
+             "--out %s/flat --progress off", b, d, dir);
+  CHECK(r.code == 0, "flat model on N x H x W x C: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  snprintf(d, sizeof d, "%s/test8x9", dir);
+  r = tt_run(dir, 60, "%s eval --data %s --model-file %s/flat/model.safetensors", b, d, dir);
+  CHECK(strstr(r.err, "t10k-images-idx3-ubyte") && strstr(r.err, "64 values") &&
+            strstr(r.err, "1x8x9"), "eval 8x9: message: %s", r.err);
+  expect_usage("eval on images of another size", r, "HINT");
 }
 
 static void group_accum(void) {
@@ -313,6 +433,8 @@ int main(int argc, char **argv) {
     group_usage();
   else if (!strcmp(g, "json"))
     group_json();
+  else if (!strcmp(g, "shapes"))
+    group_shapes();
   else if (!strcmp(g, "accum"))
     group_accum();
   else if (!strcmp(g, "resume"))
