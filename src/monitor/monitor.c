@@ -14,6 +14,8 @@
 
 struct dt_monitor {
   FILE *metrics;
+  char *metrics_path;
+  bool metrics_failed;       /* a write failed and was reported */
   dt_progress_mode mode;     /* resolved: BAR, LINES or OFF */
   double line_interval_s;
   int64_t last_line_ns;
@@ -40,14 +42,28 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
       return rc;
     }
     m->metrics = fopen(o.metrics_path, o.append ? "a" : "w");
-    if (!m->metrics) {
+    m->metrics_path = strdup(o.metrics_path);
+    if (!m->metrics || !m->metrics_path) {
       dt_status st = dt__errno(DT_ERR_IO, "opening metrics file %s", o.metrics_path);
+      if (m->metrics)
+        fclose(m->metrics);
+      free(m->metrics_path);
       free(m);
       return st;
     }
   }
   *out = m;
   return DT_OK;
+}
+
+/* Ends a metrics line: flushed now, so a crash loses nothing written. The first failed write (a
+ * full disk) is reported at once, not only when the run ends. */
+static void metrics_flush(dt_monitor *m) {
+  if ((fflush(m->metrics) != 0 || ferror(m->metrics)) && !m->metrics_failed) {
+    m->metrics_failed = true;
+    DT_LOG_WARN("metrics file %s: write failed: %s; its lines from here on are lost", m->metrics_path,
+                strerror(errno));
+  }
 }
 
 static void fmt_hms(char *buf, size_t cap, double s) {
@@ -91,7 +107,7 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
     fprintf(f, ",\"world_size\":%d", s->world_size);
     num(f, "time", "%.3f", dt_wall_s());
     fputs("}\n", f);
-    fflush(m->metrics);
+    metrics_flush(m);
   }
   char eta[32];
   fmt_hms(eta, sizeof eta, s->eta_s);
@@ -144,7 +160,7 @@ static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
     num(f, "epoch_s", "%.3f", e->epoch_s);
     num(f, "time", "%.3f", dt_wall_s());
     fputs("}\n", f);
-    fflush(m->metrics);
+    metrics_flush(m);
   }
   if (m->mode == DT_PROGRESS_OFF)
     return;
@@ -160,7 +176,7 @@ static void on_note(void *ctx, const char *text) {
     dt__json_str(m->metrics, text);
     num(m->metrics, "time", "%.3f", dt_wall_s());
     fputs("}\n", m->metrics);
-    fflush(m->metrics);
+    metrics_flush(m);
   }
   if (m->mode == DT_PROGRESS_OFF)
     return;
@@ -188,5 +204,6 @@ void dt_monitor_destroy(dt_monitor *m) {
   dt_monitor_finish(m);
   if (m->metrics)
     fclose(m->metrics);
+  free(m->metrics_path);
   free(m);
 }

@@ -129,6 +129,16 @@ static void group_json(void) {
   CHECK(!strcmp(model, want), "model_file %s, want %s", model, want);
   tt_result_free(&r);
 
+  /* a metrics file that cannot be written (a full disk) is reported when it happens */
+  char full[4096];
+  snprintf(full, sizeof full, "mkdir -p %s/full && ln -sf /dev/full %s/full/metrics.jsonl", dir, dir);
+  CHECK(system(full) == 0, "%s", full);
+  r = tt_run(dir, 120, "%s train --data %s --model '%s' --max-steps 2 --batch 32 --threads 1 --out %s/full --json",
+             b, data, TINY_MODEL, dir);
+  CHECK(r.code == 0 && strstr(r.err, "metrics.jsonl: write failed: No space left on device"), "exit %d: %s", r.code,
+        r.err);
+  tt_result_free(&r);
+
   /* the model file: named tensors with the model's shapes and the spec in the metadata */
   dt_safetensors *f = NULL;
   CHECK(dt_safetensors_open(want, &f) == DT_OK, "open model: %s", dt_last_error());
