@@ -147,23 +147,23 @@ static int default_threads(void) {
 /* Prints a failed run's error with its hint; returns the exit code (2: settings or input).
  * at_ckpt: the failure was at the checkpoints (directory, resume), not at the data. */
 static int train_error(dt_status rc, bool at_ckpt) {
+  const char *hint = NULL;
   if (at_ckpt && (rc == DT_ERR_NOT_FOUND || rc == DT_ERR_CORRUPT || rc == DT_ERR_MISMATCH))
-    return dt_cli_usage_error(CMD, "check the checkpoints with 'dtrain inspect DIR'; resume with the "
-                              "settings they were written with, or start afresh with another "
-                              "--checkpoint-dir", "%s", dt_last_error());
-  if (rc == DT_ERR_NOT_FOUND)
-    return dt_cli_usage_error(CMD, DATA_HINT, "%s", dt_last_error());
-  if (rc == DT_ERR_MISMATCH)
-    return dt_cli_usage_error(CMD, "start every worker with the same flags and data, and resume "
-                              "with the settings the checkpoint was written with",
-                              "%s", dt_last_error());
-  if (rc == DT_ERR_INVALID)
-    return dt_cli_usage_error(CMD, HELP_HINT, "%s", dt_last_error());
-  if (rc == DT_ERR_CORRUPT)
-    return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it, reinstall "
-                              "dataset-fashion-mnist, or check it with 'dtrain inspect FILE'",
-                              "%s", dt_last_error());
-  return dt_cli_fail(CMD, "training failed");
+    hint = "check the checkpoints with 'dtrain inspect DIR'; resume with the settings they were "
+           "written with, or start afresh with another --checkpoint-dir";
+  else if (rc == DT_ERR_NOT_FOUND)
+    hint = DATA_HINT;
+  else if (rc == DT_ERR_MISMATCH)
+    hint = "start every worker with the same flags and data, and resume with the settings the "
+           "checkpoint was written with";
+  else if (rc == DT_ERR_INVALID)
+    hint = HELP_HINT;
+  else if (rc == DT_ERR_CORRUPT)
+    hint = "the file named above is damaged: regenerate it, reinstall dataset-fashion-mnist, or "
+           "check it with 'dtrain inspect FILE'";
+  if (!hint)
+    return dt_cli_fail(CMD, "training failed");
+  return dt_cli_usage_error(CMD, hint, "%s", dt_last_error());
 }
 
 int dt_cli_train(int argc, char **argv) {
