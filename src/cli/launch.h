@@ -134,7 +134,7 @@ typedef struct dt__run_failure {
   int gen;          /* generation that failed */
   char what[600];   /* who failed and how */
   double detect_s;  /* from the generation's start until the failure was seen */
-  double restart_s; /* from then until the next generation's workers were started */
+  double restart_s; /* from then until the next generation's workers were started; < 0: none were */
 } dt__run_failure;
 /* With DTRAIN_RUN_EVENTS=FILE: appends {"event","node","gen","t_ns" (CLOCK_MONOTONIC),"world",
  * "what"} as one line (one write, so agents sharing the file do not interleave). */
@@ -150,6 +150,10 @@ void dt__run_describe_failure(dt_job *job, char *buf, size_t n);
 dt_status dt__run_job_env(const dt_launch_opts *o);
 /* One summary for a job that did not end well; returns the exit code. */
 int dt__run_report(dt_job *job);
+/* A failure restarting cannot mend: the first failed worker exited with 2, the conventional code
+ * of a usage or settings error (dtrain's own commands use it for bad flags, data or settings
+ * that differ across workers or from the checkpoint). Says so on stderr. */
+bool dt__run_not_restartable(const dt_job *job);
 /* The list of failures that led to restarts (stderr). */
 void dt__run_print_failures(const dt__run_failure *f, int n, int restarts_left);
 /* Multi-host elastic agent (--nnodes > 1 with --max-restarts): returns the exit code. The job

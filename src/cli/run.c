@@ -55,7 +55,8 @@ static void run_help(FILE *f) {
 "  --max-restarts K      after a worker fails, stop the others and start a new generation\n"
 "                        of workers (DTRAIN_RESTART_COUNT = 1, 2, ...; a new rendezvous),\n"
 "                        up to K times; the workers resume from their last checkpoint\n"
-"                        (e.g. dtrain train --checkpoint-dir D --resume). Default 0\n"
+"                        (e.g. dtrain train --checkpoint-dir D --resume). Default 0. A\n"
+"                        worker exiting with code 2 (usage or settings) is not restarted\n"
 "  --min-nodes A         with --nnodes > 1 and restarts: go on with at least A hosts when\n"
 "                        hosts fail (default: all of --nnodes); a host whose workers fail\n"
 "                        twice is left out of later generations\n"
@@ -303,10 +304,18 @@ int dt__run_report(dt_job *job) {
 void dt__run_print_failures(const dt__run_failure *f, int n, int restarts_left) {
   if (n == 0)
     return;
-  fprintf(stderr, "dtrain run: %d failure%s, %d restart%s:\n", n, n == 1 ? "" : "s", n, n == 1 ? "" : "s");
+  int restarts = 0;
   for (int k = 0; k < n; k++)
-    fprintf(stderr, "  generation %d: %s; detected %.3f s into the generation, new workers started %.3f s later\n",
-            f[k].gen, f[k].what, f[k].detect_s, f[k].restart_s);
+    restarts += f[k].restart_s >= 0;
+  fprintf(stderr, "dtrain run: %d failure%s, %d restart%s:\n", n, n == 1 ? "" : "s", restarts,
+          restarts == 1 ? "" : "s");
+  for (int k = 0; k < n; k++)
+    if (f[k].restart_s >= 0)
+      fprintf(stderr, "  generation %d: %s; detected %.3f s into the generation, new workers started %.3f s later\n",
+              f[k].gen, f[k].what, f[k].detect_s, f[k].restart_s);
+    else
+      fprintf(stderr, "  generation %d: %s; detected %.3f s into the generation, no new workers\n", f[k].gen,
+              f[k].what, f[k].detect_s);
   (void)restarts_left;
 }
 
@@ -410,9 +419,11 @@ static int run_generations(dt_launch_opts *o, bool have_master) {
       fails[nfails - 1].restart_s = (double)(job.start_ns - detect_ns) / 1e9;
     dt__run_event("start", o->node_rank, gen, job.start_ns, o->nnodes * o->nproc, NULL);
     dt__launch_supervise(&job);
-    if (job.outcome == DT_JOB_FAILED && gen < o->max_restarts && nfails < (int)DT_ARRAY_LEN(fails)) {
+    if (job.outcome == DT_JOB_FAILED && gen < o->max_restarts && nfails < (int)DT_ARRAY_LEN(fails) &&
+        !dt__run_not_restartable(&job)) {
       dt__run_failure *f = &fails[nfails++];
       f->gen = gen;
+      f->restart_s = -1;
       dt__run_describe_failure(&job, f->what, sizeof f->what);
       detect_ns = job.detect_ns;
       f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
@@ -433,6 +444,17 @@ static int run_generations(dt_launch_opts *o, bool have_master) {
   }
   dt__run_print_failures(fails, nfails, o->max_restarts - nfails);
   return rc;
+}
+
+bool dt__run_not_restartable(const dt_job *job) {
+  if (job->outcome != DT_JOB_FAILED || job->first_failed < 0)
+    return false;
+  const dt_worker *w = &job->w[job->first_failed];
+  if (w->sig || w->code != 2)
+    return false;
+  fprintf(stderr, "dtrain run: rank %d exited with code 2 (a usage or settings error): a restart would fail "
+                  "the same way; not restarting\n", w->rank);
+  return true;
 }
 
 int dt_cli_run(int argc, char **argv) {

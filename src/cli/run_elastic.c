@@ -11,6 +11,8 @@
  *   g<g>/stop          set by any agent whose workers failed: every agent stops its workers;
  *                      "grow <node>" when a host that is not a member asks to join
  *   current            the newest generation whose members were decided
+ *   abort              "<why>": an agent whose workers failed in a way no restart mends (exit
+ *                      code 2: usage or settings) ends the job; the next generation is "abort:"
  *   g<g>/blame         "<node> <what>" the first account of who failed (compare-and-set)
  *   g<g>/finished      count of agents whose generation ended well
  *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease;
@@ -217,7 +219,15 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     lease_seen[k] = dt_now_ns();
     gone[k] = e->fails[candidates[k]] >= FAILS_TO_EXCLUDE || candidates[k] == e->store_lost_node;
   }
+  char why[DT_STORE_MSG_MAX];
+  size_t wn;
   for (;;) {
+    if (dt__store_get(e->st, "abort", why, sizeof why - 1, &wn, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK) {
+      why[wn] = '\0';
+      snprintf(val, cap, "abort:%s", why);
+      el_key(key, sizeof key, e->gen, "members");
+      return dt__store_set(e->st, key, val, strlen(val), dt__deadline_after_ms(EL_RPC_MS));
+    }
     int pending = 0;
     for (int k = 0; k < nc; k++) {
       if (joined[k] || gone[k])
@@ -586,7 +596,7 @@ int dt__run_elastic(dt_launch_opts *base) {
       dt__run_describe_failure(&job, f->what, sizeof f->what);
       detect_ns = job.detect_ns ? job.detect_ns : dt_now_ns();
       f->detect_s = (double)(detect_ns - job.start_ns) / 1e9;
-      f->restart_s = 0;
+      f->restart_s = -1;
       if (nfails < 64)
         nfails++;
       dt__run_event("failure", e.me, e.gen, detect_ns, e.nmembers * o.nproc, f->what);
@@ -605,7 +615,36 @@ int dt__run_elastic(dt_launch_opts *base) {
         }
       }
     }
-    if (!failed || nfails > base->max_restarts) {
+    bool final = failed && dt__run_not_restartable(&job);
+    if (final && e.st && !dt__store_broken(e.st)) {
+      char why[600];
+      int wl = snprintf(why, sizeof why, "node %d: %s, which a restart would not mend", e.me, fails[nfails - 1].what);
+      int swapped;
+      dt__store_cas(e.st, "abort", NULL, 0, why, (size_t)DT_MIN(wl, (int)sizeof why - 1), &swapped,
+                    dt__deadline_after_ms(EL_RPC_MS));
+      /* The next generation is decided now: every other agent learns it when it joins. The
+       * store's host stays until they have joined (bounded), so that none of them misses it. */
+      char m[DT_STORE_MSG_MAX];
+      snprintf(m, sizeof m, "abort:%s", why);
+      el_key(key, sizeof key, e.gen + 1, "members");
+      dt__store_set(e.st, key, m, strlen(m), dt__deadline_after_ms(EL_RPC_MS));
+      for (int64_t end = dt__deadline_after_ms(e.window_ms); e.server && !dt__expired(end);) {
+        int joined = 0;
+        for (int k = 0; k < e.nmembers; k++) {
+          char a[64];
+          size_t an;
+          snprintf(key, sizeof key, "g%d/join/%d", e.gen + 1, e.members[k].node);
+          joined += e.members[k].node == e.me ||
+                    dt__store_get(e.st, key, a, sizeof a - 1, &an, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK;
+        }
+        if (joined == e.nmembers) {
+          dt__sleep_ns(500 * 1000000LL); /* their reads of the members follow their joins */
+          break;
+        }
+        dt__sleep_ns(50 * 1000000LL);
+      }
+    }
+    if (!failed || final || nfails > base->max_restarts) {
       rc = dt__run_report(&job);
       dt__launch_finish(&job);
       dt__out_destroy(out);

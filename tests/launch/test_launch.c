@@ -626,6 +626,28 @@ static void test_fail_not_found(void **state) {
   assert_int_equal(run_dtrain(30000, args2), 126);
 }
 
+static void test_fail_usage_not_restarted(void **state) {
+  /* Exit code 2 (a usage or settings error) ends the job: no restart would mend it. Each start
+   * appends a line to starts.0; exactly one generation ran. */
+  const char *args[] = {"run", "-n", "2", "--max-restarts", "3", "--", "sh", "-c",
+                        "[ \"$DTRAIN_RANK\" = 0 ] || exec sleep 30; echo x >> \"$1/starts\"; exit 2", "sh", dir,
+                        NULL};
+  assert_int_equal(run_dtrain(30000, args), 2);
+  char *err = slurp(pathf("err")), *starts = slurp(pathf("starts"));
+  assert_non_null(strstr(err, "rank 0 exited with code 2 (a usage or settings error)"));
+  assert_non_null(strstr(err, "not restarting"));
+  assert_string_equal(starts, "x\n");
+  free(err);
+  free(starts);
+  /* any other failure is restarted */
+  const char *args3[] = {"run", "-n", "1", "--max-restarts", "2", "--", "sh", "-c",
+                         "echo x >> \"$1/starts3\"; exit 3", "sh", dir, NULL};
+  assert_int_equal(run_dtrain(30000, args3), 3);
+  starts = slurp(pathf("starts3"));
+  assert_string_equal(starts, "x\nx\nx\n");
+  free(starts);
+}
+
 static void test_fail_timeout(void **state) {
   const char *args[] = {"run", "-n", "2", "--timeout", "0.3", "--", "sh", "-c",
                         "echo $$ > \"$1/pid.$DTRAIN_RANK\"; exec sleep 60", "sh", dir, NULL};
@@ -860,6 +882,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_fail_signal, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_rank0_mode_shows_hidden_tail, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_not_found, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_fail_usage_not_restarted, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_timeout, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_all_ok_some_early, setup_dir, teardown_dir),
   };
