@@ -156,6 +156,19 @@ static dt_status el_move_store(elastic *e) {
 
 static void el_key(char *buf, size_t n, int gen, const char *what) { snprintf(buf, n, "g%d/%s", gen, what); }
 
+/* How long the first generation waits for its hosts: --timeout if given, else DTRAIN_TIMEOUT_MS
+ * (the workers' deadline), else 300 s. */
+static int64_t el_first_wait_ms(const elastic *e) {
+  if (e->base->timeout_ms > 0)
+    return e->base->timeout_ms;
+  const char *v = dt__env_str("DTRAIN_TIMEOUT_MS");
+  long long ms = v ? atoll(v) : 0;
+  return ms > 0 ? ms : 300000;
+}
+
+/* Every 10 s of waiting: one line saying for whom (nobody wonders whether the job hangs). */
+#define EL_SAY_MS 10000
+
 /* Parses "n:addr,n:addr" into e->members. */
 static dt_status el_parse_members(elastic *e, const char *v) {
   e->nmembers = 0;
@@ -176,8 +189,8 @@ static dt_status el_parse_members(elastic *e, const char *v) {
 /* The decider's part: who joined generation gen within the window. */
 static dt_status el_decide(elastic *e, char *val, size_t cap) {
   char key[64];
-  int64_t end = dt__deadline_after_ms(e->gen == 0 ? (e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)
-                                                  : e->window_ms);
+  int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(e->gen == 0 ? el_first_wait_ms(e) : e->window_ms);
+  int64_t say = dt__deadline_after_ms(EL_SAY_MS), last_call = DT_NO_DEADLINE;
   int candidates[EL_MAX_NODES], nc = 0;
   if (e->gen == 0) {
     for (int n = 0; n < e->base->nnodes; n++)
@@ -267,7 +280,24 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
     }
     if (pending == 0)
       break;
-    if (dt__expired(end)) {
+    int here = 0;
+    for (int k = 0; k < nc; k++)
+      here += joined[k];
+    /* --min-nodes below the hosts listed: once that many are here, the others get one more
+     * window (a "last call"), then the job starts without them */
+    if (e->gen == 0 && e->base->min_nodes < nc && here >= e->base->min_nodes && last_call == DT_NO_DEADLINE)
+      last_call = dt__deadline_after_ms(e->window_ms);
+    if (dt__expired(say)) {
+      char who[256] = "";
+      size_t o = 0;
+      for (int k = 0; k < nc && o < sizeof who - 8; k++)
+        if (!joined[k] && !gone[k])
+          o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? ", " : "", candidates[k]);
+      fprintf(stderr, "dtrain run: node %d: waiting for node%s %s to join generation %d (%d of %d here, %.0f s)\n",
+              e->me, pending == 1 ? "" : "s", who, e->gen, here, nc, (double)(dt_now_ns() - t0) / 1e9);
+      say = dt__deadline_after_ms(EL_SAY_MS);
+    }
+    if (dt__expired(end) || dt__expired(last_call)) {
       for (int k = 0; k < nc; k++)
         if (!joined[k] && !gone[k])
           fprintf(stderr, "dtrain run: node %d did not join generation %d; going on without it\n", candidates[k],
@@ -341,7 +371,7 @@ static dt_status el_join(elastic *e) {
         if (e->me == 0)
           DT_CHECK(el_host_store(e));
         DT_CHECK(el_connect(e, e->me == 0 ? e->my_addr : e->base->master_addr,
-                            dt__deadline_after_ms(e->base->timeout_ms > 0 ? e->base->timeout_ms : 300000)));
+                            dt__deadline_after_ms(el_first_wait_ms(e))));
         if (e->me != 0)
           DT_CHECK(el_late_join(e));
       } else {
@@ -356,9 +386,18 @@ static dt_status el_join(elastic *e) {
       st = el_decide(e, val, sizeof val);
     size_t n = 0;
     el_key(key, sizeof key, e->gen, "members");
-    if (!st)
+    int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(e->gen == 0 ? el_first_wait_ms(e) + e->window_ms
+                                                                     : 4 * e->window_ms);
+    while (!st) {
+      int64_t slice = dt__deadline_after_ms(EL_SAY_MS);
       st = dt__store_wait_flags(e->st, key, val, sizeof val - 1, &n, DT_STORE_WAIT_IGNORE_VERDICT,
-                                dt__deadline_after_ms(e->gen == 0 ? 300000 : 4 * e->window_ms));
+                                slice < end ? slice : end);
+      if (st != DT_ERR_TIMEOUT || dt__expired(end))
+        break;
+      fprintf(stderr, "dtrain run: node %d: waiting for the members of generation %d (%.0f s)\n", e->me, e->gen,
+              (double)(dt_now_ns() - t0) / 1e9);
+      st = DT_OK;
+    }
     if (st == DT_OK) {
       val[n] = '\0';
       if (!strncmp(val, "abort:", 6))

@@ -607,6 +607,50 @@ static void test_run_restarts_exhausted(void **state) {
   free(err);
 }
 
+/* --nnodes 3 --min-nodes 2 with only nodes 0 and 1 started: after one more join window (the
+ * "last call") the job starts with the two and finishes (world 2). */
+static void test_run_elastic_starts_without_absent(void **state) {
+  int port = free_port_block(4);
+  pid_t a0 = start_agent(0, port, "agent0"), a1 = start_agent(1, port, "agent1");
+  for (int k = 0; k < 2; k++) {
+    int st = wait_bounded(k ? a1 : a0, 60000);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      fail_msg("agent %d: status %d: %s", k, st, slurp(pathf("%s/agent%d.err", dir, k)));
+  }
+  char *err = slurp(pathf("%s/agent0.err", dir)), *out = slurp(pathf("%s/agent0.out", dir));
+  assert_non_null(strstr(err, "node 2 did not join generation 0; going on without it"));
+  if (!strstr(out, "world 2 generation 0") && !strstr(err, "world 2 generation 0"))
+    fail_msg("a 2-host generation 0 should finish: %s %s", out, err);
+  free(err);
+  free(out);
+}
+
+/* A worker exiting with code 2 (a usage or settings error) under elastic agents: its agent does
+ * not restart and the other agent learns it and stops too, without re-forming. */
+static void test_run_elastic_usage_error_ends(void **state) {
+  int port = free_port_block(4);
+  static char secret[64], portarg[32];
+  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=usage-%d", (int)getpid());
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
+  const char *env[] = {secret, NULL};
+  pid_t ag[2];
+  for (int r = 0; r < 2; r++) {
+    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
+                          "--max-restarts", "2", "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
+                          "exit:rank=1,step=3,code=2", "--", worker, "--steps", "50", "--step-ms", "10", NULL};
+    ag[r] = spawn(argv, env, pathf("%s/u%d.out", dir, r), pathf("%s/u%d.err", dir, r));
+  }
+  int st1 = wait_bounded(ag[1], 30000), st0 = wait_bounded(ag[0], 30000);
+  char *e0 = slurp(pathf("%s/u0.err", dir)), *e1 = slurp(pathf("%s/u1.err", dir));
+  if (!(st1 != -1 && WIFEXITED(st1) && WEXITSTATUS(st1) == 2 && strstr(e1, "not restarting")))
+    fail_msg("node 1: status %d: %s", st1, e1);
+  if (!(st0 != -1 && WIFEXITED(st0) && WEXITSTATUS(st0) != 0 && strstr(e0, "which a restart would not mend")))
+    fail_msg("node 0: status %d: %s", st0, e0);
+  assert_null(strstr(e0, "generation 1 with"));
+  free(e0);
+  free(e1);
+}
+
 int main(int argc, char **argv) {
   bin = getenv("DTRAIN_BIN");
   worker = getenv("FAULT_WORKER");
@@ -643,6 +687,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_elastic_store_agent_hangs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_rejoin, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_starts_without_absent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_ends, setup, teardown),
   };
   if (!strcmp(group, "parse"))
     return cmocka_run_group_tests(parse, NULL, NULL);
