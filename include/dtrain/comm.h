@@ -35,9 +35,13 @@ const char *dt_op_name(dt_op op);      /* "sum", ... */
 dt_status dt_dtype_parse(const char *s, dt_dtype *out);
 dt_status dt_op_parse(const char *s, dt_op *out);
 
-/* Pass as sendbuf to operate in place on recvbuf (passing recvbuf itself works too). For
- * allgather/gather in place, the rank's own block is already at its slot of recvbuf; for
- * reduce_scatter in place, recvbuf holds the full input and the result lands at its start. */
+/* Pass as sendbuf to operate in place on recvbuf. For allgather/gather in place, the rank's own
+ * block is already at its slot of recvbuf (passing that slot's address as sendbuf is the same);
+ * for reduce_scatter in place, recvbuf holds the full input and the result lands at its start.
+ * A sendbuf that is recvbuf itself is still read as a send buffer, so it works on every
+ * collective: the same as DT_IN_PLACE for allreduce, reduce, reduce_scatter and alltoall, while
+ * allgather's and gather's block is then recvbuf's first count elements (moved to the rank's slot
+ * before anything arrives) and scatter's root takes its own block from its slot. */
 #define DT_IN_PLACE ((const void *)0)
 
 typedef struct dt_comm dt_comm;
