@@ -335,6 +335,32 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
   return DT_OK;
 }
 
+/* Whether `peer` is in (or past) a collective call this rank has not started, by its board or
+ * its flat slots: a point-to-point call waiting for it then waits for a rank that waits for us.
+ * *theirs: that call. The caller looks at its rings once more before it believes it: a peer
+ * publishes its sends before it enters the next collective. */
+static bool shm_board_ahead(dt_transport *t, int peer, dt__fp *theirs) {
+  uint64_t mine = t->c->seq; /* collectives started here; none is in flight during a p2p call */
+  shm_rank *pr = &t->ranks[peer];
+  uint32_t v1 = atomic_load(&pr->cur_ver);
+  uint64_t w[3];
+  for (int i = 0; i < 3; i++)
+    w[i] = atomic_load(&pr->cur_fp[i]);
+  memcpy(theirs, w, sizeof *theirs);
+  if (v1 && !(v1 & 1) && atomic_load(&pr->cur_ver) == v1 && theirs->seq > mine)
+    return true;
+  for (int p = 0; p < 2; p++) {
+    shm_flat *s = shm_flat_of(t, peer, p);
+    uint64_t g1 = atomic_load_explicit(&s->g, memory_order_acquire);
+    for (int i = 0; i < 3; i++)
+      w[i] = atomic_load_explicit(&s->fp[i], memory_order_acquire);
+    memcpy(theirs, w, sizeof *theirs);
+    if (g1 && atomic_load(&s->g) == g1 && theirs->seq > mine)
+      return true;
+  }
+  return false;
+}
+
 /* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
  * for liveness). bell is the bell value read before the condition was found false. */
 /* bell_rank: whose bell the caller read (`bell`) before finding its condition false: the
@@ -678,6 +704,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   bool s_pending = dst >= 0, r_pending = src >= 0;
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
+  bool ahead = false; /* the awaited peer was seen in a collective we have not started */
   for (;;) {
     uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
@@ -751,6 +778,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       return DT_OK;
     if (moved) {
       shm_unarm(t, wp);
+      ahead = false;
       continue;
     }
     if (back && s_pending) {
@@ -766,6 +794,17 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       }
     }
     (void)r_first;
+    /* Point to point is on no board, so a peer in a collective cannot see us: we tell (the job's
+     * abort carries both calls to it), after one more look at the rings. */
+    dt__fp theirs;
+    if (fp->coll == DT_COLL_SEND && (wp->iter >= 64 || wp->phase) && shm_board_ahead(t, r_pending ? src : dst, &theirs)) {
+      if (ahead) {
+        t->broken = true;
+        return dt__comm_mismatch(c, r_pending ? src : dst, &theirs, fp);
+      }
+      ahead = true;
+      continue;
+    }
     DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
   }
 }
