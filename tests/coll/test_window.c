@@ -227,8 +227,9 @@ static int body_misuse(int rank, int size, void *arg) {
   }
   if (which == 2) { /* different sizes */
     dt_status st = dt_comm_window(c, rank == 0 ? 8192 : 16384, (void **)&w);
-    CHECK(st == DT_ERR_SYSTEM && !w, "different sizes gave %s: %s", dt_strerror(st), dt_last_error());
-    CHECK(strstr(dt_last_error(), "asked for 16384 bytes per rank, rank 0 for 8192"), "message: %s", dt_last_error());
+    CHECK(st == DT_ERR_MISMATCH && !w, "different sizes gave %s: %s", dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), "rank 1 asked for 16384 bytes per rank, rank 0 for 8192"),
+          "different sizes: message '%s' does not name both", dt_last_error());
     dt_comm_destroy(c);
     return 0;
   }

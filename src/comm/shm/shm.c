@@ -1299,7 +1299,9 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
         break;
       }
       v[len] = '\0';
-      if (v[0] != '1' && verdict[0] == '1')
+      if (v[0] == 'm' && verdict[0] == '1') /* a different size: the answer names both */
+        snprintf(verdict, sizeof verdict, "%s", v);
+      else if (v[0] != '1' && verdict[0] == '1')
         snprintf(verdict, sizeof verdict, "0rank %d: %s", q, v + 1);
     }
     shm_unlink(name);
@@ -1307,7 +1309,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     if (verdict[0] != '1' || vst != DT_OK) {
       munmap(p, size);
       if (verdict[0] != '1')
-        return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, verdict + 1);
+        return dt_set_error(verdict[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
+                            bytes, verdict + 1);
       return dt__error_prefix(vst, "publishing the shared window's verdict");
     }
   } else {
@@ -1322,7 +1325,7 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     if (sscanf(val, "%199s %zu", name, &theirs) != 2) {
       snprintf(ans, sizeof ans, "0rank %d could not read the window's name", t->rank);
     } else if (theirs != bytes) {
-      snprintf(ans, sizeof ans, "0it asked for %zu bytes per rank, rank 0 for %zu", bytes, theirs);
+      snprintf(ans, sizeof ans, "mrank %d asked for %zu bytes per rank, rank 0 for %zu", t->rank, bytes, theirs);
     } else {
       size_t got = 0;
       if (shm_attach(name, size, &p, &got) != DT_OK) {
@@ -1344,7 +1347,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       if (st != DT_OK)
         return dt__error_prefix(st, "waiting for the shared window's verdict");
       val[len] = '\0';
-      return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, len ? val + 1 : "?");
+      return dt_set_error(len && val[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
+                          bytes, len ? val + 1 : "?");
     }
   }
   t->win_base = p;
