@@ -24,8 +24,9 @@ extern "C" {
 #endif
 
 typedef enum dt_dtype { DT_F32, DT_F64, DT_F16, DT_BF16, DT_I32, DT_I64, DT_U8, DT_DTYPE_COUNT } dt_dtype;
-/* f16 and bf16 are reduced in f32 and rounded once to nearest-even. avg = sum / size (integers
- * truncate toward zero). */
+/* f16 and bf16 are reduced in f32 and rounded once to nearest-even. Integer sums and products
+ * wrap (i32/i64 two's complement, u8 modulo 256) on every transport. avg = sum / size (integers
+ * truncate toward zero): the wrapped sum divided, so the u8 avg of 200 and 164 is 108 / 2 = 54. */
 typedef enum dt_op { DT_SUM, DT_PROD, DT_MIN, DT_MAX, DT_AVG, DT_OP_COUNT } dt_op;
 
 size_t dt_dtype_size(dt_dtype t);      /* 0 for an invalid dtype */
@@ -35,9 +36,13 @@ const char *dt_op_name(dt_op op);      /* "sum", ... */
 dt_status dt_dtype_parse(const char *s, dt_dtype *out);
 dt_status dt_op_parse(const char *s, dt_op *out);
 
-/* Pass as sendbuf to operate in place on recvbuf (passing recvbuf itself works too). For
- * allgather/gather in place, the rank's own block is already at its slot of recvbuf; for
- * reduce_scatter in place, recvbuf holds the full input and the result lands at its start. */
+/* Pass as sendbuf to operate in place on recvbuf. For allgather/gather in place, the rank's own
+ * block is already at its slot of recvbuf (passing that slot's address as sendbuf is the same);
+ * for reduce_scatter in place, recvbuf holds the full input and the result lands at its start.
+ * A sendbuf that is recvbuf itself is still read as a send buffer, so it works on every
+ * collective: the same as DT_IN_PLACE for allreduce, reduce, reduce_scatter and alltoall, while
+ * allgather's and gather's block is then recvbuf's first count elements (moved to the rank's slot
+ * before anything arrives) and scatter's root takes its own block from its slot. */
 #define DT_IN_PLACE ((const void *)0)
 
 typedef struct dt_comm dt_comm;
@@ -99,7 +104,8 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
 dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);
 dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
-/* recvbuf holds size * count elements, rank r's block at r * count. */
+/* recvbuf holds size * count elements, rank r's block at r * count. The mpi transport takes
+ * blocks of at most 1 GiB per rank (DT_ERR_UNSUPPORTED above); shm and tcp have no such limit. */
 dt_status dt_comm_allgather(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t);
 /* sendbuf holds size * count elements; rank r receives the reduction of block r. */
 dt_status dt_comm_reduce_scatter(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
@@ -120,8 +126,9 @@ dt_status dt_comm_barrier(dt_comm *c);
  * this rank's window; the rest of the window is the caller's. *out: this rank's part, zeroed,
  * 64-byte aligned, valid until dt_comm_destroy. Collective over c; at most one per
  * communicator; waits for the nonblocking calls in flight first. DT_ERR_UNSUPPORTED (on every
- * rank) when the transport shares no memory (tcp, mpi, or a single rank); DT_ERR_SYSTEM on
- * every rank when any rank could not map it (a full /dev/shm). */
+ * rank) when the transport shares no memory (tcp, mpi, or a single rank); DT_ERR_MISMATCH on
+ * every rank when ranks ask for different sizes (naming both); DT_ERR_SYSTEM on every rank when
+ * any rank could not map it (a full /dev/shm). */
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 /* Rank `rank`'s part of the window as this process maps it (every rank's part is mapped in every
  * rank), or NULL without a window or for a rank outside the communicator. The parts lie back to

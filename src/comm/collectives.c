@@ -270,11 +270,21 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
     return dt__barrier_dissem(c, fp, deadline);
   char *rb = k->rbuf;
   const void *sb = k->sbuf;
-  /* "passing recvbuf itself works too": from here on, in place is only ever DT_IN_PLACE */
+  /* A sendbuf that aliases recvbuf is still read as a send buffer (comm.h). From here on, in
+   * place is only ever DT_IN_PLACE: allgather's (and the gather root's) block at recvbuf[0..n) or
+   * anywhere else inside recvbuf moves to its slot first; scatter copies its own block with
+   * memmove anyway, and a gather that is not the root only sends. */
   if (sb && rb) {
-    int own_slot = k->kind == DT_COLL_ALLGATHER || k->kind == DT_COLL_GATHER;
-    if (sb == (own_slot ? rb + (size_t)r * bytes : rb))
+    char *own = rb + (size_t)r * bytes;
+    if (k->kind == DT_COLL_ALLGATHER || (k->kind == DT_COLL_GATHER && r == k->root)) {
+      if ((const char *)sb + bytes > rb && (const char *)sb < rb + (size_t)n * bytes) {
+        if (sb != own)
+          memmove(own, sb, bytes);
+        sb = DT_IN_PLACE;
+      }
+    } else if (k->kind != DT_COLL_GATHER && k->kind != DT_COLL_SCATTER && sb == rb) {
       sb = DT_IN_PLACE;
+    }
   }
   dt__coll_call kk = *k;
   kk.sbuf = sb;
@@ -354,7 +364,7 @@ static int32_t window_offset(const dt_comm *c, dt__coll kind, const void *sbuf, 
     return -1;
   size_t es = dt_dtype_size(t), span = kind == DT_COLL_ALLREDUCE ? count : count * (size_t)c->size;
   const char *own = kind == DT_COLL_ALLGATHER ? (const char *)rbuf + (size_t)c->rank * count * es : rbuf;
-  if (sbuf && sbuf != DT_IN_PLACE && sbuf != own)
+  if (sbuf && sbuf != DT_IN_PLACE && sbuf != own && sbuf != rbuf) /* allgather's sbuf == rbuf: exec_call */
     return -1;
   uintptr_t r = (uintptr_t)rbuf, w = (uintptr_t)c->win;
   if (r < w || r - w >= c->win_bytes || (r - w) % es || (r - w) / es > INT32_MAX ||

@@ -9,6 +9,8 @@
  * The mismatches run with the automatic algorithm choice and with each allreduce algorithm
  * forced (flat, rd, shm, ring), plus one where the two counts take different algorithms (flat
  * against the chunked shm allreduce), so every path's own detection is exercised.
+ * A recv against a barrier or a small allreduce on the other rank fails the same way, at once (on
+ * shm nothing of the collective passes through the rings the recv watches).
  * Invalid arguments: DT_ERR_INVALID naming the call on the rank that made it, and the other
  * ranks stop with DT_ERR_ABORTED instead of waiting for it. */
 #include <stdio.h>
@@ -22,11 +24,12 @@
 
 typedef enum {
   MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3,
-  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_N
+  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_RECV_BARRIER, MM_RECV_ALLREDUCE, MM_N
 } mm_kind;
 static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)",
                                      "broadcast count", "reduce root", "gather root", "scatter root",
-                                     "count across algorithms"};
+                                     "count across algorithms", "recv against barrier",
+                                     "recv against allreduce"};
 
 typedef struct job {
   mm_kind kind;
@@ -102,6 +105,16 @@ static int mismatch_body(int rank, int size, void *arg) {
     theirs = "rank 1 called scatter #3 with 4 x f32 from root 1";
     mine = "rank 0 called scatter #3 with 4 x f32 from root 0";
     break;
+  case MM_RECV_BARRIER: /* point to point against a collective: the shm barrier uses no ring */
+    st = odd ? dt_comm_recv(c, a, 4, DT_F32, 0, 1) : dt_comm_barrier(c);
+    theirs = "rank 1 called send/recv #1 with 4 x f32 tag 1";
+    mine = "rank 0 called barrier #3";
+    break;
+  case MM_RECV_ALLREDUCE: /* nor does the flat one */
+    st = odd ? dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) : dt_comm_recv(c, a, 4, DT_F32, 1, 1);
+    theirs = "rank 1 called allreduce #3 with 4 x f32 sum";
+    mine = "rank 0 called send/recv #1 with 4 x f32 tag 1";
+    break;
   default: /* MM_ZERO */
     st = dt_comm_allreduce(c, a, b, odd ? 0 : 4, DT_F32, DT_SUM);
     theirs = "rank 1 called allreduce #3 with 0 x f32 sum";
@@ -113,7 +126,10 @@ static int mismatch_body(int rank, int size, void *arg) {
    * learns the verdict through the job abort, or sees rank 1 leave first (DT_ERR_PEER naming
    * rank 1): both end its call well before the deadline. */
   int bystander = size == 3 && rank == 2;
-  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || (bystander && st == DT_ERR_PEER),
+  /* Against a point-to-point call, the rank in the collective learns it from the verdict: as
+   * DT_ERR_ABORTED, or as DT_ERR_PEER carrying it when it sees the other rank leave first. */
+  int p2p = j->kind == MM_RECV_BARRIER || j->kind == MM_RECV_ALLREDUCE;
+  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || ((bystander || p2p) && st == DT_ERR_PEER),
         "%s mismatch on %s: got %s (%s)", mm_names[j->kind], j->transport, dt_strerror(st), msg);
   if (bystander && st == DT_ERR_PEER) {
     CHECK(strstr(msg, "rank 1"), "message '%s' does not name rank 1", msg);
@@ -127,6 +143,28 @@ static int mismatch_body(int rank, int size, void *arg) {
   }
   /* the communicator stays broken */
   CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) != DT_OK, "a call after the mismatch succeeded");
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* No false alarm: a recv waiting while its peer sends and goes on into a barrier (or a flat
+ * allreduce) must get the message, also when the message is larger than the shm ring. */
+static int p2p_ok_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  static float a[1 << 20];
+  for (int i = 0; i < 60; i++) {
+    size_t n = i == 7 ? 1 << 20 : 4; /* 4 MiB: more than DTRAIN_SHM_SLOTS x DTRAIN_SHM_SLOT */
+    if ((i & 1) == rank)
+      usleep(2000); /* the other rank waits first */
+    dt_status st = rank == 0 ? dt_comm_send(c, a, n, DT_F32, 1, i) : dt_comm_recv(c, a, n, DT_F32, 0, i);
+    CHECK(st == DT_OK, "%s %d: %s", rank ? "recv" : "send", i, dt_last_error());
+    st = i % 3 ? dt_comm_barrier(c) : dt_comm_allreduce(c, a, a, 4, DT_F32, DT_SUM);
+    CHECK(st == DT_OK, "collective after p2p %d: %s", i, dt_last_error());
+  }
   dt_comm_destroy(c);
   return 0;
 }
@@ -228,6 +266,11 @@ int main(void) {
           bad++;
         }
       }
+    ran++;
+    if (mp_run(2, p2p_ok_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: send/recv next to collectives on %s\n", tps[t]);
+      bad++;
+    }
     ran++;
     if (mp_run(2, invalid_body, NULL, 60)) {
       fprintf(stderr, "FAIL: invalid arguments on %s\n", tps[t]);

@@ -17,7 +17,9 @@
  * "auto", which only picks one of the forced algorithms.
  * Two-rank f16/bf16 allreduces are checked bit for bit (sw_check_half2: one operation, one
  * rounding) on every algorithm, rd's half-type exchange included.
- * Out of place, DT_IN_PLACE and sendbuf == recvbuf rotate by (dtype + op + count). Allreduce results are also
+ * Out of place, DT_IN_PLACE and sendbuf == recvbuf (and for allgather/gather sendbuf at the rank's
+ * own slot) rotate by (dtype + op + count); scatter's root alternates between separate buffers and
+ * sendbuf == recvbuf. Allreduce results are also
  * compared bit for bit across ranks (CRC32C allgathered). Ctest runs several of these, one per
  * transport and size class (CMakeLists.txt). */
 #include <stdio.h>
@@ -142,7 +144,8 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
   char what[200];
   snprintf(what, sizeof what, "%s %s %s count %zu root %d %s algo %s n %d", dt__coll_name(k), dt_dtype_name(t),
            has_op(k) ? dt_op_name(op) : "-", count, root,
-           inplace == 2 ? "sendbuf==recvbuf" : inplace ? "in-place" : "out-of-place", algo, n);
+           inplace == 3 ? "sendbuf==own slot" : inplace == 2 ? "sendbuf==recvbuf" : inplace ? "in-place" : "out-of-place",
+           algo, n);
   memcpy(cur_what, what, sizeof what);
   switch (k) {
   case DT_COLL_ALLREDUCE:
@@ -190,10 +193,13 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     break;
   case DT_COLL_ALLGATHER:
   case DT_COLL_GATHER:
+    /* 1, 3: the block already at this rank's slot (DT_IN_PLACE, or its address); 2: at the start
+     * of recvbuf, which is sendbuf (comm.h: read as a send buffer, so the library moves it) */
     sw_fill(in, count, 0, salt, rank, t, DT_SUM);
     if (inplace) {
-      memcpy(out + (size_t)rank * count * es, in, count * es);
-      sb = inplace == 2 ? out + (size_t)rank * count * es : DT_IN_PLACE;
+      char *own = out + (inplace == 2 ? 0 : (size_t)rank * count * es);
+      memcpy(own, in, count * es);
+      sb = inplace == 1 ? DT_IN_PLACE : own;
     }
     st = k == DT_COLL_ALLGATHER ? dt_comm_allgather(c, sb, rb, count, t) : dt_comm_gather(c, sb, rb, count, t, root);
     if (st == DT_OK && (k == DT_COLL_ALLGATHER || rank == root))
@@ -207,8 +213,8 @@ static int one(dt_comm *c, dt__coll k, dt_dtype t, dt_op op, size_t count, int r
     break;
   case DT_COLL_SCATTER:
     if (rank == root)
-      sw_fill(in, count * (size_t)n, 0, salt, root, t, DT_SUM);
-    st = dt_comm_scatter(c, rank == root ? in : NULL, rb, count, t, root);
+      sw_fill(inplace == 2 ? out : in, count * (size_t)n, 0, salt, root, t, DT_SUM);
+    st = dt_comm_scatter(c, rank != root ? NULL : inplace == 2 ? out : in, rb, count, t, root);
     if (st == DT_OK) {
       sw_fill(in, count, (size_t)rank * count, salt, root, t, DT_SUM);
       check_same(rank, what, "my block", out, in, count, t);
@@ -324,7 +330,10 @@ static int body(int rank, int size, void *arg) {
             if (g->large && op != DT_SUM && t != DT_F32 && t != DT_F16)
               continue;
             int root = rooted((dt__coll)k) ? (int)((count + (size_t)t + (size_t)op) % (size_t)n) : -1;
-            int inplace = (t + op + (int)ci) % 3; /* 0 out of place, 1 DT_IN_PLACE, 2 sendbuf == recvbuf */
+            /* 0 out of place, 1 DT_IN_PLACE, 2 sendbuf == recvbuf, 3 (allgather, gather) sendbuf
+             * at this rank's slot of recvbuf; scatter has no DT_IN_PLACE (1 is out of place) */
+            int ag = k == DT_COLL_ALLGATHER || k == DT_COLL_GATHER;
+            int inplace = (t + op + (int)ci) % (ag ? 4 : 3);
             if (one(c, (dt__coll)k, (dt_dtype)t, (dt_op)op, count, root, inplace, salt++, algos[a]))
               goto out;
             if (k == DT_COLL_BARRIER)

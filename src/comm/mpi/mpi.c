@@ -267,22 +267,29 @@ static MPI_Datatype mpi_type(dt_dtype t) {
   }
 }
 
-/* User op for f16/bf16 min/max (sums are widened to f32 instead, to round once). */
-static void mpi_half_op(void *in, void *inout, int *len, MPI_Datatype *dt, dt_dtype t, dt_op op) {
+/* User ops: f16/bf16 min/max (their sums are widened to f32 instead, to round once), and u8 sum
+ * and prod, which must wrap modulo 256 as on shm and tcp: Open MPI 4.1's AVX op component adds
+ * uint8 with saturation once a buffer has 64 elements or more (200 + 100 = 255, not 44). */
+static void mpi_own_op(void *in, void *inout, int *len, MPI_Datatype *dt, dt_dtype t, dt_op op) {
   (void)dt;
   dt__reduce(inout, in, (size_t)*len, t, op);
 }
-static void op_f16_min(void *a, void *b, int *n, MPI_Datatype *d) { mpi_half_op(a, b, n, d, DT_F16, DT_MIN); }
-static void op_f16_max(void *a, void *b, int *n, MPI_Datatype *d) { mpi_half_op(a, b, n, d, DT_F16, DT_MAX); }
-static void op_bf16_min(void *a, void *b, int *n, MPI_Datatype *d) { mpi_half_op(a, b, n, d, DT_BF16, DT_MIN); }
-static void op_bf16_max(void *a, void *b, int *n, MPI_Datatype *d) { mpi_half_op(a, b, n, d, DT_BF16, DT_MAX); }
+static void op_f16_min(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_F16, DT_MIN); }
+static void op_f16_max(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_F16, DT_MAX); }
+static void op_bf16_min(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_BF16, DT_MIN); }
+static void op_bf16_max(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_BF16, DT_MAX); }
+static void op_u8_sum(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_U8, DT_SUM); }
+static void op_u8_prod(void *a, void *b, int *n, MPI_Datatype *d) { mpi_own_op(a, b, n, d, DT_U8, DT_PROD); }
 
 static MPI_Op mpi_op(dt_dtype t, dt_op op, int *user) {
   *user = 0;
-  if (t == DT_F16 || t == DT_BF16) {
+  MPI_User_function *f = NULL;
+  if (t == DT_F16 || t == DT_BF16)
+    f = t == DT_F16 ? (op == DT_MIN ? op_f16_min : op_f16_max) : (op == DT_MIN ? op_bf16_min : op_bf16_max);
+  else if (t == DT_U8 && (op == DT_SUM || op == DT_PROD))
+    f = op == DT_SUM ? op_u8_sum : op_u8_prod;
+  if (f) {
     MPI_Op o;
-    MPI_User_function *f = t == DT_F16 ? (op == DT_MIN ? op_f16_min : op_f16_max)
-                                       : (op == DT_MIN ? op_bf16_min : op_bf16_max);
     MPI_Op_create(f, 1, &o);
     *user = 1;
     return o;

@@ -335,6 +335,32 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
   return DT_OK;
 }
 
+/* Whether `peer` is in (or past) a collective call this rank has not started, by its board or
+ * its flat slots: a point-to-point call waiting for it then waits for a rank that waits for us.
+ * *theirs: that call. The caller looks at its rings once more before it believes it: a peer
+ * publishes its sends before it enters the next collective. */
+static bool shm_board_ahead(dt_transport *t, int peer, dt__fp *theirs) {
+  uint64_t mine = t->c->seq; /* collectives started here; none is in flight during a p2p call */
+  shm_rank *pr = &t->ranks[peer];
+  uint32_t v1 = atomic_load(&pr->cur_ver);
+  uint64_t w[3];
+  for (int i = 0; i < 3; i++)
+    w[i] = atomic_load(&pr->cur_fp[i]);
+  memcpy(theirs, w, sizeof *theirs);
+  if (v1 && !(v1 & 1) && atomic_load(&pr->cur_ver) == v1 && theirs->seq > mine)
+    return true;
+  for (int p = 0; p < 2; p++) {
+    shm_flat *s = shm_flat_of(t, peer, p);
+    uint64_t g1 = atomic_load_explicit(&s->g, memory_order_acquire);
+    for (int i = 0; i < 3; i++)
+      w[i] = atomic_load_explicit(&s->fp[i], memory_order_acquire);
+    memcpy(theirs, w, sizeof *theirs);
+    if (g1 && atomic_load(&s->g) == g1 && theirs->seq > mine)
+      return true;
+  }
+  return false;
+}
+
 /* One step of waiting for `peer` (the rank whose progress we need; -1 = several, all checked
  * for liveness). bell is the bell value read before the condition was found false. */
 /* bell_rank: whose bell the caller read (`bell`) before finding its condition false: the
@@ -678,6 +704,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   bool s_pending = dst >= 0, r_pending = src >= 0;
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
+  bool ahead = false; /* the awaited peer was seen in a collective we have not started */
   for (;;) {
     uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
@@ -751,6 +778,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       return DT_OK;
     if (moved) {
       shm_unarm(t, wp);
+      ahead = false;
       continue;
     }
     if (back && s_pending) {
@@ -766,6 +794,17 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       }
     }
     (void)r_first;
+    /* Point to point is on no board, so a peer in a collective cannot see us: we tell (the job's
+     * abort carries both calls to it), after one more look at the rings. */
+    dt__fp theirs;
+    if (fp->coll == DT_COLL_SEND && (wp->iter >= 64 || wp->phase) && shm_board_ahead(t, r_pending ? src : dst, &theirs)) {
+      if (ahead) {
+        t->broken = true;
+        return dt__comm_mismatch(c, r_pending ? src : dst, &theirs, fp);
+      }
+      ahead = true;
+      continue;
+    }
     DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
   }
 }
@@ -1260,7 +1299,9 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
         break;
       }
       v[len] = '\0';
-      if (v[0] != '1' && verdict[0] == '1')
+      if (v[0] == 'm' && verdict[0] == '1') /* a different size: the answer names both */
+        snprintf(verdict, sizeof verdict, "%s", v);
+      else if (v[0] != '1' && verdict[0] == '1')
         snprintf(verdict, sizeof verdict, "0rank %d: %s", q, v + 1);
     }
     shm_unlink(name);
@@ -1268,7 +1309,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     if (verdict[0] != '1' || vst != DT_OK) {
       munmap(p, size);
       if (verdict[0] != '1')
-        return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, verdict + 1);
+        return dt_set_error(verdict[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
+                            bytes, verdict + 1);
       return dt__error_prefix(vst, "publishing the shared window's verdict");
     }
   } else {
@@ -1283,7 +1325,7 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     if (sscanf(val, "%199s %zu", name, &theirs) != 2) {
       snprintf(ans, sizeof ans, "0rank %d could not read the window's name", t->rank);
     } else if (theirs != bytes) {
-      snprintf(ans, sizeof ans, "0it asked for %zu bytes per rank, rank 0 for %zu", bytes, theirs);
+      snprintf(ans, sizeof ans, "mrank %d asked for %zu bytes per rank, rank 0 for %zu", t->rank, bytes, theirs);
     } else {
       size_t got = 0;
       if (shm_attach(name, size, &p, &got) != DT_OK) {
@@ -1305,7 +1347,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       if (st != DT_OK)
         return dt__error_prefix(st, "waiting for the shared window's verdict");
       val[len] = '\0';
-      return dt_set_error(DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s", bytes, len ? val + 1 : "?");
+      return dt_set_error(len && val[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
+                          bytes, len ? val + 1 : "?");
     }
   }
   t->win_base = p;
