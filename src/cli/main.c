@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "dtrain/core.h"
@@ -26,28 +27,47 @@ static const dt_cli_cmd commands[] = {
     {"store", dt_cli_store, "host a job's rendezvous store and failure detector as its own process"},
 };
 
+/* "dtrain CMD: MSG[: DETAIL]\n[---> HINT: HINT\n]" in one write(2): a worker stopped midway (a
+ * launcher's SIGTERM) leaves the whole message or none of it, never "dtrain train: " alone. */
+static void cli_say(const char *cmd, const char *fmt, va_list ap, const char *detail, const char *hint) {
+  char b[4096];
+  int n = snprintf(b, sizeof b, "dtrain %s: ", cmd);
+  n += vsnprintf(b + n, sizeof b - (size_t)n, fmt, ap);
+  if (n < (int)sizeof b && detail && *detail)
+    n += snprintf(b + n, sizeof b - (size_t)n, ": %s", detail);
+  if (n < (int)sizeof b)
+    n += snprintf(b + n, sizeof b - (size_t)n, "\n");
+  if (n < (int)sizeof b && hint)
+    n += snprintf(b + n, sizeof b - (size_t)n, "---> HINT: %s\n", hint);
+  if (n >= (int)sizeof b) { /* cut: still one whole line */
+    n = (int)sizeof b - 1;
+    b[n - 1] = '\n';
+  }
+  fflush(stderr);
+  for (const char *p = b; n > 0;) {
+    ssize_t w = write(STDERR_FILENO, p, (size_t)n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      break;
+    p += w;
+    n -= (int)w;
+  }
+}
+
 int dt_cli_usage_error(const char *cmd, const char *hint, const char *fmt, ...) {
   va_list ap;
-  fprintf(stderr, "dtrain %s: ", cmd);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  cli_say(cmd, fmt, ap, NULL, hint);
   va_end(ap);
-  fputc('\n', stderr);
-  if (hint)
-    fprintf(stderr, "---> HINT: %s\n", hint);
   return 2;
 }
 
 int dt_cli_fail(const char *cmd, const char *fmt, ...) {
   va_list ap;
-  fprintf(stderr, "dtrain %s: ", cmd);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  cli_say(cmd, fmt, ap, dt_last_error(), NULL);
   va_end(ap);
-  const char *d = dt_last_error();
-  if (d && *d)
-    fprintf(stderr, ": %s", d);
-  fputc('\n', stderr);
   return 1;
 }
 
