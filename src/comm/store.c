@@ -1033,9 +1033,19 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   st->fd = -1;
   st->rank = rank;
   snprintf(st->what, sizeof st->what, "store %s:%d", host, port);
-  dt_status rc = dt__sock_connect(host, port, deadline, &st->fd);
-  if (rc == DT_OK)
-    rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+  dt_status rc;
+  for (;;) {
+    rc = dt__sock_connect(host, port, deadline, &st->fd);
+    if (rc == DT_OK)
+      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+    /* Closed during the handshake: a store shutting down (e.g. the previous communicator's,
+     * while a new one is about to listen on its port). Try again, as for a refused connect. */
+    if (rc != DT_ERR_PEER || dt__expired(deadline))
+      break;
+    close(st->fd);
+    st->fd = -1;
+    dt__sleep_ns(DT_MIN(20 * 1000000LL, (int64_t)dt__ms_left(deadline) * 1000000LL));
+  }
   if (rc) {
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)
