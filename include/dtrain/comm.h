@@ -80,8 +80,9 @@ void dt_comm_config_init(dt_comm_config *cfg);
  * blocks until every rank has joined or the deadline passes (the error then names the ranks that
  * never joined). On failure *out = NULL. A job may destroy its communicator and create a new one
  * back to back, any number of times: the n-th create of each rank meets the n-th of the others,
- * so every rank must create and destroy the same number of times. A world size above
- * DT_COMM_WORLD_MAX is DT_ERR_INVALID. */
+ * so every rank must create and destroy the same number of times. A second process with the rank
+ * of a running member is refused (DT_ERR_STATE, "rank R is already in this job") and the job goes
+ * on; a world size above DT_COMM_WORLD_MAX is DT_ERR_INVALID. */
 dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out);
 /* Leaves the job; not collective, never blocks long. Accepts NULL. */
 void dt_comm_destroy(dt_comm *c);

@@ -532,6 +532,21 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       return;
     }
     rank_state *r = &s->ranks[c->id];
+    const conn *holder = NULL;
+    for (size_t i = 0; i < s->nconns && r->watched && !r->left && r->hb_cid != c->cid; i++)
+      if (s->conns[i]->cid == r->hb_cid && !s->conns[i]->dead)
+        holder = s->conns[i];
+    if (holder) {
+      /* A second process with the same rank (a leftover or re-launched worker, or another job
+       * on the same port with the same secret): refuse it, and leave the rank it copies alone. */
+      char why[400];
+      snprintf(why, sizeof why, "rank %u is already in this job (its heartbeat comes from %s); a second process with "
+               "rank %u from %s was refused: a leftover or re-launched worker, or another job using the same port and secret?",
+               c->id, holder->peer, c->id, c->peer);
+      log_refused(s, c->peer, why);
+      respond_text(s, c, seq, DT_ERR_STATE, "%s", why);
+      return;
+    }
     r->last_ns = dt_now_ns();
     r->hb_cid = c->cid;
     if (!r->watched || r->left) {
