@@ -48,6 +48,11 @@ dt_status dt_op_parse(const char *s, dt_op *out);
 typedef struct dt_comm dt_comm;
 typedef struct dt_request dt_request;
 
+/* Largest world size dt_comm_create accepts (a typo'd DTRAIN_WORLD_SIZE is refused at once
+ * instead of sizing per-rank tables by it): 1M ranks, about 64 MB of tables on the rank that
+ * hosts the store, and above `dtrain run`'s own limits per job it can actually form. */
+#define DT_COMM_WORLD_MAX (1 << 20)
+
 /* How to join a job. dt_comm_config_init() fills every field with "take it from the
  * environment": DTRAIN_RANK / DTRAIN_WORLD_SIZE / DTRAIN_LOCAL_RANK / DTRAIN_LOCAL_WORLD_SIZE /
  * DTRAIN_MASTER_ADDR / DTRAIN_MASTER_PORT, else torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
@@ -55,7 +60,7 @@ typedef struct dt_request dt_request;
  * SLURM_NTASKS / SLURM_LOCALID. No variables at all means a single-rank job. */
 typedef struct dt_comm_config {
   int rank;             /* -1: from the environment */
-  int world_size;       /* -1: from the environment */
+  int world_size;       /* -1: from the environment; at most DT_COMM_WORLD_MAX */
   int local_rank;       /* -1: from the environment (or derived from host names) */
   const char *store_addr; /* host of the rendezvous store; NULL: environment */
   int store_port;         /* 0: environment */
@@ -78,7 +83,11 @@ void dt_comm_config_init(dt_comm_config *cfg);
 
 /* Joins the job described by cfg (NULL: all from the environment). Collective over all ranks;
  * blocks until every rank has joined or the deadline passes (the error then names the ranks that
- * never joined). On failure *out = NULL. */
+ * never joined). On failure *out = NULL. A job may destroy its communicator and create a new one
+ * back to back, any number of times: the n-th create of each rank meets the n-th of the others,
+ * so every rank must create and destroy the same number of times. A second process with the rank
+ * of a running member is refused (DT_ERR_STATE, "rank R is already in this job") and the job goes
+ * on; a world size above DT_COMM_WORLD_MAX is DT_ERR_INVALID. */
 dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out);
 /* Leaves the job; not collective, never blocks long. Accepts NULL. */
 void dt_comm_destroy(dt_comm *c);

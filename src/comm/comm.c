@@ -245,21 +245,30 @@ static const dt_transport_ops *comm_find_transport(const char *name) {
 }
 
 /* Lists the ranks (of `size`, world ranks through map if non-NULL) whose key "<fmt % rank>"
- * is absent from the store, into buf: "2, 5". */
+ * is absent from the store, into buf: "2, 5", or "2, 5, ... and 37 more" when buf is full. */
 static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, char *buf, size_t n) {
   size_t used = 0;
+  int more = 0, r;
   buf[0] = '\0';
   int64_t dl = dt__deadline_after_ms(2000);
-  for (int r = 0; r < size; r++) {
+  for (r = 0; r < size && !dt__expired(dl); r++) {
     char key[128], tmp[8];
     size_t len = 0;
     snprintf(key, sizeof key, fmt, map ? map[r] : r);
     dt_status st = dt__store_get(c->store, key, tmp, sizeof tmp, &len, dl);
-    if (st == DT_ERR_NOT_FOUND && used + 16 < n)
+    if (st != DT_ERR_NOT_FOUND)
+      continue;
+    if (used + 48 < n)
       used += (size_t)snprintf(buf + used, n - used, "%srank %d", used ? ", " : "", r);
+    else
+      more++;
   }
   if (!used)
     snprintf(buf, n, "(none missing any more)");
+  else if (r < size)
+    snprintf(buf + used, n - used, " and %d more of ranks %d..%d not checked", more, r, size - 1);
+  else if (more)
+    snprintf(buf + used, n - used, " and %d more", more);
 }
 
 /* Waits for key while checking the job's health every COMM_POLL_MS. */
@@ -276,62 +285,73 @@ static dt_status comm_wait_key(dt_comm *c, const char *key, void *buf, size_t ca
   }
 }
 
-/* Gathers every member's host record (world rank map -> "w/host/<world rank>") and derives
- * same_host, local rank and local size. */
-static dt_status comm_hosts(dt_comm *c, int64_t deadline, char (*ids)[COMM_HOSTID_MAX]) {
-  for (int r = 0; r < c->size; r++) {
-    char key[64];
-    size_t len = 0;
-    snprintf(key, sizeof key, "w/host/%d", c->world_ranks[r]);
-    dt_status st = comm_wait_key(c, key, ids[r], COMM_HOSTID_MAX - 1, &len, deadline);
-    if (st == DT_ERR_TIMEOUT) {
-      char miss[256];
-      comm_missing(c, "w/host/%d", c->world_ranks, c->size, miss, sizeof miss);
-      return dt_set_error(DT_ERR_TIMEOUT, "rank %d waited %d ms but these never joined: %s (world of %d; store %s:%d)", c->rank,
-                          c->timeout_ms, miss, c->size, c->env.store_host, c->env.store_port);
-    }
-    if (st != DT_OK)
-      return dt__error_prefix(st, "rank %d: reading the host record of rank %d", c->rank, r);
-    ids[r][len] = '\0';
-  }
-  /* Compare "<hostname>\n<boot_id>" only (the record's third line is the requested transport). */
-  char mine[COMM_HOSTID_MAX];
-  snprintf(mine, sizeof mine, "%s", ids[c->rank]);
-  char *nl = strchr(mine, '\n');
-  nl = nl ? strchr(nl + 1, '\n') : NULL;
-  size_t hl = nl ? (size_t)(nl - mine) : strlen(mine);
-  c->same_host = true;
-  int lr = 0, ls = 0;
-  for (int r = 0; r < c->size; r++) {
-    bool same = strncmp(ids[r], mine, hl) == 0 && (ids[r][hl] == '\n' || ids[r][hl] == '\0');
-    if (!same)
-      c->same_host = false;
-    else {
-      ls++;
-      if (r < c->rank)
-        lr++;
-    }
-  }
-  c->local_rank = lr;
-  c->local_size = ls;
-  return DT_OK;
-}
-
 static const char *comm_requested(const char *id) {
   const char *p = strchr(id, '\n');
   p = p ? strchr(p + 1, '\n') : NULL;
   return p ? p + 1 : "";
 }
 
+/* What comm_hosts learns besides locality: this rank's host record and the first member that
+ * asked for another transport. Nothing here grows with the number of ranks. */
+typedef struct comm_peers {
+  char mine[COMM_HOSTID_MAX];
+  int other; /* a rank whose DTRAIN_TRANSPORT differs from ours, or -1 */
+  char other_req[COMM_HOSTID_MAX];
+} comm_peers;
+
+/* Reads every member's host record (world rank map -> "<world prefix>host/<world rank>") and
+ * derives same_host, local rank and local size. */
+static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
+  char key[64], id[COMM_HOSTID_MAX];
+  p->other = -1;
+  for (int i = -1; i < c->size; i++) {
+    int r = i < 0 ? c->rank : i; /* our own record first, to compare the others with */
+    size_t len = 0;
+    snprintf(key, sizeof key, "%shost/%d", c->env.world_prefix, c->world_ranks[r]);
+    dt_status st = comm_wait_key(c, key, id, sizeof id - 1, &len, deadline);
+    if (st == DT_ERR_TIMEOUT) {
+      char fmt[64], miss[400];
+      snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
+      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss);
+      return dt_set_error(DT_ERR_TIMEOUT, "rank %d waited %d ms but these never joined: %s (world of %d; store %s:%d)", c->rank,
+                          c->timeout_ms, miss, c->size, c->env.store_host, c->env.store_port);
+    }
+    if (st != DT_OK)
+      return dt__error_prefix(st, "rank %d: reading the host record of rank %d", c->rank, r);
+    id[len] = '\0';
+    if (i < 0) {
+      snprintf(p->mine, sizeof p->mine, "%s", id);
+      c->same_host = true;
+      c->local_rank = 0;
+      c->local_size = 0;
+      continue;
+    }
+    /* Compare "<hostname>\n<boot_id>" only (the record's third line is the requested transport). */
+    const char *nl = strchr(p->mine, '\n');
+    nl = nl ? strchr(nl + 1, '\n') : NULL;
+    size_t hl = nl ? (size_t)(nl - p->mine) : strlen(p->mine);
+    if (strncmp(id, p->mine, hl) == 0 && (id[hl] == '\n' || id[hl] == '\0')) {
+      c->local_size++;
+      if (r < c->rank)
+        c->local_rank++;
+    } else {
+      c->same_host = false;
+    }
+    if (p->other < 0 && strcmp(comm_requested(id), comm_requested(p->mine)) != 0) {
+      p->other = r;
+      snprintf(p->other_req, sizeof p->other_req, "%s", comm_requested(id));
+    }
+  }
+  return DT_OK;
+}
+
 /* Chooses and connects the transport: the requested one (which every member must agree on),
  * else shm when all members share a host and tcp otherwise. */
-static dt_status comm_connect_transport(dt_comm *c, char (*ids)[COMM_HOSTID_MAX]) {
-  const char *req = comm_requested(ids[c->rank]);
-  for (int r = 0; r < c->size; r++)
-    if (strcmp(comm_requested(ids[r]), req) != 0)
-      return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT)",
-                          r, comm_requested(ids[r])[0] ? comm_requested(ids[r]) : "auto", c->rank,
-                          req[0] ? req : "auto");
+static dt_status comm_connect_transport(dt_comm *c, const comm_peers *p) {
+  const char *req = comm_requested(p->mine);
+  if (p->other >= 0)
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT)",
+                        p->other, p->other_req[0] ? p->other_req : "auto", c->rank, req[0] ? req : "auto");
   const char *name = req[0] ? req : (c->same_host ? "shm" : "tcp");
   c->ops = comm_find_transport(name);
   if (!c->ops) {
@@ -346,6 +366,66 @@ static dt_status comm_connect_transport(dt_comm *c, char (*ids)[COMM_HOSTID_MAX]
   if (st != DT_OK)
     return dt__error_prefix(st, "rank %d: connecting transport %s", c->rank, name);
   return DT_OK;
+}
+
+/* Which world communicator of its job this is, counted by this process per (store, job, rank):
+ * the n-th dt_comm_create of each rank meets the n-th of the others, under store keys of its own
+ * ("w/", then "w2/", "w3/", ...), so nothing a previous communicator left in a store (host
+ * records, transport addresses, shm names) is taken for this one's. */
+static unsigned comm_generation(const dt__comm_env *env) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static struct {
+    char id[400];
+    unsigned n;
+  } seen[16];
+  static unsigned next;
+  char id[400];
+  snprintf(id, sizeof id, "%.255s:%d %.63s %d", env->store_host, env->store_port, env->job_id, env->rank);
+  pthread_mutex_lock(&mu);
+  size_t i = 0;
+  while (i < DT_ARRAY_LEN(seen) && strcmp(seen[i].id, id) != 0)
+    i++;
+  if (i == DT_ARRAY_LEN(seen)) {
+    i = next++ % DT_ARRAY_LEN(seen);
+    snprintf(seen[i].id, sizeof seen[i].id, "%s", id);
+    seen[i].n = 0;
+  }
+  unsigned g = ++seen[i].n;
+  pthread_mutex_unlock(&mu);
+  return g;
+}
+
+/* Makes sure c->store serves this generation before anything is read from it or this rank is
+ * watched there: rank 0 opens it ("<prefix>open"), the others wait for that key. A rank that
+ * creates a communicator right after destroying one may reach the previous store while its
+ * host (rank 0) still serves the ranks that have not left: that store never gets the key and
+ * closes once they all left, so reconnect until the new one answers. The first generation
+ * skips this: there is no earlier store of the job to reach. */
+static dt_status comm_meet(dt_comm *c, int64_t deadline) {
+  char key[64], v[8];
+  size_t len = 0;
+  if (c->env.generation <= 1)
+    return DT_OK;
+  dt__comm_key(c, key, sizeof key, "open");
+  if (c->rank == 0)
+    return dt__store_set(c->store, key, "1", 1, deadline);
+  for (;;) {
+    dt_status st = dt__store_wait_flags(c->store, key, v, sizeof v, &len, DT_STORE_WAIT_IGNORE_VERDICT, deadline);
+    if (st == DT_OK)
+      return DT_OK;
+    if (st == DT_ERR_TIMEOUT)
+      return dt_set_error(DT_ERR_TIMEOUT,
+                          "rank %d waited %d ms for rank 0 to open communicator #%u of this job at the store %s:%d "
+                          "(does every rank create and destroy its communicators the same number of times?)",
+                          c->rank, c->timeout_ms, c->env.generation, c->env.store_host, c->env.store_port);
+    if (!dt__store_broken(c->store))
+      return st;
+    dt__store_close(c->store);
+    c->store = NULL;
+    dt__sleep_ns(10 * 1000000LL);
+    DT_CHECK(dt__store_connect(c->env.store_host, c->env.store_port, c->env.secret, c->env.secret_len, c->rank,
+                               deadline, &c->store));
+  }
 }
 
 static dt_comm *comm_alloc(int size) {
@@ -439,18 +519,23 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
     return dt_set_error(DT_ERR_INVALID, "dt_comm_create: rank %d of world size %d", env.rank, env.world_size);
   dt__log_set_rank(env.rank);
+  env.generation = comm_generation(&env);
+  if (env.generation == 1)
+    snprintf(env.world_prefix, sizeof env.world_prefix, "w/");
+  else
+    snprintf(env.world_prefix, sizeof env.world_prefix, "w%u/", env.generation);
   dt_comm *c = comm_alloc(env.world_size);
   if (!c)
     return DT_ERR_NOMEM;
   c->env = env;
   c->rank = env.rank;
   c->timeout_ms = env.timeout_ms > 0 ? env.timeout_ms : 300000;
-  snprintf(c->prefix, sizeof c->prefix, "w/");
+  snprintf(c->prefix, sizeof c->prefix, "%s", env.world_prefix);
   for (int r = 0; r < c->size; r++)
     c->world_ranks[r] = r;
   int64_t deadline = dt__comm_deadline(c);
   dt_status st;
-  char (*ids)[COMM_HOSTID_MAX] = NULL;
+  comm_peers peers;
 
 #ifdef DTRAIN_HAVE_MPI
   if (env.mpi_boot) {
@@ -478,6 +563,7 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
                      c->env.store_port);
     goto fail;
   }
+  DT_CHECK_GOTO(comm_meet(c, deadline), st, fail);
   st = dt__health_start(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, env.fault_timeout_ms,
                         &c->health);
   if (st != DT_OK) {
@@ -492,22 +578,19 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   if (c->server) {
     char r[16];
     snprintf(r, sizeof r, "%d", c->rank);
-    DT_CHECK_GOTO(dt__store_set(c->store, "w/store-host", r, strlen(r), deadline), st, fail);
+    dt__comm_key(c, key, sizeof key, "store-host");
+    DT_CHECK_GOTO(dt__store_set(c->store, key, r, strlen(r), deadline), st, fail);
   }
   comm_host_id(me, sizeof me - 40);
   snprintf(me + strlen(me), sizeof me - strlen(me), "\n%s", env.transport);
-  snprintf(key, sizeof key, "w/host/%d", c->rank);
+  dt__comm_key(c, key, sizeof key, "host/%d", c->rank);
   DT_CHECK_GOTO(dt__store_set(c->store, key, me, strlen(me), deadline), st, fail);
-  ids = dt__calloc(sizeof *ids * (size_t)c->size);
-  if (!ids) {
-    st = dt_set_error(DT_ERR_NOMEM, "host records of %d ranks", c->size);
-    goto fail;
-  }
-  DT_CHECK_GOTO(comm_hosts(c, deadline, ids), st, fail);
+  DT_CHECK_GOTO(comm_hosts(c, deadline, &peers), st, fail);
   {
     char r[16] = "";
     size_t rl = 0;
-    st = dt__store_get(c->store, "w/store-host", r, sizeof r - 1, &rl, deadline);
+    dt__comm_key(c, key, sizeof key, "store-host");
+    st = dt__store_get(c->store, key, r, sizeof r - 1, &rl, deadline);
     if (st != DT_OK && st != DT_ERR_NOT_FOUND)
       goto fail;
     r[rl] = '\0';
@@ -530,15 +613,13 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
       own[nown++] = dt__store_server_thread(c->server);
     DT_CHECK_GOTO(dt__comm_bind(cfg ? cfg->bind : NULL, c->local_rank, c->local_size, own, nown), st, fail);
   }
-  DT_CHECK_GOTO(comm_connect_transport(c, ids), st, fail);
-  dt__free(ids);
+  DT_CHECK_GOTO(comm_connect_transport(c, &peers), st, fail);
   DT_LOG_DEBUG("joined: rank %d of %d (local %d of %d), transport %s, store %s:%d (%s)", c->rank, c->size,
                c->local_rank, c->local_size, c->ops->name, c->env.store_host, c->env.store_port, env.source);
   *out = c;
   return DT_OK;
 
 fail:
-  dt__free(ids);
   if (c->health && st != DT_ERR_ABORTED)
     dt__comm_fail(c, st);
   comm_free(c);
@@ -641,15 +722,10 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   DT_CHECK_GOTO(dt__store_connect(c->env.store_host, c->env.store_port, c->env.secret, c->env.secret_len,
                                   n->world_ranks[n->rank], deadline, &n->store),
                 st, done);
-  char (*ids)[COMM_HOSTID_MAX] = dt__calloc(sizeof *ids * (size_t)m);
-  if (!ids) {
-    st = dt_set_error(DT_ERR_NOMEM, "host records of %d ranks", m);
-    goto done;
-  }
-  st = comm_hosts(n, deadline, ids);
+  comm_peers peers;
+  st = comm_hosts(n, deadline, &peers);
   if (st == DT_OK)
-    st = comm_connect_transport(n, ids);
-  dt__free(ids);
+    st = comm_connect_transport(n, &peers);
 
 done:
   dt__free(all);

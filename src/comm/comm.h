@@ -63,6 +63,8 @@ typedef struct dt__comm_env {
   int chain_piece;      /* DTRAIN_CHAIN_PIECE bytes, 0: tree.c's default */
   char source[32]; /* "dtrain", "torchrun", "openmpi", "slurm", "config", "single" */
   int mpi_boot;     /* started by mpirun with no store address: MPI tells rank 0's store address */
+  unsigned generation;  /* n: the n-th world communicator of this job this process created (comm.c) */
+  char world_prefix[16]; /* store key prefix of that world communicator: "w/", "w2/", ... */
 } dt__comm_env;
 dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env);
 

@@ -112,7 +112,7 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
     if (!dt__env_str(conv->size) && cfg->world_size < 1)
       return dt_set_error(DT_ERR_INVALID, "%s=%s is set but %s is not (set both, as the %s launcher does)",
                           conv->rank, dt__env_str(conv->rank), conv->size, conv->name);
-    DT_CHECK(cfg_int(conv->size, -1, 1, INT_MAX, &env->world_size));
+    DT_CHECK(cfg_int(conv->size, -1, 1, DT_COMM_WORLD_MAX, &env->world_size));
     DT_CHECK(cfg_int(conv->local_rank, -1, 0, INT_MAX - 1, &env->local_rank));
     if (strcmp(conv->name, "slurm") == 0)
       env->local_size = cfg_slurm_per_node();
@@ -126,9 +126,12 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
     env->world_size = cfg->world_size;
   if (cfg->local_rank >= 0)
     env->local_rank = cfg->local_rank;
-  if (cfg->rank < -1 || cfg->world_size < -1 || cfg->world_size == 0 || cfg->local_rank < -1)
-    return dt_set_error(DT_ERR_INVALID, "config: rank %d, world_size %d, local_rank %d (use -1 for 'from the environment')",
-                        cfg->rank, cfg->world_size, cfg->local_rank);
+  if (cfg->rank < -1 || cfg->world_size < -1 || cfg->world_size == 0 || cfg->world_size > DT_COMM_WORLD_MAX ||
+      cfg->local_rank < -1)
+    return dt_set_error(DT_ERR_INVALID,
+                        "config: rank %d, world_size %d, local_rank %d (use -1 for 'from the environment'; world_size "
+                        "at most %d)",
+                        cfg->rank, cfg->world_size, cfg->local_rank, DT_COMM_WORLD_MAX);
   if (cfg->rank >= 0 && cfg->world_size >= 1)
     cfg_copy(env->source, sizeof env->source, "config");
   if (env->rank < 0 && env->world_size < 0) {

@@ -532,6 +532,21 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       return;
     }
     rank_state *r = &s->ranks[c->id];
+    const conn *holder = NULL;
+    for (size_t i = 0; i < s->nconns && r->watched && !r->left && r->hb_cid != c->cid; i++)
+      if (s->conns[i]->cid == r->hb_cid && !s->conns[i]->dead)
+        holder = s->conns[i];
+    if (holder) {
+      /* A second process with the same rank (a leftover or re-launched worker, or another job
+       * on the same port with the same secret): refuse it, and leave the rank it copies alone. */
+      char why[400];
+      snprintf(why, sizeof why, "rank %u is already in this job (its heartbeat comes from %s); a second process with "
+               "rank %u from %s was refused: a leftover or re-launched worker, or another job using the same port and secret?",
+               c->id, holder->peer, c->id, c->peer);
+      log_refused(s, c->peer, why);
+      respond_text(s, c, seq, DT_ERR_STATE, "%s", why);
+      return;
+    }
     r->last_ns = dt_now_ns();
     r->hb_cid = c->cid;
     if (!r->watched || r->left) {
@@ -1033,9 +1048,19 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   st->fd = -1;
   st->rank = rank;
   snprintf(st->what, sizeof st->what, "store %s:%d", host, port);
-  dt_status rc = dt__sock_connect(host, port, deadline, &st->fd);
-  if (rc == DT_OK)
-    rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+  dt_status rc;
+  for (;;) {
+    rc = dt__sock_connect(host, port, deadline, &st->fd);
+    if (rc == DT_OK)
+      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+    /* Closed during the handshake: a store shutting down (e.g. the previous communicator's,
+     * while a new one is about to listen on its port). Try again, as for a refused connect. */
+    if (rc != DT_ERR_PEER || dt__expired(deadline))
+      break;
+    close(st->fd);
+    st->fd = -1;
+    dt__sleep_ns(DT_MIN(20 * 1000000LL, (int64_t)dt__ms_left(deadline) * 1000000LL));
+  }
   if (rc) {
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)

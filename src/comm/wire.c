@@ -169,7 +169,19 @@ static dt_status wire_connect_addr(const struct addrinfo *ai, const char *host, 
     }
     break;
   }
-ok:
+ok:;
+  /* Connecting to a port of this host that nobody listens on can succeed with itself: the
+   * kernel may pick that very port as the ephemeral source, and a simultaneous open follows.
+   * That happens while a store restarts on its port (dt_comm_destroy then dt_comm_create), and
+   * the socket would then wait for its own greeting until the deadline and keep the port from
+   * the server. It is a refusal: close and let the caller retry. */
+  struct sockaddr_storage me, them;
+  socklen_t ml = sizeof me, tl = sizeof them;
+  if (getsockname(fd, (struct sockaddr *)&me, &ml) == 0 && getpeername(fd, (struct sockaddr *)&them, &tl) == 0 &&
+      ml == tl && memcmp(&me, &them, ml) == 0) {
+    close(fd);
+    return dt_set_error(DT_ERR_PEER, "connect to %s:%d: connected to itself (nobody listens there)", host, port);
+  }
   dt__sock_tune(fd, 0);
   *fd_out = fd;
   return DT_OK;
@@ -341,13 +353,14 @@ dt_status dt__auth_check(const uint8_t *secret, size_t secret_len, uint16_t role
 }
 
 /* Reads one handshake frame of exactly `len` bytes and type `type` (AUTH_FAIL is reported as
- * the server refusing our secret). */
+ * the server refusing our secret; a close without it as DT_ERR_PEER: dtrain's servers say
+ * AUTH_FAIL before closing on a wrong secret, so a bare close is a server going away). */
 static dt_status auth_recv(int fd, uint16_t type, uint8_t *buf, size_t len, int64_t deadline, const char *peer) {
   dt__frame f;
   dt_status st = dt__frame_recv_hdr(fd, &f, 4096, deadline, peer);
   if (st == DT_ERR_PEER)
-    return dt__error_prefix(DT_ERR_AUTH, "handshake with %s: the other side closed the connection "
-                                         "(it may have refused our job secret)", peer);
+    return dt__error_prefix(DT_ERR_PEER, "handshake with %s: the other side closed the connection "
+                                         "(shutting down?)", peer);
   if (st)
     return st;
   if (f.type == DT_FRAME_AUTH_FAIL)
