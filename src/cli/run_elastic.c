@@ -651,6 +651,18 @@ int dt__run_elastic(dt_launch_opts *base) {
           el_key(key, sizeof key, e.gen, "blame");
           dt__store_cas(e.st, key, NULL, 0, b, (size_t)DT_MIN(bl, (int)sizeof b - 1), &swapped,
                         dt__deadline_after_ms(EL_RPC_MS));
+        } else {
+          /* Our workers only saw that something failed elsewhere: the agent whose workers failed
+           * first says who (bounded wait), and the summary tells that instead. */
+          char b[DT_STORE_MSG_MAX];
+          size_t bn;
+          el_key(key, sizeof key, e.gen, "blame");
+          if (dt__store_wait_flags(e.st, key, b, sizeof b - 1, &bn, DT_STORE_WAIT_IGNORE_VERDICT,
+                                   dt__deadline_after_ms(EL_RPC_MS)) == DT_OK) {
+            b[bn] = '\0';
+            const char *sp = strchr(b, ' ');
+            snprintf(f->what, sizeof f->what, "on node %d: %s", atoi(b), sp ? sp + 1 : "a failure");
+          }
         }
       }
     }

@@ -651,6 +651,34 @@ static void test_run_elastic_usage_error_ends(void **state) {
   free(e1);
 }
 
+/* A worker stopped (SIGSTOP) under elastic agents: its own agent only sees its workers stopped
+ * for a failure it did not witness, and its summary must still say which (node 0 names rank 1's
+ * missing heartbeat in the blame it publishes). */
+static void test_run_elastic_blame_named(void **state) {
+  int port = free_port_block(4);
+  static char secret[64], portarg[32];
+  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=blame-%d", (int)getpid());
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
+  const char *env[] = {secret, NULL};
+  pid_t ag[2];
+  for (int r = 0; r < 2; r++) {
+    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
+                          "--max-restarts", "1", "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
+                          "stop:rank=1,step=3", "--", worker, "--steps", "20", "--step-ms", "10", "--ckpt-dir",
+                          pathf("%s/ck", dir), "--ckpt-every", "3", NULL};
+    ag[r] = spawn(argv, env, pathf("%s/b%d.out", dir, r), pathf("%s/b%d.err", dir, r));
+  }
+  for (int r = 0; r < 2; r++) {
+    int st = wait_bounded(ag[r], 40000);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      fail_msg("agent %d: status %d: %s", r, st, slurp(pathf("%s/b%d.err", dir, r)));
+  }
+  char *e1 = slurp(pathf("%s/b1.err", dir));
+  if (!strstr(e1, "generation 0: on node ") || !strstr(e1, "rank 1 failed: no heartbeat"))
+    fail_msg("node 1's summary should name the failure: %s", e1);
+  free(e1);
+}
+
 int main(int argc, char **argv) {
   bin = getenv("DTRAIN_BIN");
   worker = getenv("FAULT_WORKER");
@@ -689,6 +717,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_starts_without_absent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_ends, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_blame_named, setup, teardown),
   };
   if (!strcmp(group, "parse"))
     return cmocka_run_group_tests(parse, NULL, NULL);
