@@ -143,7 +143,7 @@ static void *health_main(void *arg) {
         last_ok = dt_now_ns();
         continue;
       }
-      if (!dt__store_broken(h->st) && (rc == DT_ERR_PEER || rc == DT_ERR_ABORTED)) {
+      if (dt__store_told(h->st) && (rc == DT_ERR_PEER || rc == DT_ERR_ABORTED)) {
         last_ok = dt_now_ns(); /* the store answered: it is alive, and it has a verdict */
         health_set(h, dt_last_error());
         continue;

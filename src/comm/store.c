@@ -317,6 +317,15 @@ static void set_verdict(dt__store_server *s, dt_status st, const char *msg) {
       }
     s->waits[i] = s->waits[--s->nwaits];
   }
+  /* And push it on every live rank's heartbeat connection (seq 0, which no request uses): the
+   * rank reads it at its next heartbeat even if this store is gone by then, as it is when its
+   * host's launcher stops the hosting rank on seeing this verdict. */
+  for (size_t j = 0; j < s->nconns; j++) {
+    conn *c = s->conns[j];
+    if (!c->dead && c->authed && c->id < (uint32_t)s->world && s->ranks[c->id].hb_cid == c->cid &&
+        !s->ranks[c->id].left)
+      respond(s, c, 0, st, s->verdict, strlen(s->verdict), NULL, 0);
+  }
 }
 
 static void rank_gone(dt__store_server *s, uint32_t id, bool failed, const char *why) {
@@ -1036,6 +1045,7 @@ struct dt__store {
   uint32_t seq;
   int rank;
   bool broken; /* a frame was cut by a deadline: the stream can no longer be trusted */
+  bool told;   /* an answer (or a push) from the server carried the job's verdict */
   char what[300];
 };
 
@@ -1073,6 +1083,8 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
 }
 
 bool dt__store_broken(const dt__store *st) { return st->broken; }
+
+bool dt__store_told(const dt__store *st) { return st->told; }
 
 void dt__store_close(dt__store *st) {
   if (!st)
@@ -1171,14 +1183,16 @@ static dt_status store_recv(dt__store *st, dt_status *remote, void *buf, size_t 
     }
     size_t body = (size_t)f.len - 8;
     uint32_t seq = dt__get32(head);
-    if (seq != st->seq) { /* the late answer to a request we gave up on */
+    dt_status status = (dt_status)dt__get32(head + 4);
+    bool pushed = seq == 0 && (status == DT_ERR_PEER || status == DT_ERR_ABORTED); /* the job's verdict */
+    if (seq != st->seq && !pushed) { /* the late answer to a request we gave up on */
       if ((rc = store_drain(st, body, frame_deadline))) {
         st->broken = true;
         return rc;
       }
       continue;
     }
-    *remote = (dt_status)dt__get32(head + 4);
+    *remote = status;
     if (*remote == DT_OK) {
       size_t take = DT_MIN(body, cap);
       if (n)
@@ -1209,6 +1223,8 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
   char msg[DT_STORE_MSG_MAX];
   if (!rc)
     rc = store_recv(st, &remote, buf, cap, n, msg, sizeof msg, deadline);
+  else if (type == OP_HEARTBEAT && store_recv(st, &remote, NULL, 0, NULL, msg, sizeof msg, dt__deadline_after_ms(1)) == DT_OK)
+    rc = DT_OK; /* the store is gone, but it pushed the job's verdict before it went: that is the news */
   if (rc) {
     if (key)
       return dt__error_prefix(rc, "rank %d: store %s '%s'", st->rank, op, key);
@@ -1218,8 +1234,10 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
     return DT_OK;
   if ((unsigned)remote >= DT_STATUS_COUNT)
     remote = DT_ERR_PROTOCOL;
-  if (remote == DT_ERR_PEER || remote == DT_ERR_ABORTED)
+  if (remote == DT_ERR_PEER || remote == DT_ERR_ABORTED) {
+    st->told = true;
     return dt_set_error(remote, "%s", msg);
+  }
   if (key)
     return dt_set_error(remote, "rank %d: %s %s '%s': %s", st->rank, st->what, op, key, msg);
   return dt_set_error(remote, "rank %d: %s %s: %s", st->rank, st->what, op, msg);

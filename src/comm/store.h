@@ -54,6 +54,9 @@ void dt__store_close(dt__store *st);
 /* True once the connection is lost or out of step (closed, reset, a reply cut by a deadline):
  * every later call fails; close and reconnect. A verdict or a timed-out wait does not break it. */
 bool dt__store_broken(const dt__store *st);
+/* True once the server answered (or pushed, on a heartbeat connection) the job's verdict: a
+ * DT_ERR_PEER / DT_ERR_ABORTED then came from the store, not from a lost socket. */
+bool dt__store_told(const dt__store *st);
 
 dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
 /* Copies the value into buf (cap bytes); *n is its full length. DT_ERR_NOT_FOUND if absent,

@@ -283,6 +283,41 @@ static void test_wait_gets_verdict(void **unused) {
   dt__store_server_stop(s);
 }
 
+/* The store's host stops right after a verdict (its launcher stops the hosting rank on seeing
+ * it), before the other ranks' next heartbeat: they must still learn that verdict, not blame the
+ * store host. The verdict is pushed on each heartbeat connection and read after the store left. */
+static void test_verdict_outlives_store(void **unused) {
+  int port;
+  dt__store_server *s;
+  assert_int_equal(dt__store_server_start("127.0.0.1", 0, (const uint8_t *)SECRET, SECRET_LEN, 3, FAULT_MS, &s, &port),
+                   DT_OK);
+  dt__health *h; /* rank 1, a heartbeat thread as in every worker */
+  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, FAULT_MS, &h), DT_OK);
+  dt__health_set_store_rank(h, 0);
+  dt__store *c0, *c2; /* rank 0 (the store's host) and rank 2, heartbeating by hand */
+  int64_t dl = dt__deadline_after_ms(5000);
+  assert_int_equal(connect_store(port, 0, &c0), DT_OK);
+  assert_int_equal(connect_store(port, 2, &c2), DT_OK);
+  assert_int_equal(dt__store_heartbeat(c0, dl), DT_OK);
+  assert_int_equal(dt__store_heartbeat(c2, dl), DT_OK);
+  dt__store_close(c2); /* rank 2 dies */
+  char v[512];
+  while (dt__store_server_status(s, NULL, NULL, v, sizeof v) == DT_OK && !dt__expired(dl))
+    dt__sleep_ns(1000000);
+  assert_non_null(strstr(v, "rank 2 failed"));
+  dt__sleep_ns(5000000); /* the push is on its way; no heartbeat of rank 1 came in between (200 ms apart) */
+  dt__store_server_stop(s);
+  assert_int_equal(dt__store_heartbeat(c0, dt__deadline_after_ms(2000)), DT_ERR_PEER);
+  assert_non_null(strstr(dt_last_error(), "rank 2 failed"));
+  while (!dt__health_aborted(h) && !dt__expired(dl))
+    dt__sleep_ns(5000000);
+  dt__health_verdict(h, v, sizeof v);
+  assert_non_null(strstr(v, "rank 2 failed"));
+  assert_null(strstr(v, "store host"));
+  dt__store_close(c0);
+  dt__health_release(h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_sigkill, kill_leftovers),           cmocka_unit_test_teardown(test_sigstop, kill_leftovers),
@@ -292,6 +327,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_store_unknown_killed, kill_leftovers),
       cmocka_unit_test_teardown(test_store_host_rank_killed, kill_leftovers),
       cmocka_unit_test_teardown(test_wait_gets_verdict, kill_leftovers),
+      cmocka_unit_test_teardown(test_verdict_outlives_store, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
