@@ -536,8 +536,17 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     respond(s, c, seq, DT_OK, NULL, 0, NULL, 0);
     return;
   case OP_HEARTBEAT: {
-    if (c->id >= (uint32_t)s->world) {
-      respond_text(s, c, seq, DT_ERR_INVALID, "heartbeat from id %u, but the job has %d ranks", c->id, s->world);
+    uint32_t cw = blen >= 4 ? dt__get32(body) : 0; /* the world size the rank came with, 0 if not said */
+    if (c->id >= (uint32_t)s->world || (cw && cw != (uint32_t)s->world)) {
+      /* Hosts started with different -n or --nnodes (or a dtrain store with another --world):
+       * the job cannot form, so end it now for the ranks already waiting, not at their deadline. */
+      char why[400], came[64] = "";
+      if (cw)
+        snprintf(came, sizeof came, " came with world size %u,", cw);
+      snprintf(why, sizeof why, "rank %u%s but this job has %d ranks: every host needs the same -n and --nnodes "
+               "(dtrain run), and a dtrain store the same --world", c->id, cw ? came : " joined,", s->world);
+      set_verdict(s, DT_ERR_ABORTED, why);
+      respond_text(s, c, seq, DT_ERR_INVALID, "%s", why);
       return;
     }
     rank_state *r = &s->ranks[c->id];
@@ -1046,6 +1055,7 @@ struct dt__store {
   int rank;
   bool broken; /* a frame was cut by a deadline: the stream can no longer be trusted */
   bool told;   /* an answer (or a push) from the server carried the job's verdict */
+  uint32_t world; /* announced with each heartbeat; 0: not said */
   char what[300];
 };
 
@@ -1322,8 +1332,13 @@ dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline) {
   return store_call(st, "delete", OP_DELETE, key, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL, deadline);
 }
 
+void dt__store_set_world(dt__store *st, int world) { st->world = world > 0 ? (uint32_t)world : 0; }
+
 dt_status dt__store_heartbeat(dt__store *st, int64_t deadline) {
-  return store_call(st, "heartbeat", OP_HEARTBEAT, NULL, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL, deadline);
+  uint8_t w[4];
+  dt__put32(w, st->world);
+  return store_call(st, "heartbeat", OP_HEARTBEAT, NULL, st->world ? w : NULL, st->world ? 4 : 0, NULL, 0, NULL, 0,
+                    NULL, 0, NULL, deadline);
 }
 
 dt_status dt__store_abort(dt__store *st, const char *msg, int64_t deadline) {
