@@ -1068,19 +1068,34 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   st->fd = -1;
   st->rank = rank;
   snprintf(st->what, sizeof st->what, "store %s:%d", host, port);
+  int hs_ms, silent = 0;
   dt_status rc;
+  if ((rc = dt__handshake_timeout_ms(&hs_ms))) {
+    free(st);
+    return rc;
+  }
   for (;;) {
     rc = dt__sock_connect(host, port, deadline, &st->fd);
-    if (rc == DT_OK)
-      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+    if (rc == DT_OK) {
+      /* A store says HELLO as soon as it accepts: one that stays silent for the handshake
+       * timeout is not a store, or a stuck one. Each attempt gets that long, not the deadline. */
+      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank,
+                           DT_MIN(deadline, dt__deadline_after_ms(hs_ms)));
+      silent = rc == DT_ERR_TIMEOUT ? silent + 1 : 0;
+    } else {
+      silent = 0;
+    }
     /* Closed during the handshake: a store shutting down (e.g. the previous communicator's,
      * while a new one is about to listen on its port). Try again, as for a refused connect. */
-    if (rc != DT_ERR_PEER || dt__expired(deadline))
+    if ((rc != DT_ERR_PEER && !silent) || dt__expired(deadline))
       break;
     close(st->fd);
     st->fd = -1;
     dt__sleep_ns(DT_MIN(20 * 1000000LL, (int64_t)dt__ms_left(deadline) * 1000000LL));
   }
+  if (rc && silent)
+    dt_set_error(rc, "something at %s:%d accepted the connection but did not answer the dtrain handshake within %d ms "
+                 "(%d attempt%s; not a dtrain store?)", host, port, hs_ms, silent, silent == 1 ? "" : "s");
   if (rc) {
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)
