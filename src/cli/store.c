@@ -6,8 +6,10 @@
  *
  * The job secret comes from DTRAIN_JOB_SECRET / DTRAIN_JOB_SECRET_FILE, as for the ranks. The
  * first line on stdout is "listening on ADDR:PORT" (scripts read the port when --port 0).
- * Runs until SIGINT/SIGTERM, or with --until-done until all N ranks have joined and left; the
- * exit code is 1 if a rank failed or aborted (the verdict is printed), else 0.
+ * Runs until SIGINT/SIGTERM, or with --until-done until all N ranks have joined and left (or a
+ * verdict is out and no rank is left, or the ranks that came left and no other came for a fault
+ * timeout); the exit code is 1 if a rank failed or aborted (the verdict is printed) or ranks
+ * never came (a warning says how many), else 0.
  * Not here: persistence or replication of the store (a restarted store starts empty). */
 #include <errno.h>
 #include <signal.h>
@@ -96,7 +98,8 @@ int dt_cli_store(int argc, char **argv) {
   printf("listening on %s:%d\n", bind ? bind : "0.0.0.0", bound);
   fflush(stdout);
 
-  int seen = 0, live = 0, signo = 0;
+  int seen = 0, live = 0, signo = 0, missing = 0;
+  int64_t idle_since = 0; /* when the last live rank left while some never came */
   char verdict[DT_STORE_MSG_MAX];
   for (;;) {
     struct timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000000L};
@@ -105,9 +108,16 @@ int dt_cli_store(int argc, char **argv) {
       signo = sig;
       break;
     }
-    dt__store_server_status(s, &seen, &live, verdict, sizeof verdict);
-    if (until_done && seen >= world && live == 0)
+    dt_status vst = dt__store_server_status(s, &seen, &live, verdict, sizeof verdict);
+    if (until_done && live == 0 && (seen >= world || vst != DT_OK))
       break;
+    /* The ranks that came are done, and for a fault timeout nobody else came: a job smaller
+     * than --world (ranks of another world size are refused with a verdict, above). */
+    idle_since = until_done && seen > 0 && live == 0 ? (idle_since ? idle_since : dt_now_ns()) : 0;
+    if (idle_since && dt_now_ns() - idle_since >= (int64_t)fault_ms * 1000000LL) {
+      missing = world - seen;
+      break;
+    }
   }
   /* A last look: the server may have ruled while we were waking up. */
   dt_status vst = dt__store_server_status(s, &seen, &live, verdict, sizeof verdict);
@@ -118,5 +128,10 @@ int dt_cli_store(int argc, char **argv) {
   }
   if (signo)
     fprintf(stderr, "dtrain store: stopped by signal %d with %d of %d rank(s) live\n", signo, live, world);
+  if (missing) {
+    fprintf(stderr, "dtrain store: warning: %d of %d rank(s) joined and left, and %d never came within %d ms; "
+            "was the job started with fewer ranks than --world %d?\n", seen, world, missing, fault_ms, world);
+    return 1;
+  }
   return 0;
 }

@@ -564,7 +564,8 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     goto fail;
   }
   DT_CHECK_GOTO(comm_meet(c, deadline), st, fail);
-  st = dt__health_start(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, env.fault_timeout_ms,
+  st = dt__health_start(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, c->size,
+                        env.fault_timeout_ms,
                         &c->health);
   if (st != DT_OK) {
     dt__error_prefix(st, "rank %d: starting the failure detector", c->rank);

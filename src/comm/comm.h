@@ -16,10 +16,11 @@
  * communicator split from it (refcounted). A heartbeat thread with its own store connection
  * reports liveness every interval and learns the store's verdict; the first failure seen
  * (locally or through the store) sets `aborted`, stores the message, and makes abort_fd
- * readable so transports blocked in poll(2) wake at once. */
+ * readable so transports blocked in poll(2) wake at once. world_size goes with each heartbeat
+ * (0: not said), so a store of another size refuses this rank and ends the job at once. */
 typedef struct dt__health dt__health;
 dt_status dt__health_start(const char *store_host, int store_port, const uint8_t *secret, size_t secret_len,
-                           int world_rank, int fault_timeout_ms, dt__health **out);
+                           int world_rank, int world_size, int fault_timeout_ms, dt__health **out);
 /* Which rank hosts the store (a lost store is then "rank R (store host H:P) failed"), or
  * rank < 0: none, the store runs outside the job (then "the store at H:P ... failed"). Until
  * called, the store is named by its address only. Thread-safe. */

@@ -33,7 +33,7 @@ struct dt__health {
   bool stop, raise_pending, raise_done;
   char verdict[DT_STORE_MSG_MAX];
   char host[256];
-  int port, rank, fault_ms, interval_ms;
+  int port, rank, world, fault_ms, interval_ms;
   atomic_int store_rank; /* the rank hosting the store, HEALTH_STORE_OUTSIDE, or HEALTH_STORE_UNKNOWN */
   uint8_t secret[256];
   size_t secret_len;
@@ -83,7 +83,9 @@ static dt_status health_connect(dt__health *h, int64_t deadline, bool *refused) 
   if (rc)
     return rc;
   close(probe);
-  return dt__store_connect(h->host, h->port, h->secret, h->secret_len, h->rank, deadline, &h->st);
+  DT_CHECK(dt__store_connect(h->host, h->port, h->secret, h->secret_len, h->rank, deadline, &h->st));
+  dt__store_set_world(h->st, h->world);
+  return DT_OK;
 }
 
 static void health_send_abort(dt__health *h, const char *msg) {
@@ -143,7 +145,7 @@ static void *health_main(void *arg) {
         last_ok = dt_now_ns();
         continue;
       }
-      if (!dt__store_broken(h->st) && (rc == DT_ERR_PEER || rc == DT_ERR_ABORTED)) {
+      if (dt__store_told(h->st) && (rc == DT_ERR_PEER || rc == DT_ERR_ABORTED)) {
         last_ok = dt_now_ns(); /* the store answered: it is alive, and it has a verdict */
         health_set(h, dt_last_error());
         continue;
@@ -194,7 +196,7 @@ static void health_free(dt__health *h) {
 }
 
 dt_status dt__health_start(const char *store_host, int store_port, const uint8_t *secret, size_t secret_len,
-                           int world_rank, int fault_timeout_ms, dt__health **out) {
+                           int world_rank, int world_size, int fault_timeout_ms, dt__health **out) {
   *out = NULL;
   if (fault_timeout_ms < 1 || secret_len > 256 || !store_host || strlen(store_host) >= 256)
     return dt_set_error(DT_ERR_INVALID, "health: fault timeout %d ms, secret %zu bytes, store host '%s'",
@@ -208,6 +210,7 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
   snprintf(h->host, sizeof h->host, "%s", store_host);
   h->port = store_port;
   h->rank = world_rank;
+  h->world = world_size;
   atomic_init(&h->store_rank, HEALTH_STORE_UNKNOWN);
   h->fault_ms = fault_timeout_ms;
   h->interval_ms = DT_MAX(DT_MIN(200, fault_timeout_ms / 5), 5);
@@ -229,8 +232,10 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
   /* The first heartbeat is synchronous: once start returns, the store watches this rank. */
   int64_t deadline = dt__deadline_after_ms(DT_MAX(fault_timeout_ms, 10000));
   rc = dt__store_connect(store_host, store_port, secret, secret_len, world_rank, deadline, &h->st);
-  if (rc == DT_OK)
+  if (rc == DT_OK) {
+    dt__store_set_world(h->st, world_size);
     rc = dt__store_heartbeat(h->st, deadline);
+  }
   if (rc) {
     dt__error_prefix(rc, "rank %d: starting the heartbeat", world_rank);
     goto fail;

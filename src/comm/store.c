@@ -317,6 +317,15 @@ static void set_verdict(dt__store_server *s, dt_status st, const char *msg) {
       }
     s->waits[i] = s->waits[--s->nwaits];
   }
+  /* And push it on every live rank's heartbeat connection (seq 0, which no request uses): the
+   * rank reads it at its next heartbeat even if this store is gone by then, as it is when its
+   * host's launcher stops the hosting rank on seeing this verdict. */
+  for (size_t j = 0; j < s->nconns; j++) {
+    conn *c = s->conns[j];
+    if (!c->dead && c->authed && c->id < (uint32_t)s->world && s->ranks[c->id].hb_cid == c->cid &&
+        !s->ranks[c->id].left)
+      respond(s, c, 0, st, s->verdict, strlen(s->verdict), NULL, 0);
+  }
 }
 
 static void rank_gone(dt__store_server *s, uint32_t id, bool failed, const char *why) {
@@ -527,8 +536,17 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     respond(s, c, seq, DT_OK, NULL, 0, NULL, 0);
     return;
   case OP_HEARTBEAT: {
-    if (c->id >= (uint32_t)s->world) {
-      respond_text(s, c, seq, DT_ERR_INVALID, "heartbeat from id %u, but the job has %d ranks", c->id, s->world);
+    uint32_t cw = blen >= 4 ? dt__get32(body) : 0; /* the world size the rank came with, 0 if not said */
+    if (c->id >= (uint32_t)s->world || (cw && cw != (uint32_t)s->world)) {
+      /* Hosts started with different -n or --nnodes (or a dtrain store with another --world):
+       * the job cannot form, so end it now for the ranks already waiting, not at their deadline. */
+      char why[400], came[64] = "";
+      if (cw)
+        snprintf(came, sizeof came, " came with world size %u,", cw);
+      snprintf(why, sizeof why, "rank %u%s but this job has %d ranks: every host needs the same -n and --nnodes "
+               "(dtrain run), and a dtrain store the same --world", c->id, cw ? came : " joined,", s->world);
+      set_verdict(s, DT_ERR_ABORTED, why);
+      respond_text(s, c, seq, DT_ERR_INVALID, "%s", why);
       return;
     }
     rank_state *r = &s->ranks[c->id];
@@ -1036,6 +1054,8 @@ struct dt__store {
   uint32_t seq;
   int rank;
   bool broken; /* a frame was cut by a deadline: the stream can no longer be trusted */
+  bool told;   /* an answer (or a push) from the server carried the job's verdict */
+  uint32_t world; /* announced with each heartbeat; 0: not said */
   char what[300];
 };
 
@@ -1048,19 +1068,34 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   st->fd = -1;
   st->rank = rank;
   snprintf(st->what, sizeof st->what, "store %s:%d", host, port);
+  int hs_ms, silent = 0;
   dt_status rc;
+  if ((rc = dt__handshake_timeout_ms(&hs_ms))) {
+    free(st);
+    return rc;
+  }
   for (;;) {
     rc = dt__sock_connect(host, port, deadline, &st->fd);
-    if (rc == DT_OK)
-      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank, deadline);
+    if (rc == DT_OK) {
+      /* A store says HELLO as soon as it accepts: one that stays silent for the handshake
+       * timeout is not a store, or a stuck one. Each attempt gets that long, not the deadline. */
+      rc = dt__auth_client(st->fd, secret, secret_len, DT_ROLE_STORE, (uint32_t)rank,
+                           DT_MIN(deadline, dt__deadline_after_ms(hs_ms)));
+      silent = rc == DT_ERR_TIMEOUT ? silent + 1 : 0;
+    } else {
+      silent = 0;
+    }
     /* Closed during the handshake: a store shutting down (e.g. the previous communicator's,
      * while a new one is about to listen on its port). Try again, as for a refused connect. */
-    if (rc != DT_ERR_PEER || dt__expired(deadline))
+    if ((rc != DT_ERR_PEER && !silent) || dt__expired(deadline))
       break;
     close(st->fd);
     st->fd = -1;
     dt__sleep_ns(DT_MIN(20 * 1000000LL, (int64_t)dt__ms_left(deadline) * 1000000LL));
   }
+  if (rc && silent)
+    dt_set_error(rc, "something at %s:%d accepted the connection but did not answer the dtrain handshake within %d ms "
+                 "(%d attempt%s; not a dtrain store?)", host, port, hs_ms, silent, silent == 1 ? "" : "s");
   if (rc) {
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)
@@ -1073,6 +1108,8 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
 }
 
 bool dt__store_broken(const dt__store *st) { return st->broken; }
+
+bool dt__store_told(const dt__store *st) { return st->told; }
 
 void dt__store_close(dt__store *st) {
   if (!st)
@@ -1171,14 +1208,16 @@ static dt_status store_recv(dt__store *st, dt_status *remote, void *buf, size_t 
     }
     size_t body = (size_t)f.len - 8;
     uint32_t seq = dt__get32(head);
-    if (seq != st->seq) { /* the late answer to a request we gave up on */
+    dt_status status = (dt_status)dt__get32(head + 4);
+    bool pushed = seq == 0 && (status == DT_ERR_PEER || status == DT_ERR_ABORTED); /* the job's verdict */
+    if (seq != st->seq && !pushed) { /* the late answer to a request we gave up on */
       if ((rc = store_drain(st, body, frame_deadline))) {
         st->broken = true;
         return rc;
       }
       continue;
     }
-    *remote = (dt_status)dt__get32(head + 4);
+    *remote = status;
     if (*remote == DT_OK) {
       size_t take = DT_MIN(body, cap);
       if (n)
@@ -1209,6 +1248,8 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
   char msg[DT_STORE_MSG_MAX];
   if (!rc)
     rc = store_recv(st, &remote, buf, cap, n, msg, sizeof msg, deadline);
+  else if (type == OP_HEARTBEAT && store_recv(st, &remote, NULL, 0, NULL, msg, sizeof msg, dt__deadline_after_ms(1)) == DT_OK)
+    rc = DT_OK; /* the store is gone, but it pushed the job's verdict before it went: that is the news */
   if (rc) {
     if (key)
       return dt__error_prefix(rc, "rank %d: store %s '%s'", st->rank, op, key);
@@ -1218,8 +1259,10 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
     return DT_OK;
   if ((unsigned)remote >= DT_STATUS_COUNT)
     remote = DT_ERR_PROTOCOL;
-  if (remote == DT_ERR_PEER || remote == DT_ERR_ABORTED)
+  if (remote == DT_ERR_PEER || remote == DT_ERR_ABORTED) {
+    st->told = true;
     return dt_set_error(remote, "%s", msg);
+  }
   if (key)
     return dt_set_error(remote, "rank %d: %s %s '%s': %s", st->rank, st->what, op, key, msg);
   return dt_set_error(remote, "rank %d: %s %s: %s", st->rank, st->what, op, msg);
@@ -1304,8 +1347,13 @@ dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline) {
   return store_call(st, "delete", OP_DELETE, key, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL, deadline);
 }
 
+void dt__store_set_world(dt__store *st, int world) { st->world = world > 0 ? (uint32_t)world : 0; }
+
 dt_status dt__store_heartbeat(dt__store *st, int64_t deadline) {
-  return store_call(st, "heartbeat", OP_HEARTBEAT, NULL, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL, deadline);
+  uint8_t w[4];
+  dt__put32(w, st->world);
+  return store_call(st, "heartbeat", OP_HEARTBEAT, NULL, st->world ? w : NULL, st->world ? 4 : 0, NULL, 0, NULL, 0,
+                    NULL, 0, NULL, deadline);
 }
 
 dt_status dt__store_abort(dt__store *st, const char *msg, int64_t deadline) {

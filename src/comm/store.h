@@ -54,6 +54,9 @@ void dt__store_close(dt__store *st);
 /* True once the connection is lost or out of step (closed, reset, a reply cut by a deadline):
  * every later call fails; close and reconnect. A verdict or a timed-out wait does not break it. */
 bool dt__store_broken(const dt__store *st);
+/* True once the server answered (or pushed, on a heartbeat connection) the job's verdict: a
+ * DT_ERR_PEER / DT_ERR_ABORTED then came from the store, not from a lost socket. */
+bool dt__store_told(const dt__store *st);
 
 dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
 /* Copies the value into buf (cap bytes); *n is its full length. DT_ERR_NOT_FOUND if absent,
@@ -83,6 +86,10 @@ dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline);
  * is healthy; DT_ERR_PEER / DT_ERR_ABORTED with the verdict as detail once a rank failed or
  * aborted ("rank 2 failed: no heartbeat for 10000 ms (hung, stopped, or cut off)"). */
 dt_status dt__store_heartbeat(dt__store *st, int64_t deadline);
+/* The world size this handle's heartbeats announce (0, the default: none). The server refuses
+ * a rank whose world size differs from its own, or whose rank is beyond it, and ends the job
+ * with an abort naming both sizes, so the ranks already waiting stop at once. */
+void dt__store_set_world(dt__store *st, int world);
 /* Raises an abort with msg (first one wins). */
 dt_status dt__store_abort(dt__store *st, const char *msg, int64_t deadline);
 /* Tells the server this rank leaves cleanly (its connection closing is then not a failure). */

@@ -32,7 +32,7 @@ enum { VICTIM_IDLE, VICTIM_GOODBYE, VICTIM_RAISE };
 static int child_rank(int port, int rank, void *arg) {
   scenario *sc = arg;
   dt__health *h;
-  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, FAULT_MS, &h)) {
+  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 0, FAULT_MS, &h)) {
     fprintf(stderr, "rank %d: %s\n", rank, dt_last_error());
     return 10;
   }
@@ -101,7 +101,7 @@ static int64_t run_scenario(scenario *sc, int hurt_signal) {
                    DT_OK);
   /* Rank 0 heartbeats like everyone else (threads only after the forks above). */
   dt__health *h0;
-  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 0, FAULT_MS, &h0), DT_OK);
+  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 0, 0, FAULT_MS, &h0), DT_OK);
   dt__store *c;
   assert_int_equal(connect_store(port, 0, &c), DT_OK);
   char buf[64];
@@ -211,7 +211,7 @@ static void store_host_fails(int sig, int set_rank, const char *expect, const ch
   int port = mp_free_port();
   pid_t host = spawn_child(child_store_host, port, 0, NULL, 60);
   dt__health *h;
-  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, FAULT_MS, &h), DT_OK);
+  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, 0, FAULT_MS, &h), DT_OK);
   assert_false(dt__health_aborted(h));
   if (set_rank > -3)
     dt__health_set_store_rank(h, set_rank);
@@ -259,7 +259,7 @@ static void test_store_host_rank_killed(void **unused) {
 /* A wait for a key that a failed rank would have set returns the verdict instead of hanging. */
 static int child_dies(int port, int rank, void *arg) {
   dt__health *h;
-  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, FAULT_MS, &h))
+  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 0, FAULT_MS, &h))
     return 10;
   _exit(0); /* no goodbye: a crash */
 }
@@ -283,6 +283,77 @@ static void test_wait_gets_verdict(void **unused) {
   dt__store_server_stop(s);
 }
 
+/* The store's host stops right after a verdict (its launcher stops the hosting rank on seeing
+ * it), before the other ranks' next heartbeat: they must still learn that verdict, not blame the
+ * store host. The verdict is pushed on each heartbeat connection and read after the store left. */
+static void test_verdict_outlives_store(void **unused) {
+  int port;
+  dt__store_server *s;
+  assert_int_equal(dt__store_server_start("127.0.0.1", 0, (const uint8_t *)SECRET, SECRET_LEN, 3, FAULT_MS, &s, &port),
+                   DT_OK);
+  dt__health *h; /* rank 1, a heartbeat thread as in every worker */
+  assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1, 0, FAULT_MS, &h), DT_OK);
+  dt__health_set_store_rank(h, 0);
+  dt__store *c0, *c2; /* rank 0 (the store's host) and rank 2, heartbeating by hand */
+  int64_t dl = dt__deadline_after_ms(5000);
+  assert_int_equal(connect_store(port, 0, &c0), DT_OK);
+  assert_int_equal(connect_store(port, 2, &c2), DT_OK);
+  assert_int_equal(dt__store_heartbeat(c0, dl), DT_OK);
+  assert_int_equal(dt__store_heartbeat(c2, dl), DT_OK);
+  dt__store_close(c2); /* rank 2 dies */
+  char v[512];
+  while (dt__store_server_status(s, NULL, NULL, v, sizeof v) == DT_OK && !dt__expired(dl))
+    dt__sleep_ns(1000000);
+  assert_non_null(strstr(v, "rank 2 failed"));
+  dt__sleep_ns(5000000); /* the push is on its way; no heartbeat of rank 1 came in between (200 ms apart) */
+  dt__store_server_stop(s);
+  assert_int_equal(dt__store_heartbeat(c0, dt__deadline_after_ms(2000)), DT_ERR_PEER);
+  assert_non_null(strstr(dt_last_error(), "rank 2 failed"));
+  while (!dt__health_aborted(h) && !dt__expired(dl))
+    dt__sleep_ns(5000000);
+  dt__health_verdict(h, v, sizeof v);
+  assert_non_null(strstr(v, "rank 2 failed"));
+  assert_null(strstr(v, "store host"));
+  dt__store_close(c0);
+  dt__health_release(h);
+}
+
+/* Hosts started with different -n or --nnodes: the store refuses the rank of the other shape
+ * and ends the job at once with a verdict naming both sizes, for the ranks already waiting. */
+static void test_world_mismatch_aborts(void **unused) {
+  for (int wrong_rank = 1; wrong_rank <= 2; wrong_rank++) {
+    int port;
+    dt__store_server *s;
+    assert_int_equal(dt__store_server_start("127.0.0.1", 0, (const uint8_t *)SECRET, SECRET_LEN, 2, 10000, &s, &port),
+                     DT_OK);
+    dt__health *h;
+    assert_int_equal(dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 0, 2, 10000, &h), DT_OK);
+    dt__store *c0, *bad;
+    assert_int_equal(connect_store(port, 0, &c0), DT_OK);
+    assert_int_equal(connect_store(port, wrong_rank, &bad), DT_OK);
+    dt__store_set_world(bad, wrong_rank + 2); /* rank 1 of 3 (--nnodes), or rank 2 of 4 (-n) */
+    int64_t t0 = dt_now_ns();
+    assert_int_equal(dt__store_heartbeat(bad, dt__deadline_after_ms(5000)), DT_ERR_INVALID);
+    char expect[64];
+    snprintf(expect, sizeof expect, "rank %d came with world size %d, but this job has 2", wrong_rank, wrong_rank + 2);
+    assert_non_null(strstr(dt_last_error(), expect));
+    assert_non_null(strstr(dt_last_error(), "-n and --nnodes"));
+    char buf[8], v[512];
+    size_t n;
+    assert_int_equal(dt__store_wait(c0, "addr/1", buf, sizeof buf, &n, dt__deadline_after_ms(5000)), DT_ERR_ABORTED);
+    assert_non_null(strstr(dt_last_error(), expect));
+    while (!dt__health_aborted(h) && dt_now_ns() - t0 < 3000000000LL)
+      dt__sleep_ns(5000000);
+    dt__health_verdict(h, v, sizeof v);
+    assert_non_null(strstr(v, expect));
+    assert_true(dt_now_ns() - t0 < 3000000000LL);
+    dt__store_close(bad);
+    dt__store_close(c0);
+    dt__health_release(h);
+    dt__store_server_stop(s);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_sigkill, kill_leftovers),           cmocka_unit_test_teardown(test_sigstop, kill_leftovers),
@@ -292,6 +363,8 @@ int main(void) {
       cmocka_unit_test_teardown(test_store_unknown_killed, kill_leftovers),
       cmocka_unit_test_teardown(test_store_host_rank_killed, kill_leftovers),
       cmocka_unit_test_teardown(test_wait_gets_verdict, kill_leftovers),
+      cmocka_unit_test_teardown(test_verdict_outlives_store, kill_leftovers),
+      cmocka_unit_test_teardown(test_world_mismatch_aborts, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

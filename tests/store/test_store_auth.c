@@ -289,10 +289,31 @@ static void test_fd_exhaustion(void **unused) {
   close(down[1]);
 }
 
+/* Something accepts on the store's port but never speaks: the client gives up on each attempt
+ * after the handshake timeout, tries again within its deadline, and then says what it met. */
+static void test_silent_listener(void **unused) {
+  int lfd, port;
+  assert_int_equal(dt__sock_listen("127.0.0.1", 0, &lfd, &port), DT_OK); /* never accepts: the kernel does */
+  setenv("DTRAIN_HANDSHAKE_TIMEOUT_MS", "300", 1);
+  dt__store *c = NULL;
+  int64_t t0 = dt_now_ns();
+  dt_status st = dt__store_connect("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, 1,
+                                   dt__deadline_after_ms(1500), &c);
+  int64_t ms = (dt_now_ns() - t0) / 1000000;
+  unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
+  assert_int_equal(st, DT_ERR_TIMEOUT);
+  assert_null(c);
+  assert_non_null(strstr(dt_last_error(), "accepted the connection but did not answer the dtrain handshake within 300 ms"));
+  assert_non_null(strstr(dt_last_error(), "attempts; not a dtrain store?"));
+  assert_true(ms >= 1400 && ms < 2500);
+  close(lfd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_strangers_refused),
       cmocka_unit_test_teardown(test_fd_exhaustion, kill_leftovers),
+      cmocka_unit_test(test_silent_listener),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,6 +110,54 @@ static int job_rank(int port, int rank, void *arg) {
   return rc;
 }
 
+/* A job of 2 ranks, each of which reports how its create ended. */
+static int small_job_rank(int port, int rank, void *arg) {
+  mp_set_env(rank, 2, port, "cli-store-small");
+  setenv("DTRAIN_HOST_STORE", "0", 1);
+  dt_comm *c;
+  if (dt_comm_create(NULL, &c) != DT_OK)
+    return strstr(dt_last_error(), "came with world size 2, but this job has 3") ? 20 : 21;
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* Ranks that heartbeat without saying their world size (older clients), then leave cleanly. */
+static int quiet_rank(int port, int rank, void *arg) {
+  dt__health *h;
+  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 0, 1000, &h))
+    return 10;
+  dt__health_release(h);
+  return 0;
+}
+
+/* `dtrain store --world 3 --until-done` and a job of 2: the ranks are refused at once and the
+ * store exits naming both sizes; with ranks that do not say their size, it warns once they are
+ * done and nobody else came for a fault timeout, and exits, instead of waiting forever. */
+static void test_store_world_larger_than_job(void **unused) {
+  setenv("DTRAIN_JOB_SECRET", SECRET, 1);
+  const char *args[] = {"--world", "3", "--bind", "127.0.0.1", "--until-done", "--fault-timeout", "1000", NULL};
+  for (int quiet = 0; quiet <= 1; quiet++) {
+    int o, e;
+    pid_t sp = start_store(args, &o, &e);
+    int port = read_port(o);
+    assert_true(port > 0);
+    pid_t r[2];
+    for (int i = 0; i < 2; i++)
+      r[i] = spawn_child(quiet ? quiet_rank : small_job_rank, port, i, NULL, 30);
+    for (int i = 0; i < 2; i++)
+      assert_int_equal(reap_child(r[i], 30), quiet ? 0 : 20);
+    char err[4096];
+    read_all_text(e, err, sizeof err, 10000);
+    assert_int_equal(reap_child(sp, 10), 1);
+    if (quiet)
+      assert_non_null(strstr(err, "2 of 3 rank(s) joined and left, and 1 never came within 1000 ms"));
+    else
+      assert_non_null(strstr(err, "came with world size 2, but this job has 3 ranks: every host needs the same -n"));
+    close(o);
+    close(e);
+  }
+}
+
 static void test_job_through_store_process(void **unused) {
   setenv("DTRAIN_JOB_SECRET", SECRET, 1);
   const char *args[] = {"--world", "3", "--port", "0", "--bind", "127.0.0.1", "--until-done", NULL};
@@ -132,7 +180,7 @@ static void test_job_through_store_process(void **unused) {
 
 static int hb_rank(int port, int rank, void *arg) {
   dt__health *h;
-  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 1000, &h))
+  if (dt__health_start("127.0.0.1", port, (const uint8_t *)SECRET, SECRET_LEN, rank, 0, 1000, &h))
     return 10;
   if (rank == 1)
     pause(); /* killed */
@@ -230,6 +278,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_job_through_store_process, kill_leftovers),
       cmocka_unit_test_teardown(test_store_process_reports_failure, kill_leftovers),
       cmocka_unit_test_teardown(test_store_process_lost, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_world_larger_than_job, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
