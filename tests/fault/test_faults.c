@@ -625,21 +625,30 @@ static void test_run_elastic_starts_without_absent(void **state) {
   free(out);
 }
 
+/* Starts the elastic agents of a 2-host job (--nnodes 2 --master 127.0.0.1:port, -n 1 each) with
+ * `restarts` and the fault `fault`, `steps` steps of 10 ms with checkpoints every 3 in dir/ck;
+ * output to dir/<tag><node>.out/.err. */
+static void start_two_agents(pid_t ag[2], const char *tag, const char *restarts, const char *fault,
+                             const char *steps) {
+  int port = free_port_block(4);
+  static char secret[64], portarg[32];
+  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=%s-%d", tag, (int)getpid());
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
+  const char *env[] = {secret, NULL};
+  for (int r = 0; r < 2; r++) {
+    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
+                          "--max-restarts", restarts, "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
+                          fault, "--", worker, "--steps", steps, "--step-ms", "10", "--ckpt-dir", pathf("%s/ck", dir),
+                          "--ckpt-every", "3", NULL};
+    ag[r] = spawn(argv, env, pathf("%s/%s%d.out", dir, tag, r), pathf("%s/%s%d.err", dir, tag, r));
+  }
+}
+
 /* A worker exiting with code 2 (a usage or settings error) under elastic agents: its agent does
  * not restart and the other agent learns it and stops too, without re-forming. */
 static void test_run_elastic_usage_error_ends(void **state) {
-  int port = free_port_block(4);
-  static char secret[64], portarg[32];
-  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=usage-%d", (int)getpid());
-  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
-  const char *env[] = {secret, NULL};
   pid_t ag[2];
-  for (int r = 0; r < 2; r++) {
-    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
-                          "--max-restarts", "2", "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
-                          "exit:rank=1,step=3,code=2", "--", worker, "--steps", "50", "--step-ms", "10", NULL};
-    ag[r] = spawn(argv, env, pathf("%s/u%d.out", dir, r), pathf("%s/u%d.err", dir, r));
-  }
+  start_two_agents(ag, "u", "2", "exit:rank=1,step=3,code=2", "50");
   int st1 = wait_bounded(ag[1], 30000), st0 = wait_bounded(ag[0], 30000);
   char *e0 = slurp(pathf("%s/u0.err", dir)), *e1 = slurp(pathf("%s/u1.err", dir));
   if (!(st1 != -1 && WIFEXITED(st1) && WEXITSTATUS(st1) == 2 && strstr(e1, "not restarting")))
@@ -655,19 +664,8 @@ static void test_run_elastic_usage_error_ends(void **state) {
  * for a failure it did not witness, and its summary must still say which (node 0 names rank 1's
  * missing heartbeat in the blame it publishes). */
 static void test_run_elastic_blame_named(void **state) {
-  int port = free_port_block(4);
-  static char secret[64], portarg[32];
-  snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=blame-%d", (int)getpid());
-  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
-  const char *env[] = {secret, NULL};
   pid_t ag[2];
-  for (int r = 0; r < 2; r++) {
-    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
-                          "--max-restarts", "1", "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
-                          "stop:rank=1,step=3", "--", worker, "--steps", "20", "--step-ms", "10", "--ckpt-dir",
-                          pathf("%s/ck", dir), "--ckpt-every", "3", NULL};
-    ag[r] = spawn(argv, env, pathf("%s/b%d.out", dir, r), pathf("%s/b%d.err", dir, r));
-  }
+  start_two_agents(ag, "b", "1", "stop:rank=1,step=3", "20");
   for (int r = 0; r < 2; r++) {
     int st = wait_bounded(ag[r], 40000);
     if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
