@@ -106,10 +106,8 @@ int dt_cli_eval(int argc, char **argv) {
     return dt_cli_fail(CMD, "evaluation failed");
   }
   if (json) {
-    fputs("{\"test_accuracy\":", stdout);
-    dt__json_num(stdout, "%.10g", acc);
-    fputs(",\"test_loss\":", stdout);
-    dt__json_num(stdout, "%.10g", loss);
+    dt__json_field(stdout, "{", "test_accuracy", "%.10g", acc);
+    dt__json_field(stdout, ",", "test_loss", "%.10g", loss);
     printf(",\"samples\":%llu,\"model_file\":", (unsigned long long)n);
     dt__json_str(stdout, model_file);
     fputs(",\"model\":", stdout);

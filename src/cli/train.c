@@ -380,29 +380,19 @@ int dt_cli_train(int argc, char **argv) {
     return 0;
   if (json) {
     FILE *o = stdout;
-    fputs("{\"test_accuracy\":", o);
-    dt__json_num(o, "%.10g", s.test_accuracy);
-    fputs(",\"test_loss\":", o);
-    dt__json_num(o, "%.10g", s.test_loss);
-    fputs(",\"train_loss\":", o);
-    dt__json_num(o, "%.10g", s.train_loss);
-    fprintf(o, ",\"epochs\":%d,\"steps\":%lld,\"steps_run\":%lld,\"samples_per_s\":", s.epochs,
-            (long long)s.steps, (long long)s.steps_run);
-    dt__json_num(o, "%.10g", s.samples_per_s);
-    fputs(",\"steady_samples_per_s\":", o);
-    dt__json_num(o, "%.10g", s.steady_samples_per_s);
-    fputs(",\"wall_s\":", o);
-    dt__json_num(o, "%.10g", s.wall_s);
-    fputs(",\"train_s\":", o);
-    dt__json_num(o, "%.10g", s.train_s);
-    fputs(",\"comm_exposed_s\":", o);
-    dt__json_num(o, "%.10g", s.comm_exposed_s);
-    fputs(",\"comm_exposed_share\":", o);
-    dt__json_num(o, "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
-    fputs(",\"data_wait_s\":", o);
-    dt__json_num(o, "%.10g", s.data_wait_s);
-    fputs(",\"peak_rss_mb\":", o);
-    dt__json_num(o, "%.10g", s.peak_rss_mb);
+    dt__json_field(o, "{", "test_accuracy", "%.10g", s.test_accuracy);
+    dt__json_field(o, ",", "test_loss", "%.10g", s.test_loss);
+    dt__json_field(o, ",", "train_loss", "%.10g", s.train_loss);
+    fprintf(o, ",\"epochs\":%d,\"steps\":%lld,\"steps_run\":%lld", s.epochs, (long long)s.steps,
+            (long long)s.steps_run);
+    dt__json_field(o, ",", "samples_per_s", "%.10g", s.samples_per_s);
+    dt__json_field(o, ",", "steady_samples_per_s", "%.10g", s.steady_samples_per_s);
+    dt__json_field(o, ",", "wall_s", "%.10g", s.wall_s);
+    dt__json_field(o, ",", "train_s", "%.10g", s.train_s);
+    dt__json_field(o, ",", "comm_exposed_s", "%.10g", s.comm_exposed_s);
+    dt__json_field(o, ",", "comm_exposed_share", "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
+    dt__json_field(o, ",", "data_wait_s", "%.10g", s.data_wait_s);
+    dt__json_field(o, ",", "peak_rss_mb", "%.10g", s.peak_rss_mb);
     fprintf(o, ",\"world_size\":%d,\"threads\":%d,\"global_batch\":%d,\"params\":%zu,\"model\":",
             s.world_size, cfg.threads, cfg.global_batch, s.param_count);
     dt__json_str(o, s.model_spec);

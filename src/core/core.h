@@ -97,6 +97,8 @@ dt_status dt__mkdir_parents(const char *path);
  * characters escaped (NULL as ""). */
 void dt__json_num(FILE *f, const char *fmt, double v);
 void dt__json_str(FILE *f, const char *s);
+/* sep, then "key": and v as dt__json_num writes it (sep: "{" for an object's first field, ","). */
+void dt__json_field(FILE *f, const char *sep, const char *key, const char *fmt, double v);
 
 #define DT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DT_MAX(a, b) ((a) > (b) ? (a) : (b))

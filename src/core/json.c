@@ -27,3 +27,8 @@ void dt__json_str(FILE *f, const char *s) {
   }
   fputc('"', f);
 }
+
+void dt__json_field(FILE *f, const char *sep, const char *key, const char *fmt, double v) {
+  fprintf(f, "%s\"%s\":", sep, key);
+  dt__json_num(f, fmt, v);
+}

@@ -84,28 +84,22 @@ static void clear_bar(dt_monitor *m) {
   }
 }
 
-/* ,"key":v with v as dt__json_num writes it. */
-static void num(FILE *f, const char *key, const char *fmt, double v) {
-  fprintf(f, ",\"%s\":", key);
-  dt__json_num(f, fmt, v);
-}
-
 static void on_step(void *ctx, const dt_train_step_info *s) {
   dt_monitor *m = ctx;
   if (m->metrics) {
     FILE *f = m->metrics;
     fprintf(f, "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld",
             (long long)s->step, s->epoch, (long long)s->step_in_epoch);
-    num(f, "loss", "%.9g", (double)s->loss);
-    num(f, "lr", "%.9g", (double)s->lr);
-    num(f, "samples_per_s", "%.1f", s->samples_per_s);
-    num(f, "compute_ms", "%.4f", s->compute_ms);
-    num(f, "comm_ms", "%.4f", s->comm_ms);
-    num(f, "data_ms", "%.4f", s->data_ms);
-    num(f, "allreduce_bytes", "%.0f", s->allreduce_bytes);
-    num(f, "busbw_gbps", "%.6g", s->busbw_gbps);
+    dt__json_field(f, ",", "loss", "%.9g", (double)s->loss);
+    dt__json_field(f, ",", "lr", "%.9g", (double)s->lr);
+    dt__json_field(f, ",", "samples_per_s", "%.1f", s->samples_per_s);
+    dt__json_field(f, ",", "compute_ms", "%.4f", s->compute_ms);
+    dt__json_field(f, ",", "comm_ms", "%.4f", s->comm_ms);
+    dt__json_field(f, ",", "data_ms", "%.4f", s->data_ms);
+    dt__json_field(f, ",", "allreduce_bytes", "%.0f", s->allreduce_bytes);
+    dt__json_field(f, ",", "busbw_gbps", "%.6g", s->busbw_gbps);
     fprintf(f, ",\"world_size\":%d", s->world_size);
-    num(f, "time", "%.3f", dt_wall_s());
+    dt__json_field(f, ",", "time", "%.3f", dt_wall_s());
     fputs("}\n", f);
     metrics_flush(m);
   }
@@ -154,11 +148,11 @@ static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
   if (m->metrics) {
     FILE *f = m->metrics;
     fprintf(f, "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld", e->epoch, (long long)e->step);
-    num(f, "test_loss", "%.9g", e->test_loss);
-    num(f, "test_accuracy", "%.6f", e->test_accuracy);
-    num(f, "train_loss", "%.9g", e->train_loss);
-    num(f, "epoch_s", "%.3f", e->epoch_s);
-    num(f, "time", "%.3f", dt_wall_s());
+    dt__json_field(f, ",", "test_loss", "%.9g", e->test_loss);
+    dt__json_field(f, ",", "test_accuracy", "%.6f", e->test_accuracy);
+    dt__json_field(f, ",", "train_loss", "%.9g", e->train_loss);
+    dt__json_field(f, ",", "epoch_s", "%.3f", e->epoch_s);
+    dt__json_field(f, ",", "time", "%.3f", dt_wall_s());
     fputs("}\n", f);
     metrics_flush(m);
   }
@@ -174,7 +168,7 @@ static void on_note(void *ctx, const char *text) {
   if (m->metrics) {
     fputs("{\"type\":\"note\",\"text\":", m->metrics);
     dt__json_str(m->metrics, text);
-    num(m->metrics, "time", "%.3f", dt_wall_s());
+    dt__json_field(m->metrics, ",", "time", "%.3f", dt_wall_s());
     fputs("}\n", m->metrics);
     metrics_flush(m);
   }
