@@ -142,6 +142,30 @@ void dt_model_zero_grad(dt_model *m);
  * dt_model_zero_grad. */
 void dt_model_discard_grad(dt_model *m);
 
+/* Deferred weight gradients of linear layers, for data-parallel workers that share memory.
+ * After dt_model_defer_linear_grads(m, exp), dt_model_backward no longer computes the weight
+ * gradients of linear layers (their part of the gradient buffer is left as it was; biases and
+ * every other layer's gradients are computed as before): it copies each linear layer's input
+ * rows x and output-gradient rows dy into exp instead (the export: dt_model_export_size(m,
+ * rows) floats for backwards of at most rows samples (a larger one is DT_ERR_INVALID), 64-byte
+ * aligned, e.g. in a communicator's shared window), with the batch. Another process of
+ * the same model (same spec and max batch) can read it there. The weight gradient is then
+ * computed where it is used, from every worker's export at once (dt_model_deferred_grad,
+ * dt_optim_step_range_deferred): one product over all the workers' samples per block of rows,
+ * never written to the gradient buffer nor summed across workers afterwards. An export holds the
+ * last backward only (no accumulation over micro-batches). dt_model_export_clear marks it empty,
+ * for a step that runs no backward. exp NULL turns it off. DT_ERR_INVALID if misaligned,
+ * DT_ERR_NOMEM. */
+size_t dt_model_export_size(const dt_model *m, int rows);
+dt_status dt_model_defer_linear_grads(dt_model *m, float *exp, int rows);
+void dt_model_export_clear(dt_model *m);
+/* The stretch of parameters starting at lo (below hi) that is all deferred or all not: returns
+ * its length (0 when lo >= hi). Deferred: *g points at its gradient summed over the n exports ex
+ * left to right (in the model's tile, up to 128 Ki floats at a time, valid until the next
+ * call); not deferred: *g = NULL and the gradient is in the gradient buffers as usual. */
+size_t dt_model_deferred_grad(dt_model *m, const float *const *ex, int n, size_t lo, size_t hi,
+                              float **g);
+
 /* Evaluation in eval mode of batch samples (any number >= 1: more than max_batch are done in
  * pieces): adds the SUM of per-sample losses to *loss_sum and the number of samples whose
  * arg-max logit equals the label to *correct. Does not touch grads; ends any pending backward
@@ -232,6 +256,11 @@ dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad);
  * written out: each grads[k] holds the range's length in floats (e.g. every worker's gradient
  * of the range, read in place from a shared window). n >= 1 and no NULL, else DT_ERR_INVALID. */
 dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale);
+/* dt_optim_step_range_sum where the model defers its linear weight gradients
+ * (dt_model_defer_linear_grads): those of the range are computed from the n exports ex, a tile
+ * at a time, and used at once; the rest are summed from grads as there. On the calling thread. */
+dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
+                                       const float *const *ex, int n, float scale);
 
 /* Steps taken (for checkpoints); set it when restoring state. */
 int64_t dt_optim_step_count(const dt_optim *o);

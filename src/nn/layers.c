@@ -58,9 +58,14 @@ static void linear_forward(nn_layer *l, const float *P, const nn_slice *s) {
 static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool need_dx) {
   int in = l->in.c, out = l->out.c;
   int o0 = (int)((int64_t)out * s->t / s->T), o1 = (int)((int64_t)out * (s->t + 1) / s->T);
+  if (s->exp && s->nb > 0) { /* deferred dW: this slice's rows of x and dy go to the export */
+    memcpy(s->exp + l->ex_x + (size_t)s->b0 * in, ROWS(l->x, in), (size_t)s->nb * in * sizeof(float));
+    memcpy(s->exp + l->ex_dy + (size_t)s->b0 * out, ROWS(l->dy, out), (size_t)s->nb * out * sizeof(float));
+  }
   if (o1 > o0) {
-    dt__nn_sgemm(true, false, o1 - o0, in, s->B, 1.0f, l->dy + o0, out,
-                l->x, in, s->fresh ? 0.0f : 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
+    if (!s->exp)
+      dt__nn_sgemm(true, false, o1 - o0, in, s->B, 1.0f, l->dy + o0, out, l->x, in,
+                   s->fresh ? 0.0f : 1.0f, s->model_grads + l->w_off + (size_t)o0 * in, in);
     float *db = s->model_grads + l->b_off;
     if (s->fresh)
       memset(db + o0, 0, (size_t)(o1 - o0) * sizeof(float));

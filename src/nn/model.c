@@ -399,6 +399,7 @@ void dt_model_destroy(dt_model *m) {
   dt__free(m->col_arena);
   dt__free(m->wpk_arena);
   dt__free(m->priv_grads);
+  dt__free(m->dtile);
   free(m->slices);
   free(m->loss_part);
   free(m->correct_part);
@@ -610,6 +611,11 @@ static dt_status check_labels(const dt_model *m, const int32_t *labels, int batc
   return DT_OK;
 }
 
+static void export_set_batch(float *exp, int batch) {
+  int32_t b = batch;
+  memcpy(exp, &b, sizeof b);
+}
+
 typedef struct {
   dt_model *m;
   const int32_t *labels;
@@ -709,11 +715,16 @@ dt_status dt_model_backward(dt_model *m, const int32_t *labels, float loss_scale
   if (!m->trained_forward)
     return dt_set_error(DT_ERR_STATE, "model backward: needs a forward pass in train mode first");
   DT_CHECK(check_labels(m, labels, m->batch, "model backward"));
+  if (m->exp && m->batch > m->exp_rows)
+    return dt_set_error(DT_ERR_INVALID, "model backward: batch %d above the export's %d rows "
+                        "(dt_model_defer_linear_grads)", m->batch, m->exp_rows);
   bwd_job j = {m, labels, loss_scale, hook, ctx};
   for (int t = 0; t < m->nthreads; t++)
     m->slices[t].fresh = m->discarded;
   dt__nn_parallel(m, backward_job, &j);
   m->discarded = false;
+  if (m->exp)
+    export_set_batch(m->exp, m->batch);
   double total = 0.0;
   for (int t = 0; t < m->nthreads; t++)
     total += m->loss_part[t];
@@ -736,6 +747,141 @@ void dt_model_zero_grad(dt_model *m) {
 }
 
 void dt_model_discard_grad(dt_model *m) { m->discarded = true; }
+
+/* ---- deferred linear weight gradients ----
+ * An export is a 16-float header (the batch of the last backward, as an int32) and then, for
+ * each linear layer in model order, max_batch rows of its input x and of its output gradient
+ * dy, each block 16-float aligned. Every process of the same model and max batch lays it out
+ * alike, so one rank reads another's export at the same offsets. */
+#define EXP_HEADER 16
+/* Floats of weight gradient computed at a time by dt_model_deferred_grad (at least one row):
+ * 512 KiB, in L2 until the update has used it. */
+#define DEFER_TILE ((size_t)128 * 1024)
+
+size_t dt_model_export_size(const dt_model *m, int rows) {
+  size_t n = EXP_HEADER;
+  for (int i = 0; i < m->nlayers; i++) {
+    const nn_layer *l = &m->layers[i];
+    if (l->kind == NN_LINEAR)
+      n += align16((size_t)rows * l->in.c) + align16((size_t)rows * l->out.c);
+  }
+  return n;
+}
+
+static int export_batch(const float *exp) {
+  int32_t b;
+  memcpy(&b, exp, sizeof b);
+  return b;
+}
+
+dt_status dt_model_defer_linear_grads(dt_model *m, float *exp, int rows) {
+  if (!m)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_defer_linear_grads: model is NULL");
+  if (exp && (rows < 1 || rows > m->max_batch))
+    return dt_set_error(DT_ERR_INVALID, "dt_model_defer_linear_grads: %d rows outside [1, %d] (max batch)",
+                        rows, m->max_batch);
+  if ((uintptr_t)exp % 64)
+    return dt_set_error(DT_ERR_INVALID, "dt_model_defer_linear_grads: the export %p is not 64-byte aligned",
+                        (void *)exp);
+  size_t o = EXP_HEADER;
+  for (int i = 0; i < m->nlayers; i++) {
+    nn_layer *l = &m->layers[i];
+    l->ex_x = l->ex_dy = 0;
+    if (l->kind != NN_LINEAR || !exp)
+      continue;
+    l->ex_x = o;
+    o += align16((size_t)rows * l->in.c);
+    l->ex_dy = o;
+    o += align16((size_t)rows * l->out.c);
+  }
+  size_t tile = 0;
+  for (int i = 0; exp && i < m->nlayers; i++)
+    if (m->layers[i].ex_x && (size_t)m->layers[i].in.c > tile)
+      tile = (size_t)m->layers[i].in.c;
+  tile = tile > DEFER_TILE ? tile : DEFER_TILE;
+  if (exp && m->dtile_floats < tile) {
+    float *t = dt__alloc(tile * sizeof(float));
+    if (!t) {
+      for (int i = 0; i < m->nlayers; i++)
+        m->layers[i].ex_x = m->layers[i].ex_dy = 0;
+      return dt_set_error(DT_ERR_NOMEM, "dt_model_defer_linear_grads: a tile of %zu floats", tile);
+    }
+    dt__free(m->dtile);
+    m->dtile = t;
+    m->dtile_floats = tile;
+  }
+  m->exp = exp;
+  m->exp_rows = exp ? rows : 0;
+  for (int t = 0; t < m->nthreads; t++)
+    m->slices[t].exp = exp;
+  if (exp)
+    export_set_batch(exp, 0);
+  return DT_OK;
+}
+
+void dt_model_export_clear(dt_model *m) {
+  if (m->exp)
+    export_set_batch(m->exp, 0);
+}
+
+/* The linear layer whose weights hold parameter pos, when its gradient is deferred; else NULL.
+ * *end: where that weight ends, or else where the next deferred weight starts (or the end). */
+static const nn_layer *deferred_at(const dt_model *m, size_t pos, size_t *end) {
+  *end = m->nparams;
+  for (int i = 0; i < m->nlayers; i++) {
+    const nn_layer *l = &m->layers[i];
+    if (!l->ex_x)
+      continue;
+    if (pos >= l->w_off && pos < l->w_off + l->w_count) {
+      *end = l->w_off + l->w_count;
+      return l;
+    }
+    if (l->w_off > pos && l->w_off < *end)
+      *end = l->w_off;
+  }
+  return NULL;
+}
+
+/* Rows [r0, r1) of l's weight gradient, summed over the n exports left to right, into out
+ * ((r1 - r0) x in floats): each export's part is one product over its own samples, so with one
+ * export it is what backward would have written, and with several, what summing the ranks'
+ * gradients would give. */
+static void wgrad_rows(const nn_layer *l, const float *const *ex, int n, int r0, int r1, float *out) {
+  int in = l->in.c, outc = l->out.c;
+  bool first = true;
+  for (int q = 0; q < n; q++) {
+    int nb = export_batch(ex[q]);
+    if (nb <= 0)
+      continue;
+    dt__nn_sgemm(true, false, r1 - r0, in, nb, 1.0f, ex[q] + l->ex_dy + r0, outc, ex[q] + l->ex_x, in,
+                 first ? 0.0f : 1.0f, out, in);
+    first = false;
+  }
+  if (first)
+    memset(out, 0, (size_t)(r1 - r0) * in * sizeof(float));
+}
+
+size_t dt_model_deferred_grad(dt_model *m, const float *const *ex, int n, size_t lo, size_t hi,
+                              float **g) {
+  size_t end;
+  const nn_layer *l = lo < hi ? deferred_at(m, lo, &end) : NULL;
+  *g = NULL;
+  if (lo >= hi)
+    return 0;
+  if (hi > end)
+    hi = end;
+  if (!l)
+    return hi - lo;
+  size_t in = (size_t)l->in.c;
+  size_t r0 = (lo - l->w_off) / in, r1 = (hi - l->w_off + in - 1) / in;
+  size_t rows = m->dtile_floats / in;
+  if (r1 > r0 + rows)
+    r1 = r0 + rows;
+  wgrad_rows(l, ex, n, (int)r0, (int)r1, m->dtile);
+  *g = m->dtile + (lo - l->w_off - r0 * in);
+  size_t stop = l->w_off + r1 * in;
+  return (stop < hi ? stop : hi) - lo;
+}
 
 dt_status dt_model_eval_batch(dt_model *m, const float *x, const int32_t *labels, int batch,
                               double *loss_sum, int64_t *correct) {

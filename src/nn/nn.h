@@ -54,6 +54,8 @@ typedef struct nn_layer {
   uint8_t *mask;            /* dropout keep-mask */
   int chunk;                /* conv: samples per im2col chunk (per thread) */
   int seq;                  /* position in the model, keys the dropout stream */
+  size_t ex_x, ex_dy;       /* linear: where its x and dy rows go in an export (floats from its
+                             * start; 0: the model exports nothing), see dt_model_defer_linear_grads */
   float *wpk;               /* conv on the AVX-512 path: weights packed for conv.c, wpk_floats
                              * per thread (thread t's at wpk + t * wpk_floats) */
   size_t wpk_floats;
@@ -72,6 +74,7 @@ typedef struct nn_slice {
   uint64_t key;             /* dropout key of this forward */
   uint64_t first;           /* dropout number of the forward's sample 0 (dt_model_set_dropout_key) */
   bool pack;                /* first call of this pass on this thread: conv.c packs weights */
+  float *exp;               /* deferred linear weight gradients: the export (NULL: off) */
   bool fresh;               /* backward after dt_model_discard_grad: a linear layer writes its
                              * rows of model_grads instead of adding (other layers' ranges are
                              * cleared before their backward, model.c) */
@@ -113,6 +116,10 @@ struct dt_model {
   float *col_arena;         /* per-thread conv workspaces */
   float *wpk_arena;         /* conv layers' packed weights (nn_layer.wpk) */
   nn_pool *pool;            /* NULL when nthreads == 1 */
+  float *exp;               /* dt_model_defer_linear_grads's export, NULL when off */
+  int exp_rows;             /* samples an export holds */
+  float *dtile;             /* dt_model_deferred_grad's result */
+  size_t dtile_floats;
   /* per-pass results of each thread */
   double *loss_part;
   int64_t *correct_part;

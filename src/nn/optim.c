@@ -290,6 +290,38 @@ dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *gra
   return step_range(o, i, NULL, grads, n, scale);
 }
 
+dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
+                                       const float *const *ex, int n, float scale) {
+  if (!grads || !ex || n < 1)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: a deferred sum of %d gradients", n);
+  for (int k = 0; k < n; k++)
+    if (!grads[k] || !ex[k])
+      return dt_set_error(DT_ERR_INVALID, "optimizer: gradient or export %d of the sum is NULL", k);
+  if (!o->begun)
+    return dt_set_error(DT_ERR_STATE, "optimizer: dt_optim_step_range_deferred before dt_optim_begin_step");
+  if (i >= o->nranges)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: range %zu of %zu", i, o->nranges);
+  const dt_param_range r = o->ranges[i];
+  size_t so = o->state_off[i];
+  upd_job j = {.o = o, .p = dt_model_params(o->model) + r.lo, .sum = grads, .nsum = n, .scale = scale,
+               .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
+               .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo};
+  for (size_t a = r.lo; a < r.hi;) {
+    float *g;
+    size_t k = dt_model_deferred_grad(o->model, ex, n, a, r.hi, &g);
+    if (!g) {
+      update_part(&j, a - r.lo, a - r.lo + k);
+    } else {
+      if (scale != 1.0f)
+        for (size_t e = 0; e < k; e++)
+          g[e] *= scale;
+      update_span(&j, g, a - r.lo, k);
+    }
+    a += k;
+  }
+  return DT_OK;
+}
+
 dt_status dt_optim_step(dt_optim *o, float lr) {
   DT_CHECK(dt_optim_begin_step(o, lr));
   for (size_t i = 0; i < o->nranges; i++)

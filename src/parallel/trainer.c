@@ -77,6 +77,8 @@ typedef struct trainer {
   int shared;                  /* set by share_memory */
   float **grads_of;            /* [n]: rank q's gradients */
   const float **blk;           /* [n]: this rank's block of one bucket in each */
+  const float **ex_of;         /* [n]: rank q's export, when linear weight gradients are deferred
+                                * (dt_model_defer_linear_grads; NULL: not deferred) */
   float clip_f;
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
   int ckpt_lock;               /* rank 0: the checkpoint directory's lock (-1: none) */
@@ -411,6 +413,14 @@ static dt_status finish_shared(trainer *t, double wloss, double *loss) {
   size_t tail = tail_count(t);
   t->small[0] = wloss;
   t->small[1] = 0;
+  if (t->ex_of) /* deferred weights in the tail: this rank's own part, summed below */
+    for (size_t a = t->tail_lo, np = t->tail_lo + tail; a < np;) {
+      float *d;
+      size_t k = dt_model_deferred_grad(t->model, &t->ex_of[t->rank], 1, a, np, &d);
+      if (d)
+        memcpy(g + a, d, k * sizeof(float));
+      a += k;
+    }
   for (size_t k = 0; k < tail; k++)
     t->small[2 + k] = g[t->tail_lo + k];
   dt_status rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, t->small, 2 + tail, DT_F64, DT_SUM);
@@ -444,7 +454,8 @@ static dt_status update_shared(trainer *t, float lr) {
   dt_status rc = DT_OK;
   for (size_t b = 0; b < t->nbk && rc == DT_OK; b++) {
     block_sources(t, b);
-    rc = dt_optim_step_range_sum(t->optim, b, t->blk, t->world, t->clip_f);
+    rc = t->ex_of ? dt_optim_step_range_deferred(t->optim, b, t->blk, t->ex_of, t->world, t->clip_f)
+                  : dt_optim_step_range_sum(t->optim, b, t->blk, t->world, t->clip_f);
   }
   if (rc == DT_OK && tail_count(t) > 0 && t->rank == 0)
     rc = dt_optim_step_range(t->optim, t->nbk, dt_model_grads(t->model) + t->tail_lo);
@@ -810,9 +821,20 @@ static dt_status share_memory(trainer *t) {
     return DT_OK;
   }
   size_t arena = (dt_model_param_count(t->model) * sizeof(float) + 63) / 64 * 64, n = (size_t)t->world;
-  /* sharded: the parts back to back hold n gradient arenas and then the one copy */
+  /* Deferred linear weight gradients (dt_model_defer_linear_grads): each rank's update computes
+   * its blocks of the weight gradients from every rank's activations at once, so no rank writes
+   * whole weight gradients that another sums again. Needs the one copy (sharded), one backward
+   * per step, no global norm before the update, and one thread per model (the products then run
+   * on the updating thread). DTRAIN_DEFER=0 keeps them in the gradients, for comparisons. */
+  const char *de = dt__env_str("DTRAIN_DEFER");
+  if (de && strcmp(de, "0") && strcmp(de, "1"))
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_DEFER=%s: 1 (the default) or 0", de);
+  int defer = t->zero && !(de && !strcmp(de, "0")) && t->cfg->accumulate == 1 && t->cfg->clip <= 0 &&
+              dt_model_threads(t->model) == 1;
+  size_t exsz = defer ? (dt_model_export_size(t->model, t->micro_max) * sizeof(float) + 63) / 64 * 64 : 0;
+  /* sharded: the parts back to back hold n gradient arenas, the one copy, then n exports */
   void *w = NULL;
-  dt_status rc = dt_comm_window(t->comm, t->zero ? ((n + 1) * arena + n - 1) / n : arena, &w);
+  dt_status rc = dt_comm_window(t->comm, t->zero ? ((n + 1) * arena + n * exsz + n - 1) / n : arena, &w);
   if (rc == DT_ERR_UNSUPPORTED)
     return DT_OK;
   if (rc != DT_OK) {
@@ -832,6 +854,16 @@ static dt_status share_memory(trainer *t) {
   DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, t->grads_of[t->rank]));
   if (t->rank != 0)
     DT_CHECK(dt_model_share_params(t->model, one));
+  if (defer) {
+    t->ex_of = dt__alloc(n * sizeof *t->ex_of);
+    if (!t->ex_of)
+      return dt_set_error(DT_ERR_NOMEM, "%d export pointers", t->world);
+    for (size_t q = 0; q < n; q++)
+      t->ex_of[q] = (const float *)(base + (n + 1) * arena + q * exsz);
+    DT_CHECK(dt_model_defer_linear_grads(t->model, (float *)t->ex_of[t->rank], t->micro_max));
+    DT_LOG_DEBUG("rank %d: linear weight gradients deferred to the update (%zu bytes of activations "
+                 "shared per rank)", t->rank, exsz);
+  }
   t->shared = 1;
   DT_LOG_DEBUG("rank %d: parameters: one copy per host, in the shared window", t->rank);
   return DT_OK;
@@ -924,10 +956,12 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     int64_t s1 = dt_now_ns();
     /* the first micro-batch's backward writes the gradients (it is never empty when the shard
      * is not); a rank with nothing this step contributes zeros */
-    if (b.n > 0)
+    if (b.n > 0) {
       dt_model_discard_grad(t->model);
-    else
+    } else {
       dt_model_zero_grad(t->model);
+      dt_model_export_clear(t->model);
+    }
     double wloss = 0;
     int k = c->accumulate;
     uint64_t off = 0;
@@ -1203,6 +1237,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt__free(t.ag);
   dt__free(t.grads_of);
   dt__free(t.blk);
+  dt__free(t.ex_of);
   dt__free(t.small);
   dt_comm_destroy(t.comm);
   if (t.ckpt_lock >= 0)

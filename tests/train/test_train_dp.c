@@ -28,7 +28,11 @@
  *             bit for bit); every rank says it uses the one copy (not with --zero 0); a peer
  *             stopped at a step's start makes rank 0 fail within the deadline, naming the step's
  *             allreduce and rank 1, and one stopped before its update (at=update) the barrier that
- *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it; with a /dev/shm too small for
+ *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it;
+ *             the linear weight gradients deferred to the update (dt_model_defer_linear_grads,
+ *             every rank by default; not with --clip, --accumulate 2, --threads 2 or
+ *             DTRAIN_DEFER=0) give the same parameters bit for bit as summing them, on 2 and 3
+ *             workers; DTRAIN_DEFER=2 is refused; with a /dev/shm too small for
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
  *             private and trains anyway; with one just large enough for the gradients of both
@@ -349,6 +353,25 @@ static void group_window(void) {
     double d1 = model_diff(a, b), d0 = model_diff(a, c);
     CHECK(n == 2 ? d1 == 0 && d0 == 0 : d1 <= 1e-5 && d0 <= 1e-5,
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
+    /* the linear weight gradients deferred to the update (the default here) against summed in
+     * the window: bit for bit, every rank's product over its samples summed in rank order */
+    snprintf(b, sizeof b, "nodefer%d", n);
+    setenv("DTRAIN_DEFER", "0", 1);
+    train_n(n, "--epochs 2 --max-steps 25", b);
+    unsetenv("DTRAIN_DEFER");
+    double dd = model_diff(a, b);
+    CHECK(dd == 0, "%d workers: deferred weight gradients against summed ones: %g", n, dd);
+  }
+  /* deferred by every rank by default; not where a step needs the whole gradient before its
+   * update (--clip), several backwards (--accumulate), several compute threads, or DTRAIN_DEFER=0 */
+  const char *dl = "linear weight gradients deferred";
+  int kd = debug_lines(3, "", "--threads 1", dl);
+  CHECK(kd == 3, "3 workers: %d deferred their weight gradients", kd);
+  const char *nodefer[][2] = {{"", "--threads 1 --clip 1"}, {"", "--threads 1 --accumulate 2"},
+                              {"", "--threads 2"}, {"DTRAIN_DEFER=0", "--threads 1"}};
+  for (size_t i = 0; i < sizeof nodefer / sizeof nodefer[0]; i++) {
+    kd = debug_lines(2, nodefer[i][0], nodefer[i][1], dl);
+    CHECK(kd == 0, "%s %s: %d deferred their weight gradients", nodefer[i][0], nodefer[i][1], kd);
   }
   /* a peer stopped in a step on the one copy: rank 0 names the loss allreduce and rank 1 */
   tt_result st = stopped_peer("stop:rank=1,step=3");
@@ -375,6 +398,11 @@ static void group_window(void) {
                        "' --batch 30 --threads 1 --max-steps 2 --out %s/badwin",
                        tt_bin(), tt_bin(), data, dir);
   CHECK(r.code != 0 && strstr(r.err, "DTRAIN_WINDOW=2"), "DTRAIN_WINDOW=2: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 300, "env DTRAIN_DEFER=2 %s run -n 2 -- %s train --data %s --model '" TINY_MODEL
+             "' --batch 30 --threads 1 --max-steps 2 --out %s/baddefer",
+             tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code != 0 && strstr(r.err, "DTRAIN_DEFER=2"), "DTRAIN_DEFER=2: exit %d: %s", r.code, r.err);
   tt_result_free(&r);
 
   if (geteuid() != 0 || system("unshare -m true >/dev/null 2>&1") != 0) {
