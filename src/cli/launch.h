@@ -60,6 +60,10 @@ void dt__out_write_tail(dt_out *o, int local, int fd, const char *indent);
 int64_t dt__out_verdict_ns(const dt_out *o);
 /* The rank that verdict named, -1 if none. */
 int dt__out_verdict_rank(const dt_out *o);
+/* The rank a worker last said had refused ("rank R refused ..."; the trainer's words on the
+ * other ranks when rank 0 refuses to start or resume: rank R stops by its own verdict and
+ * needs no signal), -1 if none. A worker naming itself does not count. */
+int dt__out_refuser(const dt_out *o, int local);
 /* Line k (0 = oldest) of a worker's tail, NULL past the end; valid until the next feed. */
 const char *dt__out_tail_line(const dt_out *o, int local, int k);
 /* Number of lines dt__out_write_tail would write. */
@@ -118,7 +122,9 @@ typedef struct dt_job {
 dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out);
 /* Runs until every worker has exited, a worker fails (exits badly, or a worker prints a
  * failure verdict naming a rank), a stop signal arrives or the timeout passes; copies all output meanwhile. On failure, signal or timeout it stops the others
- * (SIGTERM, then SIGKILL after opts->kill_after_ms). Every wait is bounded or ends with a
+ * (SIGTERM, then SIGKILL after opts->kill_after_ms). A failed worker whose output says a local
+ * rank R refused (dt__out_refuser) makes the SIGTERM wait for R's own exit, and R is then the
+ * one first_failed names; SIGKILL comes at the same time either way. Every wait is bounded or ends with a
  * child's exit. Sets job->outcome. */
 void dt__launch_supervise(dt_job *job);
 /* Like dt__launch_supervise, but calls poll_fn(ctx) every tick (about 100 ms, also while
@@ -141,6 +147,8 @@ typedef struct dt__run_failure {
 void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world, const char *what);
 /* R if p starts "rank R failed" or "rank R (...) failed", else -1. */
 int dt__run_failed_rank(const char *p);
+/* R if p starts "rank R refused" (the trainer's "rank 0 refused to resume: ..."), else -1. */
+int dt__run_refused_rank(const char *p);
 /* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */
 void dt__run_cause(dt_job *job, char *buf, size_t n);
 /* "rank 1 killed by signal 9 (SIGKILL) (rank 1 failed: connection lost ...)". */

@@ -274,31 +274,60 @@ static int job_collect(dt_job *job) {
 
 typedef struct {
   bool stopping, killed, draining, drain_stopped;
+  int hold;         /* local index of a refuser whose own exit the SIGTERM waits for, or -1 */
   int64_t kill_at;  /* SIGKILL when this passes */
   int64_t give_up;  /* after SIGKILL: stop waiting */
   int64_t drain_until;
 } job_stop;
 
-static void job_begin_stop(dt_job *job, job_stop *s) {
-  if (s->stopping)
-    return;
-  s->stopping = true;
+/* Notes the workers still running as stopped by us. */
+static void job_mark_stopped(dt_job *job) {
   job->stopped = 0;
   for (int i = 0; i < job->opts->nproc; i++)
     if (job->w[i].pid > 0 && !job->w[i].exited) {
       job->w[i].stopped = true;
       job->stopped++;
     }
+}
+
+static void job_term(dt_job *job) {
+  job_mark_stopped(job);
   DT_LOG_INFO("dtrain run: stopping %d running workers (SIGTERM, SIGKILL after %lld ms)",
               job->stopped, (long long)job->opts->kill_after_ms);
   job_signal_all(job, SIGTERM);
+}
+
+/* Stops the job: SIGTERM now, SIGKILL after the grace period. With s->hold set (a worker that
+ * failed said that worker had refused, so it is ending by its own verdict), the SIGTERM waits
+ * for that worker's own exit, which names the failure; SIGKILL still comes at the same time. */
+static void job_begin_stop(dt_job *job, job_stop *s) {
+  if (s->stopping)
+    return;
+  s->stopping = true;
   s->kill_at = dt__deadline_after_ms(job->opts->kill_after_ms);
+  if (s->hold >= 0)
+    DT_LOG_INFO("dtrain run: rank %d refused: waiting for it to exit before stopping the others "
+                "(SIGKILL after %lld ms)", job->w[s->hold].rank, (long long)job->opts->kill_after_ms);
+  else
+    job_term(job);
+}
+
+/* Ends a hold: the refuser exited (or the job must stop now for another reason). */
+static void job_release(dt_job *job, job_stop *s) {
+  if (s->hold < 0)
+    return;
+  s->hold = -1;
+  job_term(job);
 }
 
 static void job_kill(dt_job *job, job_stop *s) {
   if (s->killed)
     return;
   s->killed = true;
+  if (s->hold >= 0) { /* the refuser did not exit within the grace period */
+    s->hold = -1;
+    job_mark_stopped(job);
+  }
   for (int i = 0; i < job->opts->nproc; i++)
     if (job->w[i].pid > 0 && !job->w[i].exited)
       job->killed = true; /* a worker outlived the grace period: worth reporting */
@@ -307,8 +336,8 @@ static void job_kill(dt_job *job, job_stop *s) {
   s->give_up = dt__deadline_after_ms(JOB_KILL_WAIT_MS);
 }
 
-/* Reads what is available on one worker stream; closes it at EOF. */
-static void job_read(dt_job *job, int i, int stream) {
+/* Reads what is available on one worker stream; closes it at EOF. Returns the bytes read. */
+static ssize_t job_read(dt_job *job, int i, int stream) {
   static char buf[64 * 1024];
   dt_worker *w = &job->w[i];
   ssize_t r = read(w->fd[stream], buf, sizeof buf);
@@ -318,6 +347,32 @@ static void job_read(dt_job *job, int i, int stream) {
     dt__out_eof(job->out, i, stream);
     job_close(&w->fd[stream]);
   }
+  return r;
+}
+
+/* Reads what exited worker i wrote before its exit, so that its last words are known when its
+ * failure is judged. All of it is in the pipe by now; at most the pipe's capacity is read per
+ * stream, since more can only come from processes it left behind. */
+static void job_drain(dt_job *job, int i) {
+  for (int k = 1; k <= 2; k++) {
+    int cap = job->w[i].fd[k] >= 0 ? fcntl(job->w[i].fd[k], F_GETPIPE_SZ) : 0;
+    ssize_t got = 0, r;
+    while (job->w[i].fd[k] >= 0 && got < (cap > 0 ? cap : 64 * 1024) && (r = job_read(job, i, k)) > 0)
+      got += r;
+  }
+}
+
+/* The local worker whose refusal failed worker i's exit reports ("rank R refused ..." in its
+ * output), if it is one of ours and still running: it is ending by its own verdict, and its
+ * exit, not i's, is the failure to name. -1 otherwise, and for a worker killed by a signal. */
+static int job_refuser(dt_job *job, int i) {
+  if (job->w[i].sig)
+    return -1;
+  job_drain(job, i);
+  int r = dt__out_refuser(job->out, i) - job->opts->node_rank * job->opts->nproc;
+  if (r < 0 || r >= job->opts->nproc || r == i || job->w[r].exited)
+    return -1;
+  return r;
 }
 
 void dt__launch_supervise(dt_job *job) { dt__launch_supervise_poll(job, NULL, NULL); }
@@ -327,7 +382,8 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
   int n = o->nproc;
   struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
   int *who = calloc((size_t)2 * n + 1, sizeof *who);
-  job_stop s = {.kill_at = DT_NO_DEADLINE, .give_up = DT_NO_DEADLINE, .drain_until = DT_NO_DEADLINE};
+  job_stop s = {.hold = -1, .kill_at = DT_NO_DEADLINE, .give_up = DT_NO_DEADLINE,
+                .drain_until = DT_NO_DEADLINE};
   int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
   int seen_sigs = 0;
   job->outcome = DT_JOB_OK;
@@ -345,7 +401,16 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
       job->outcome = DT_JOB_FAILED;
       job->first_failed = failed;
       job->detect_ns = job->w[failed].exit_ns;
+      s.hold = job_refuser(job, failed);
       job_begin_stop(job, &s);
+    }
+    /* The refuser exited by itself: its failure (and reason) is the one to report, whichever
+     * exit came first (the others stop because of its verdict). */
+    if (s.hold >= 0 && job->w[s.hold].exited) {
+      const dt_worker *w = &job->w[s.hold];
+      if (w->code != 0 || w->sig)
+        job->first_failed = s.hold;
+      job_release(job, &s);
     }
     /* The verdict came first, but the rank it names is one of ours and ended by itself (not by
      * our stop): that is the failure to report, with its own exit code. */
@@ -369,6 +434,8 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         job->outcome = DT_JOB_SIGNALED;
         job->stop_signal = job_sig;
         job_begin_stop(job, &s);
+      } else if (s.hold >= 0) {
+        job_release(job, &s); /* a first Ctrl-C while holding: SIGTERM now */
       } else {
         /* A second Ctrl-C while stopping: do not wait out the grace period. */
         job_kill(job, &s);

@@ -37,6 +37,7 @@ typedef struct {
   lbuf line[3]; /* partial line per stream (1, 2) */
   tail_entry *tail;
   int head, count;
+  int refuser; /* R + 1 of the last "rank R refused" line (R not this worker), 0 if none */
 } out_rank;
 
 struct dt_out {
@@ -205,16 +206,17 @@ static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, 
   if (cr && n == 0)
     return; /* "\r" that starts a progress display: nothing to show */
   tail_record(o, local, stream, s, n, cr);
-  if (!o->verdict_ns) {
-    const char *t = o->r[local].tail[(o->r[local].head + o->r[local].count - 1) % o->tail_cap].text;
-    for (const char *p = t ? strstr(t, "rank ") : NULL; p; p = strstr(p + 5, "rank "))
-      if (dt__run_failed_rank(p) >= 0) {
-        o->verdict_ns = dt_now_ns();
-        o->verdict_rank = dt__run_failed_rank(p);
-        break;
-      }
-  }
   int rank = o->rank_base + local;
+  const char *t = o->r[local].tail[(o->r[local].head + o->r[local].count - 1) % o->tail_cap].text;
+  for (const char *p = t ? strstr(t, "rank ") : NULL; p; p = strstr(p + 5, "rank ")) {
+    if (!o->verdict_ns && dt__run_failed_rank(p) >= 0) {
+      o->verdict_ns = dt_now_ns();
+      o->verdict_rank = dt__run_failed_rank(p);
+    }
+    int r = dt__run_refused_rank(p);
+    if (r >= 0 && r != rank)
+      o->r[local].refuser = r + 1;
+  }
   bool raw0 = o->raw_stdout && rank == 0 && stream == 1;
   if (raw0)
     return; /* already copied byte for byte */
@@ -320,6 +322,7 @@ bool dt__out_stdout_broken(const dt_out *o) { return o->broken_stdout; }
 
 int64_t dt__out_verdict_ns(const dt_out *o) { return o->verdict_ns; }
 int dt__out_verdict_rank(const dt_out *o) { return o->verdict_ns ? o->verdict_rank : -1; }
+int dt__out_refuser(const dt_out *o, int local) { return o->r[local].refuser - 1; }
 
 const char *dt__out_tail_line(const dt_out *o, int local, int k) {
   const out_rank *r = &o->r[local];

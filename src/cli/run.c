@@ -87,9 +87,11 @@ static void run_help(FILE *f) {
 "COMMAND 'dtrain' runs this same dtrain binary.\n"
 "\n"
 "When a worker fails, the others get SIGTERM (SIGKILL after --kill-after) and stderr gets\n"
-"one summary: the first failing rank, its exit code or signal, and its last lines. With\n"
-"--max-restarts the job goes on in a new generation, and at the end stderr lists each\n"
-"failure, when it was detected and how long the restart took.\n"
+"one summary: the first failing rank, its exit code or signal, and its last lines. A worker\n"
+"that fails saying 'rank R refused ...' points at R: the SIGTERM waits for R's own exit and\n"
+"R is named (SIGKILL after --kill-after all the same). With --max-restarts the job goes on\n"
+"in a new generation, and at the end stderr lists each failure, when it was detected and\n"
+"how long the restart took.\n"
 "\n"
 "exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
 "128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
@@ -340,7 +342,8 @@ void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world
   close(fd);
 }
 
-int dt__run_failed_rank(const char *p) {
+/* R if p starts "rank R <word>" or "rank R (...) <word>", else -1. */
+static int run_rank_then(const char *p, const char *word) {
   int r, used = 0;
   if (sscanf(p, "rank %d%n", &r, &used) != 1 || r < 0)
     return -1;
@@ -355,8 +358,11 @@ int dt__run_failed_rank(const char *p) {
     while (*p == ' ')
       p++;
   }
-  return strncmp(p, "failed", 6) == 0 ? r : -1;
+  return strncmp(p, word, strlen(word)) == 0 ? r : -1;
 }
+
+int dt__run_failed_rank(const char *p) { return run_rank_then(p, "failed"); }
+int dt__run_refused_rank(const char *p) { return run_rank_then(p, "refused"); }
 
 void dt__run_cause(dt_job *job, char *buf, size_t n) {
   buf[0] = '\0';

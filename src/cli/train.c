@@ -368,13 +368,10 @@ int dt_cli_train(int argc, char **argv) {
   dt_monitor_finish(mon);
   dt_monitor_destroy(mon);
   if (rc != DT_OK) {
-    int code = train_error(rc, s.failed_at_checkpoints);
-    /* A settings error is found on rank 0 too (check_settings, or rank 0's refusal shared with
-     * every rank): the others give it a moment to exit first (a launcher stops them then), so
-     * that a launcher naming the first rank to fail (dtrain run) names rank 0 and its reason. */
-    if (code == 2 && rank != 0)
-      sleep(3);
-    return code;
+    /* When rank 0 refused the settings or the checkpoints, the other ranks' message says so
+     * ("rank 0 refused to ...: its reason"): a launcher told of any rank's exit first has rank
+     * 0's reason, and dtrain run names rank 0 itself once it exits (launch_job.c's hold). */
+    return train_error(rc, s.failed_at_checkpoints);
   }
   if (s.world_size > 1 && rank != 0)
     return 0;

@@ -593,7 +593,9 @@ static void fp_value(char *buf, size_t cap, fp_kind k, uint64_t v) {
 }
 
 /* Every rank gathers every rank's settings and compares them with rank 0's, so every rank
- * reaches the same verdict and stops with the same message. */
+ * reaches the same verdict and stops with the same reason; the other ranks word it as rank 0's
+ * refusal ("rank 0 refused to start: ..."), as for a refused resume (share_start), so a
+ * launcher that hears of them first still names rank 0 and its reason. */
 static dt_status check_settings(trainer *t) {
   uint64_t mine[FP_N];
   fp_fill(t, mine);
@@ -615,9 +617,9 @@ static dt_status check_settings(trainer *t) {
       fp_value(vb, sizeof vb, fp_fields[i].kind, b);
       dt__free(all);
       return dt_set_error(DT_ERR_MISMATCH,
-                          "rank %d was started with a different %s: %s on rank %d, %s on rank 0 "
+                          "%srank %d was started with a different %s: %s on rank %d, %s on rank 0 "
                           "(every rank must get the same settings)",
-                          r, fp_fields[i].name, vb, r, va);
+                          t->rank ? "rank 0 refused to start: " : "", r, fp_fields[i].name, vb, r, va);
     }
   dt__free(all);
   return DT_OK;

@@ -648,6 +648,48 @@ static void test_fail_usage_not_restarted(void **state) {
   free(starts);
 }
 
+static void test_fail_refused(void **state) {
+  /* Ranks 1 and 2 say rank 0 refused and exit 2 at once; rank 0 exits 2 with its reason only
+   * after rank 1 has gone. dtrain run waits for rank 0's own exit (no SIGTERM: --kill-after 60
+   * would show) and names it, with its reason, and does not restart a settings error. */
+  const char *script =
+      "if [ \"$DTRAIN_RANK\" = 0 ]; then k=0; until [ -e \"$1/said.1\" ]; do sleep 0.01; k=$((k+1)); "
+      "[ $k -lt 2000 ] || exit 99; done; sleep 0.3; echo \"worker: the checkpoint says no\" >&2; exit 2; "
+      "else echo \"worker: rank $DTRAIN_RANK: rank 0 refused to resume: the checkpoint says no\" >&2; "
+      ": > \"$1/said.$DTRAIN_RANK\"; exit 2; fi";
+  const char *args[] = {"run", "-n", "3", "--kill-after", "60", "--max-restarts", "2", "--", "sh", "-c",
+                        script, "sh", dir, NULL};
+  time_t t0 = time(NULL);
+  assert_int_equal(run_dtrain(30000, args), 2);
+  assert_true(time(NULL) - t0 < 20);
+  char *err = slurp(pathf("err"));
+  assert_int_equal(count_of(err, "failed first"), 1);
+  const char *sum = strstr(err, "dtrain run: rank 0 failed first: exit code 2");
+  assert_non_null(sum);
+  assert_non_null(strstr(sum, "  | worker: the checkpoint says no\n"));
+  assert_null(strstr(err, "SIGKILL was needed"));
+  assert_non_null(strstr(err, "rank 0 exited with code 2 (a usage or settings error)"));
+  assert_int_equal(count_of(err, "not restarting"), 1);
+  free(err);
+}
+
+static void test_fail_refuser_hangs(void **state) {
+  /* A rank named as refusing that never exits holds the stop only for the grace period: it is
+   * then killed, and the rank that failed is named. */
+  const char *script = fail_script(2, "1", "echo \"rank 0 refused to start: no\" >&2; exit 2");
+  const char *args[] = {"run", "-n", "2", "--kill-after", "0.5", "--", "sh", "-c", script, "sh", dir, NULL};
+  time_t t0 = time(NULL);
+  assert_int_equal(run_dtrain(30000, args), 2);
+  assert_true(time(NULL) - t0 < 20);
+  char *err = slurp(pathf("err"));
+  assert_non_null(strstr(err, "dtrain run: rank 1 failed first: exit code 2"));
+  assert_non_null(strstr(err, "  | rank 0 refused to start: no\n"));
+  assert_non_null(
+      strstr(err, "stopped the other 1 running worker (SIGKILL was needed after the grace period)"));
+  free(err);
+  assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
+}
+
 static void test_fail_timeout(void **state) {
   const char *args[] = {"run", "-n", "2", "--timeout", "0.3", "--", "sh", "-c",
                         "echo $$ > \"$1/pid.$DTRAIN_RANK\"; exec sleep 60", "sh", dir, NULL};
@@ -883,6 +925,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_fail_rank0_mode_shows_hidden_tail, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_not_found, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_usage_not_restarted, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_fail_refused, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_fail_refuser_hangs, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_timeout, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_all_ok_some_early, setup_dir, teardown_dir),
   };

@@ -7,16 +7,18 @@
  *             with two dropout layers on 1, 2 and 4 workers and with --accumulate 2 (each
  *             sample's mask depends on its position in the global batch, not on the split)
  *   mismatch  rank 1 started with another --seed (through a wrapper script) -> every rank
- *             stops, the error names rank 1 and --seed, exit code 2
+ *             stops, the error names rank 1 and --seed, exit code 2, and dtrain run names rank 0
+ *             first with that reason although rank 0's wrapper exits last
  *   resume    2 workers interrupted at step 12 and resumed on 2 workers repeat the
  *             uninterrupted 2-worker losses and parameters exactly; resumed on 1 and on 4
  *             workers they match within 1e-5; so does the dropout model resumed on 1 worker
  *             with --accumulate 2 and on 4 workers
  *   refuse    rank 0 refusing to resume (another --seed; only corrupt checkpoints) or to start
  *             (a fresh run into a directory with checkpoints) stops both workers within seconds
- *             at the default deadline, exit 2, rank 0 named first with its reason and rank 1
- *             saying rank 0 refused; a job restarted by --max-restarts after a kill takes the
- *             checkpoint directory's lock again and finishes
+ *             at the default deadline, exit 2, rank 0 named first with its reason in the summary
+ *             although its wrapper exits half a second after rank 1 (dtrain run waits for the
+ *             rank the others say refused), and rank 1 saying rank 0 refused; a job restarted by
+ *             --max-restarts after a kill takes the checkpoint directory's lock again and finishes
  *   kill      a 2-worker job whose rank 1 is SIGKILLed at step 130 resumes from the step-100
  *             checkpoint and repeats the uninterrupted losses and parameters exactly
  *   bind      2 workers whose compute threads fit the CPUs are pinned to their shares of them
@@ -138,8 +140,10 @@ static void group_mismatch(void) {
   snprintf(script, sizeof script, "%s/worker.sh", dir);
   FILE *f = fopen(script, "w");
   CHECK(f, "create %s", script);
+  /* rank 0's wrapper exits last: every rank reaches the verdict, yet rank 0 is named */
   fprintf(f, "#!/bin/sh\nseed=42\nif [ \"$DTRAIN_RANK\" = 1 ]; then seed=7; fi\n"
-             "exec '%s' train --data '%s' " COMMON " --max-steps 3 --seed $seed --out '%s/mm'\n",
+             "'%s' train --data '%s' " COMMON " --max-steps 3 --seed $seed --out '%s/mm'\n"
+             "c=$?; [ \"$DTRAIN_RANK\" != 0 ] || sleep 0.5; exit $c\n",
           tt_bin(), data, dir);
   fclose(f);
   chmod(script, 0755);
@@ -147,6 +151,11 @@ static void group_mismatch(void) {
   CHECK(r.code == 2, "exit %d, want 2: %s", r.code, r.err);
   CHECK(strstr(r.err, "rank 1") && strstr(r.err, "--seed") && strstr(r.err, "7") && strstr(r.err, "42"),
         "error does not name rank 1 and --seed 7 vs 42: %s", r.err);
+  const char *sum = strstr(r.err, "dtrain run: rank 0 failed first: exit code 2");
+  CHECK(sum && strstr(sum, "rank 1 was started with a different --seed: 7 on rank 1, 42 on rank 0"),
+        "rank 0 not named first with its reason: %s", r.err);
+  CHECK(strstr(r.err, "rank 2: rank 0 refused to start: rank 1 was started with a different --seed"),
+        "rank 2 does not say rank 0 refused: %s", r.err);
   tt_result_free(&r);
 
   /* a different dataset size on rank 2 */
@@ -224,16 +233,20 @@ static void group_resume(void) {
 }
 
 /* Runs a 2-worker job with `flags`, expecting rank 0's refusal: exit 2 within seconds (the
- * collective deadline stays at its default 300 s), rank 0 named first with `why`. */
+ * collective deadline stays at its default 300 s), rank 0 named first with `why` in the
+ * summary. Rank 0 runs in a wrapper that exits half a second after it, so rank 1's exit is
+ * the first dtrain run sees (--kill-after 60: not ended by the grace period either). */
 static void expect_refusal(const char *flags, const char *why) {
   int64_t t0 = (int64_t)time(NULL);
-  tt_result r = tt_run(dir, 120, "%s run -n 2 -- %s train --data %s " COMMON " %s", tt_bin(), tt_bin(),
-                       data, flags);
+  tt_result r = tt_run(dir, 120, "%s run -n 2 --kill-after 60 -- sh -c '\"$@\"; c=$?; "
+                       "[ \"$DTRAIN_RANK\" != 0 ] || sleep 0.5; exit $c' sh %s train --data %s " COMMON " %s",
+                       tt_bin(), tt_bin(), data, flags);
   int64_t took = (int64_t)time(NULL) - t0;
   CHECK(r.code == 2, "%s: exit %d, want 2: %s", why, r.code, r.err);
   CHECK(took < 30, "%s: took %lld s", why, (long long)took);
-  CHECK(strstr(r.err, "rank 0 failed first: exit code 2"), "%s: rank 0 not named first: %s", why, r.err);
-  CHECK(strstr(r.err, why), "%s: reason not shown: %s", why, r.err);
+  const char *sum = strstr(r.err, "dtrain run: rank 0 failed first: exit code 2");
+  CHECK(sum, "%s: rank 0 not named first: %s", why, r.err);
+  CHECK(sum && strstr(sum, why), "%s: reason not in the summary: %s", why, r.err);
   CHECK(!strstr(r.err, "dataset-fashion-mnist"), "%s: dataset hint: %s", why, r.err);
   tt_result_free(&r);
 }
