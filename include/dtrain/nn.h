@@ -258,7 +258,8 @@ dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad);
 dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale);
 /* dt_optim_step_range_sum where the model defers its linear weight gradients
  * (dt_model_defer_linear_grads): those of the range are computed from the n exports ex, a tile
- * at a time, and used at once; the rest are summed from grads as there. On the calling thread. */
+ * at a time, and used at once; the rest are summed from grads as there. Split across the
+ * model's threads like the other updates. */
 dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
                                        const float *const *ex, int n, float scale);
 

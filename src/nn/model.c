@@ -799,8 +799,8 @@ dt_status dt_model_defer_linear_grads(dt_model *m, float *exp, int rows) {
     if (m->layers[i].ex_x && (size_t)m->layers[i].in.c > tile)
       tile = (size_t)m->layers[i].in.c;
   tile = tile > DEFER_TILE ? tile : DEFER_TILE;
-  if (exp && m->dtile_floats < tile) {
-    float *t = dt__alloc(tile * sizeof(float));
+  if (exp && m->dtile_floats < tile) { /* one tile per thread */
+    float *t = dt__alloc((size_t)m->nthreads * tile * sizeof(float));
     if (!t) {
       for (int i = 0; i < m->nlayers; i++)
         m->layers[i].ex_x = m->layers[i].ex_dy = 0;
@@ -863,6 +863,11 @@ static void wgrad_rows(const nn_layer *l, const float *const *ex, int n, int r0,
 
 size_t dt_model_deferred_grad(dt_model *m, const float *const *ex, int n, size_t lo, size_t hi,
                               float **g) {
+  return dt__nn_deferred_grad(m, 0, ex, n, lo, hi, g);
+}
+
+size_t dt__nn_deferred_grad(dt_model *m, int t, const float *const *ex, int n, size_t lo, size_t hi,
+                            float **g) {
   size_t end;
   const nn_layer *l = lo < hi ? deferred_at(m, lo, &end) : NULL;
   *g = NULL;
@@ -877,8 +882,9 @@ size_t dt_model_deferred_grad(dt_model *m, const float *const *ex, int n, size_t
   size_t rows = m->dtile_floats / in;
   if (r1 > r0 + rows)
     r1 = r0 + rows;
-  wgrad_rows(l, ex, n, (int)r0, (int)r1, m->dtile);
-  *g = m->dtile + (lo - l->w_off - r0 * in);
+  float *tile = m->dtile + (size_t)t * m->dtile_floats;
+  wgrad_rows(l, ex, n, (int)r0, (int)r1, tile);
+  *g = tile + (lo - l->w_off - r0 * in);
   size_t stop = l->w_off + r1 * in;
   return (stop < hi ? stop : hi) - lo;
 }

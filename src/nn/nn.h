@@ -118,7 +118,7 @@ struct dt_model {
   nn_pool *pool;            /* NULL when nthreads == 1 */
   float *exp;               /* dt_model_defer_linear_grads's export, NULL when off */
   int exp_rows;             /* samples an export holds */
-  float *dtile;             /* dt_model_deferred_grad's result */
+  float *dtile;             /* dt_model_deferred_grad's results: one tile per thread */
   size_t dtile_floats;
   /* per-pass results of each thread */
   double *loss_part;
@@ -193,6 +193,9 @@ void dt__nn_conv_dx_direct(const nn_layer *l, const float *params, const nn_slic
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train);
 /* need_dx: compute l->dx (false for the first layer unless the input gradient is wanted).
  * Adds the slice's parameter gradients into s->grads. */
+/* dt_model_deferred_grad on thread t's tile (model threads splitting one update). */
+size_t dt__nn_deferred_grad(dt_model *m, int t, const float *const *ex, int n, size_t lo, size_t hi,
+                            float **g);
 void dt__nn_backward_layer(nn_layer *l, const float *params, const nn_slice *s, bool need_dx);
 /* Softmax cross-entropy of n rows of C logits: returns the SUM of the row losses, writes
  * grad_scale * (softmax - onehot) into dlogits when not NULL (grad_scale = loss_scale / batch for

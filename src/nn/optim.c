@@ -290,6 +290,40 @@ dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *gra
   return step_range(o, i, NULL, grads, n, scale);
 }
 
+/* Updates [a, b) of a deferred job on model thread t: stretch by stretch, the deferred ones from
+ * the thread's tile. */
+typedef struct {
+  upd_job j;
+  size_t lo;                   /* the range's first parameter */
+  const float *const *ex;
+} defer_job;
+
+static void defer_part(defer_job *d, int t, size_t a, size_t b) {
+  upd_job *j = &d->j;
+  while (a < b) {
+    float *g;
+    size_t k = dt__nn_deferred_grad(j->o->model, t, d->ex, j->nsum, d->lo + a, d->lo + b, &g);
+    if (!g) {
+      update_part(j, a, a + k);
+    } else {
+      if (j->scale != 1.0f)
+        for (size_t e = 0; e < k; e++)
+          g[e] *= j->scale;
+      update_span(j, g, a, k);
+    }
+    a += k;
+  }
+}
+
+static void defer_thread(void *arg, int t) {
+  defer_job *d = arg;
+  int T = dt_model_threads(d->j.o->model);
+  size_t n = d->j.n;
+  size_t a = (n * (size_t)t / (size_t)T) & ~(size_t)15;
+  size_t b = t + 1 == T ? n : (n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15;
+  defer_part(d, t, a, b);
+}
+
 dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
                                        const float *const *ex, int n, float scale) {
   if (!grads || !ex || n < 1)
@@ -303,22 +337,14 @@ dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const
     return dt_set_error(DT_ERR_INVALID, "optimizer: range %zu of %zu", i, o->nranges);
   const dt_param_range r = o->ranges[i];
   size_t so = o->state_off[i];
-  upd_job j = {.o = o, .p = dt_model_params(o->model) + r.lo, .sum = grads, .nsum = n, .scale = scale,
-               .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
-               .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo};
-  for (size_t a = r.lo; a < r.hi;) {
-    float *g;
-    size_t k = dt_model_deferred_grad(o->model, ex, n, a, r.hi, &g);
-    if (!g) {
-      update_part(&j, a - r.lo, a - r.lo + k);
-    } else {
-      if (scale != 1.0f)
-        for (size_t e = 0; e < k; e++)
-          g[e] *= scale;
-      update_span(&j, g, a - r.lo, k);
-    }
-    a += k;
-  }
+  defer_job d = {.j = {.o = o, .p = dt_model_params(o->model) + r.lo, .sum = grads, .nsum = n,
+                       .scale = scale, .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
+                       .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo},
+                 .lo = r.lo, .ex = ex};
+  if (d.j.n < UPD_INLINE || dt_model_threads(o->model) == 1)
+    defer_part(&d, 0, 0, d.j.n);
+  else
+    dt__nn_parallel(o->model, defer_thread, &d);
   return DT_OK;
 }
 

@@ -826,13 +826,12 @@ static dt_status share_memory(trainer *t) {
   /* Deferred linear weight gradients (dt_model_defer_linear_grads): each rank's update computes
    * its blocks of the weight gradients from every rank's activations at once, so no rank writes
    * whole weight gradients that another sums again. Needs the one copy (sharded), one backward
-   * per step, no global norm before the update, and one thread per model (the products then run
-   * on the updating thread). DTRAIN_DEFER=0 keeps them in the gradients, for comparisons. */
+   * per step and no global norm before the update. DTRAIN_DEFER=0 keeps them in the gradients,
+   * for comparisons. */
   const char *de = dt__env_str("DTRAIN_DEFER");
   if (de && strcmp(de, "0") && strcmp(de, "1"))
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_DEFER=%s: 1 (the default) or 0", de);
-  int defer = t->zero && !(de && !strcmp(de, "0")) && t->cfg->accumulate == 1 && t->cfg->clip <= 0 &&
-              dt_model_threads(t->model) == 1;
+  int defer = t->zero && !(de && !strcmp(de, "0")) && t->cfg->accumulate == 1 && t->cfg->clip <= 0;
   size_t exsz = defer ? (dt_model_export_size(t->model, t->micro_max) * sizeof(float) + 63) / 64 * 64 : 0;
   /* sharded: the parts back to back hold n gradient arenas, the one copy, then n exports */
   void *w = NULL;

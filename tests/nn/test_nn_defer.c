@@ -7,7 +7,8 @@
  * either dt_optim_step_range_sum over the ranks' gradients or dt_optim_step_range_deferred over
  * their exports. Both must end with the same parameters bit for bit, for SGD with momentum and
  * AdamW, with the deferred models' linear weight gradients poisoned with NaN before each backward
- * (so they are proven unread). Also: the stretches dt_model_deferred_grad reports, an empty
+ * (so they are proven unread), on one and two compute threads (the long ranges are split across
+ * them). Also: the stretches dt_model_deferred_grad reports, an empty
  * export's zero gradient, and the errors (misaligned export, rows outside [1, max batch], a
  * backward larger than the export). */
 #include <math.h>
@@ -104,7 +105,8 @@ static void side_step(side *s, int step) {
   }
 }
 
-static void compare(dt_optim_config cfg) {
+static void compare(dt_optim_config cfg, int threads) {
+  dt_nn_set_threads(threads);
   side a, b;
   side_make(&a, cfg, 0);
   side_make(&b, cfg, 1);
@@ -127,16 +129,19 @@ static void test_defer_sgd(void **st) {
   dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
   c.momentum = 0.9f;
   c.weight_decay = 0.01f;
-  compare(c);
+  compare(c, 1);
+  compare(c, 2);
 }
 
 static void test_defer_adamw(void **st) {
   (void)st;
-  compare(dt_optim_defaults(DT_OPTIM_ADAMW));
+  compare(dt_optim_defaults(DT_OPTIM_ADAMW), 1);
+  compare(dt_optim_defaults(DT_OPTIM_ADAMW), 2);
 }
 
 static void test_defer_stretches(void **st) {
   (void)st;
+  dt_nn_set_threads(1);
   dt_model *m;
   assert_int_equal(dt_model_create(SPEC, ROWS, 5, &m), DT_OK);
   float *ex = aligned_alloc(64, (dt_model_export_size(m, ROWS) * sizeof(float) + 63) / 64 * 64);

@@ -32,9 +32,9 @@
  *             allreduce and rank 1, and one stopped before its update (at=update) the barrier that
  *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it;
  *             the linear weight gradients deferred to the update (dt_model_defer_linear_grads,
- *             every rank by default; not with --clip, --accumulate 2, --threads 2 or
- *             DTRAIN_DEFER=0) give the same parameters bit for bit as summing them, on 2 and 3
- *             workers; DTRAIN_DEFER=2 is refused; with a /dev/shm too small for
+ *             every rank by default; not with --clip, --accumulate 2 or DTRAIN_DEFER=0) give
+ *             the same parameters bit for bit as summing them, on 2 and 3 workers and on 2
+ *             workers x 2 threads; DTRAIN_DEFER=2 is refused; with a /dev/shm too small for
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
  *             private and trains anyway; with one just large enough for the gradients of both
@@ -375,13 +375,22 @@ static void group_window(void) {
     double dd = model_diff(a, b);
     CHECK(dd == 0, "%d workers: deferred weight gradients against summed ones: %g", n, dd);
   }
-  /* deferred by every rank by default; not where a step needs the whole gradient before its
-   * update (--clip), several backwards (--accumulate), several compute threads, or DTRAIN_DEFER=0 */
+  /* deferred by every rank by default, also on several compute threads per worker (bit for
+   * bit again); not where a step needs the whole gradient before its update (--clip), several
+   * backwards (--accumulate), or with DTRAIN_DEFER=0 */
   const char *dl = "linear weight gradients deferred";
   int kd = debug_lines(3, "", "--threads 1", dl);
   CHECK(kd == 3, "3 workers: %d deferred their weight gradients", kd);
+  kd = debug_lines(2, "", "--threads 2", dl);
+  CHECK(kd == 2, "2 workers x 2 threads: %d deferred their weight gradients", kd);
+  train_n(2, "--epochs 2 --max-steps 25 --threads 2", "defer2t");
+  setenv("DTRAIN_DEFER", "0", 1);
+  train_n(2, "--epochs 2 --max-steps 25 --threads 2", "nodefer2t");
+  unsetenv("DTRAIN_DEFER");
+  double dt2 = model_diff("defer2t", "nodefer2t");
+  CHECK(dt2 == 0, "2 workers x 2 threads: deferred weight gradients against summed ones: %g", dt2);
   const char *nodefer[][2] = {{"", "--threads 1 --clip 1"}, {"", "--threads 1 --accumulate 2"},
-                              {"", "--threads 2"}, {"DTRAIN_DEFER=0", "--threads 1"}};
+                              {"DTRAIN_DEFER=0", "--threads 1"}};
   for (size_t i = 0; i < sizeof nodefer / sizeof nodefer[0]; i++) {
     kd = debug_lines(2, nodefer[i][0], nodefer[i][1], dl);
     CHECK(kd == 0, "%s %s: %d deferred their weight gradients", nodefer[i][0], nodefer[i][1], kd);
