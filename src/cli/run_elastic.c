@@ -18,6 +18,9 @@
  *   alive/<node>       a counter each agent bumps every 100 ms while it supervises (a lease;
  *                      the store's host reads the others' every 500 ms during a generation and
  *                      reports one that stops; every agent reports a store that stops answering)
+ *   agent/<node>       "<addr> <pid> <nonce>": claimed by the agent of that node for as long as
+ *                      its store connection is open (dt__store_claim), so a second agent with
+ *                      the same --node-rank is refused (exit 2) and the job is left alone
  * The agent of the first member decides the members: everyone who joined within the join window
  * (all previous members, or the window's end; a member whose lease lapsed is not waited for),
  * minus hosts blamed for FAILS_TO_EXCLUDE failures. Generation g's workers meet at a store on the first member's host, port PORT+1+g,
@@ -84,6 +87,8 @@ typedef struct elastic {
   bool store_silent; /* the agent store stopped answering during this generation (reported) */
   int64_t store_ok_ns, store_retry_ns; /* its last answer; when to ask a silent one again */
   int grow_node;     /* >= 0: the running generation was stopped for this host to join */
+  char claim[128];   /* agent/<me>'s value: "<addr> <pid> <nonce>", this agent and no other */
+  bool duplicate;    /* refused: another live agent holds this node rank */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -125,11 +130,57 @@ static dt_status el_host_store(elastic *e) {
   return DT_OK;
 }
 
+/* Claims agent/<me> on the connected store. Another agent that holds it is still connected, so
+ * it is alive (or stopped; a killed one's claim went with its connection): this one must not
+ * join, or the job would run two sets of the same ranks, the workers' store would refuse one,
+ * and that would count as a failure. Sets e->duplicate then. */
+static dt_status el_claim(elastic *e) {
+  char key[32];
+  snprintf(key, sizeof key, "agent/%d", e->me);
+  dt_status st = dt__store_claim(e->st, key, e->claim, strlen(e->claim), dt__deadline_after_ms(EL_RPC_MS));
+  if (st != DT_ERR_STATE)
+    return st;
+  const char *from = strstr(dt_last_error(), "held by another connection, from ");
+  char conn[96] = "", holder[128] = "", addr[64] = "";
+  if (from)
+    snprintf(conn, sizeof conn, "%s", from + strlen("held by another connection, from "));
+  size_t n = 0;
+  int pid = 0;
+  if (dt__store_get(e->st, key, holder, sizeof holder - 1, &n, dt__deadline_after_ms(EL_RPC_MS)) == DT_OK) {
+    holder[n] = '\0';
+    if (sscanf(holder, "%63s %d", addr, &pid) != 2)
+      pid = 0;
+  }
+  e->duplicate = true;
+  char who[160];
+  if (pid > 0)
+    snprintf(who, sizeof who, "pid %d on %s", pid, addr);
+  else
+    snprintf(who, sizeof who, "connected from %s", conn[0] ? conn : "another address");
+  return dt_set_error(DT_ERR_STATE, "another agent holds node rank %d (%s) and is still connected to the agent store "
+                      "at %s:%d; this agent (pid %d on %s) was refused and leaves the job alone", e->me, who,
+                      e->store_addr, e->store_port, (int)getpid(), e->my_addr);
+}
+
 static dt_status el_connect(elastic *e, const char *host, int64_t deadline) {
   el_disconnect(e);
   DT_CHECK(dt__store_connect(host, e->store_port, e->secret, e->secret_len, e->me, deadline, &e->st));
   snprintf(e->store_addr, sizeof e->store_addr, "%s", host);
-  return DT_OK;
+  dt_status st = el_claim(e);
+  if (st != DT_OK)
+    el_disconnect(e);
+  return st;
+}
+
+/* Node 0 could not host the agent store at --master: if that is because another agent of node 0
+ * hosts it there, say so (e->duplicate); otherwise keep the error. */
+static dt_status el_host_failed(elastic *e, dt_status st) {
+  char keep[1024];
+  snprintf(keep, sizeof keep, "%s", dt_last_error());
+  if (el_connect(e, e->base->master_addr, dt__deadline_after_ms(EL_RPC_MS)) != DT_OK && e->duplicate)
+    return DT_ERR_STATE;
+  el_disconnect(e);
+  return dt_set_error(st, "%s", keep);
 }
 
 /* After the store vanished: the first of the last members that is alive hosts it. Each agent
@@ -150,6 +201,8 @@ static dt_status el_move_store(elastic *e) {
       DT_LOG_WARN("dtrain run: the agent store moved to node %d (%s)", m->node, m->addr);
       return DT_OK;
     }
+    if (e->duplicate)
+      return DT_ERR_STATE;
   }
   return dt_set_error(DT_ERR_PEER, "no surviving host could host the agent store");
 }
@@ -368,8 +421,9 @@ static dt_status el_join(elastic *e) {
       el_disconnect(e);
     if (!e->st) {
       if (e->gen == 0) {
-        if (e->me == 0)
-          DT_CHECK(el_host_store(e));
+        dt_status hst = e->me == 0 ? el_host_store(e) : DT_OK;
+        if (hst != DT_OK)
+          return el_host_failed(e, hst);
         DT_CHECK(el_connect(e, e->me == 0 ? e->my_addr : e->base->master_addr,
                             dt__deadline_after_ms(el_first_wait_ms(e))));
         if (e->me != 0)
@@ -405,7 +459,7 @@ static dt_status el_join(elastic *e) {
       DT_CHECK(el_parse_members(e, val));
       return DT_OK;
     }
-    if (st == DT_ERR_ABORTED || st == DT_ERR_INVALID || st == DT_ERR_AUTH)
+    if (st == DT_ERR_ABORTED || st == DT_ERR_INVALID || st == DT_ERR_AUTH || e->duplicate)
       return st;
     /* Closed, reset or silent (a cut link): look for the store again. */
     DT_LOG_WARN("dtrain run: lost the agent store while joining generation %d: %s", e->gen, dt_last_error());
@@ -545,11 +599,23 @@ int dt__run_elastic(dt_launch_opts *base) {
     return dt_cli_fail("run", "job secret");
   if (el_local_addr(base->master_addr, base->master_port, e.my_addr, sizeof e.my_addr) != DT_OK)
     return dt_cli_fail("run", "elastic agent");
+  uint8_t nonce[8];
+  if (dt__random_bytes(nonce, sizeof nonce) != DT_OK)
+    return dt_cli_fail("run", "elastic agent");
+  int cl = snprintf(e.claim, sizeof e.claim, "%s %d ", e.my_addr, (int)getpid());
+  for (size_t k = 0; k < sizeof nonce; k++)
+    cl += snprintf(e.claim + cl, sizeof e.claim - (size_t)cl, "%02x", nonce[k]);
   dt__run_failure fails[64];
   int nfails = 0, rc = 1;
   int64_t detect_ns = 0;
   for (e.gen = 0;; e.gen++) {
     if (el_join(&e) != DT_OK) {
+      if (e.duplicate) {
+        rc = dt_cli_usage_error("run", "every host needs its own --node-rank below --nnodes; to replace that agent, "
+                                "stop it first (a killed agent's node rank is free at once)", "node %d: %s", e.me,
+                                dt_last_error());
+        break;
+      }
       fprintf(stderr, "dtrain run: node %d: cannot form generation %d: %s\n", e.me, e.gen, dt_last_error());
       rc = 1;
       break;

@@ -32,6 +32,7 @@ enum {
   OP_HEARTBEAT,
   OP_ABORT,
   OP_GOODBYE,
+  OP_CLAIM,
   OP_RESP = 0x5380,
 };
 
@@ -51,6 +52,7 @@ typedef struct kv_entry {
   struct kv_entry *next;
   uint8_t *val;
   size_t n;
+  uint64_t owner; /* the connection that claimed the key (OP_CLAIM), 0 if none */
   char key[];
 } kv_entry;
 
@@ -73,6 +75,7 @@ typedef struct conn {
   size_t out_len, out_off, out_cap;
   size_t pre_bytes; /* bytes a stranger sent before failing (for the log) */
   int nwaits;
+  bool claimed; /* holds keys (OP_CLAIM): they go when it does */
 } conn;
 
 typedef struct waiter {
@@ -175,6 +178,7 @@ static dt_status kv_put(dt__store_server *s, const char *key, const void *val, s
   memcpy(e->key, key, kl + 1);
   e->val = copy;
   e->n = n;
+  e->owner = 0;
   e->next = NULL;
   *slot = e;
   if (++s->nkeys > s->nbuckets)
@@ -191,6 +195,22 @@ static void kv_delete(dt__store_server *s, const char *key) {
     free(e);
     s->nkeys--;
   }
+}
+
+/* The keys a closed connection claimed go with it. */
+static void kv_release(dt__store_server *s, uint64_t cid) {
+  for (size_t b = 0; b < s->nbuckets; b++)
+    for (kv_entry **p = &s->buckets[b]; *p;) {
+      kv_entry *e = *p;
+      if (e->owner != cid) {
+        p = &e->next;
+        continue;
+      }
+      *p = e->next;
+      free(e->val);
+      free(e);
+      s->nkeys--;
+    }
 }
 
 /* ---- output ---- */
@@ -410,7 +430,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
   key[klen] = '\0';
   const uint8_t *body = p + REQ_PREFIX + klen;
   size_t blen = len - REQ_PREFIX - klen;
-  bool needs_key = type >= OP_SET && type <= OP_DELETE;
+  bool needs_key = (type >= OP_SET && type <= OP_DELETE) || type == OP_CLAIM;
   if (needs_key && klen == 0) {
     respond_text(s, c, seq, DT_ERR_INVALID, "empty key");
     return;
@@ -535,6 +555,33 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     kv_delete(s, key);
     respond(s, c, seq, DT_OK, NULL, 0, NULL, 0);
     return;
+  case OP_CLAIM: {
+    /* The key is this connection's while it is open; another open connection that holds it
+     * keeps it, unless it holds the very same value: the same claimant on a new connection
+     * (its old one may not look closed yet, e.g. after a cut link). */
+    if (blen > DT_STORE_VALUE_MAX) {
+      respond_text(s, c, seq, DT_ERR_INVALID, "value of %zu bytes exceeds the %u-byte limit", blen, DT_STORE_VALUE_MAX);
+      return;
+    }
+    kv_entry *e = kv_find(s, key);
+    bool same = e && e->n == blen && (blen == 0 || memcmp(e->val, body, blen) == 0);
+    for (size_t i = 0; e && e->owner && e->owner != c->cid && !same && i < s->nconns; i++)
+      if (s->conns[i]->cid == e->owner && !s->conns[i]->dead) {
+        respond_text(s, c, seq, DT_ERR_STATE, "key '%s' is held by another connection, from %s", key,
+                     s->conns[i]->peer);
+        return;
+      }
+    if (kv_put(s, key, body, blen) != DT_OK) {
+      respond_text(s, c, seq, DT_ERR_NOMEM, "%s", dt_last_error());
+      return;
+    }
+    e = kv_find(s, key);
+    e->owner = c->cid;
+    c->claimed = true;
+    respond(s, c, seq, DT_OK, NULL, 0, NULL, 0);
+    wake_waiters(s, key, e);
+    return;
+  }
   case OP_HEARTBEAT: {
     uint32_t cw = blen >= 4 ? dt__get32(body) : 0; /* the world size the rank came with, 0 if not said */
     if (c->id >= (uint32_t)s->world || (cw && cw != (uint32_t)s->world)) {
@@ -847,6 +894,8 @@ static void server_reap(dt__store_server *s) {
           j++;
       if (c->authed && c->id < (uint32_t)s->world && s->ranks[c->id].hb_cid == c->cid)
         rank_gone(s, c->id, true, "connection lost (process exited or was killed)");
+      if (c->claimed)
+        kv_release(s, c->cid);
     }
   }
   size_t k = 0;
@@ -1340,6 +1389,14 @@ dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, si
   if (swapped)
     *swapped = r;
   return DT_OK;
+}
+
+dt_status dt__store_claim(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline) {
+  DT_CHECK(store_key_check(st, "claim", key));
+  if (n > DT_STORE_VALUE_MAX)
+    return dt_set_error(DT_ERR_INVALID, "rank %d: store claim '%s': value of %zu bytes exceeds the %u-byte limit",
+                        st->rank, key, n, DT_STORE_VALUE_MAX);
+  return store_call(st, "claim", OP_CLAIM, key, NULL, 0, val, n, NULL, 0, NULL, 0, NULL, deadline);
 }
 
 dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline) {

@@ -79,6 +79,11 @@ dt_status dt__store_add(dt__store *st, const char *key, int64_t delta, int64_t *
  * key or an empty value). *swapped = 1 if it did, 0 if the value differed. */
 dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, size_t expected_n,
                         const void *desired, size_t desired_n, int *swapped, int64_t deadline);
+/* Claims key for this connection: sets it to val, and the key is deleted when the connection
+ * closes (a lock held by a process, e.g. an agent's node rank). DT_ERR_STATE, naming the
+ * holder's address, if another open connection holds it with another value; the same value
+ * from a new connection takes the key over (the same claimant reconnecting). */
+dt_status dt__store_claim(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
 /* Removes key; deleting an absent key is not an error. */
 dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline);
 

@@ -625,23 +625,36 @@ static void test_run_elastic_starts_without_absent(void **state) {
   free(out);
 }
 
-/* Starts the elastic agents of a 2-host job (--nnodes 2 --master 127.0.0.1:port, -n 1 each) with
- * `restarts` and the fault `fault`, `steps` steps of 10 ms with checkpoints every 3 in dir/ck;
- * output to dir/<tag><node>.out/.err. */
-static void start_two_agents(pid_t ag[2], const char *tag, const char *restarts, const char *fault,
-                             const char *steps) {
-  int port = free_port_block(4);
-  static char secret[64], portarg[32];
+/* Starts the elastic agent of node r of a 2-host job (--nnodes 2 --master 127.0.0.1:port, -n 1)
+ * with `restarts`, the fault `fault` (NULL: none) and `steps` steps of 10 ms with checkpoints
+ * every 3 in dir/ck; the job secret depends on `tag`; output to dir/<out>.out/.err. */
+static pid_t start_agent_of_two(int r, int port, const char *tag, const char *restarts, const char *fault,
+                                const char *steps, const char *out) {
+  char secret[64], portarg[32];
   snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=%s-%d", tag, (int)getpid());
   snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
   const char *env[] = {secret, NULL};
-  for (int r = 0; r < 2; r++) {
-    const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
-                          "--max-restarts", restarts, "--fault-timeout", "1.5", "--kill-after", "1", "--inject-fault",
-                          fault, "--", worker, "--steps", steps, "--step-ms", "10", "--ckpt-dir", pathf("%s/ck", dir),
-                          "--ckpt-every", "3", NULL};
-    ag[r] = spawn(argv, env, pathf("%s/%s%d.out", dir, tag, r), pathf("%s/%s%d.err", dir, tag, r));
+  const char *argv[32] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
+                          "--max-restarts", restarts, "--fault-timeout", "1.5", "--kill-after", "1"};
+  int k = 16;
+  if (fault) {
+    argv[k++] = "--inject-fault";
+    argv[k++] = fault;
   }
+  const char *rest[] = {"--", worker, "--steps", steps, "--step-ms", "10", "--ckpt-dir", pathf("%s/ck", dir),
+                        "--ckpt-every", "3", NULL};
+  for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+    argv[k++] = rest[i];
+  return spawn(argv, env, pathf("%s/%s.out", dir, out), pathf("%s/%s.err", dir, out));
+}
+
+/* Starts both agents of such a job (output to dir/<tag><node>.out/.err); returns its port. */
+static int start_two_agents(pid_t ag[2], const char *tag, const char *restarts, const char *fault,
+                            const char *steps) {
+  int port = free_port_block(4);
+  for (int r = 0; r < 2; r++)
+    ag[r] = start_agent_of_two(r, port, tag, restarts, fault, steps, pathf("%s%d", tag, r));
+  return port;
 }
 
 /* A worker exiting with code 2 (a usage or settings error) under elastic agents: its agent does
@@ -674,6 +687,49 @@ static void test_run_elastic_blame_named(void **state) {
   char *e1 = slurp(pathf("%s/b1.err", dir));
   if (!strstr(e1, "generation 0: on node ") || !strstr(e1, "rank 1 failed: no heartbeat"))
     fail_msg("node 1's summary should name the failure: %s", e1);
+  free(e1);
+}
+
+/* A second agent with the node rank of a live one (node 1, then node 0, which hosts the agent
+ * store) while generation 0 runs: each is refused at once with exit 2, naming the node rank and
+ * the agent that holds it, and the job goes on undisturbed: no failure, no restart spent. */
+static void test_run_elastic_duplicate_refused(void **state) {
+  pid_t ag[2];
+  int port = start_two_agents(ag, "d", "2", NULL, "400");
+  const char *ck3 = pathf("%s/ck/ckpt-000000003.dtc", dir);
+  struct stat sb;
+  for (int t = 0; t < 2000 && stat(ck3, &sb) != 0; t++)
+    msleep(10);
+  assert_int_equal(stat(ck3, &sb), 0);
+  for (int r = 1; r >= 0; r--) {
+    const char *tag = r ? "dup1" : "dup0";
+    int64_t t0 = dt_now_ns();
+    int st = wait_bounded(start_agent_of_two(r, port, "d", "2", NULL, "400", tag), 15000);
+    long long ms = (long long)((dt_now_ns() - t0) / 1000000);
+    char *err = slurp(pathf("%s/%s.err", dir, tag));
+    char want[64];
+    snprintf(want, sizeof want, "another agent holds node rank %d (pid %d on 127.0.0.1)", r, (int)ag[r]);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(err, want) && strstr(err, "---> HINT")))
+      fail_msg("the second agent of node %d: status %d after %lld ms, should exit 2 saying '%s': %s", r, st, ms, want,
+               err);
+    fprintf(stderr, "second agent of node %d refused after %lld ms: %s", r, ms, err);
+    free(err);
+    /* Refused while the job still runs (400 steps of 10 ms take 4 s or more). */
+    for (int k = 0; k < 2; k++)
+      assert_int_equal(waitpid(ag[k], NULL, WNOHANG), 0);
+  }
+  for (int r = 0; r < 2; r++) {
+    int st = wait_bounded(ag[r], 40000);
+    if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+      fail_msg("agent %d: status %d: %s", r, st, slurp(pathf("%s/d%d.err", dir, r)));
+  }
+  char *e0 = slurp(pathf("%s/d0.err", dir)), *o0 = slurp(pathf("%s/d0.out", dir)), *e1 = slurp(pathf("%s/d1.err", dir));
+  if (!strstr(o0, "done steps 400 x ") || !strstr(o0, "resumed 0 world 2 generation 0"))
+    fail_msg("the job should end undisturbed in generation 0: %s\n-- agent 0: %s\n-- agent 1: %s", o0, e0, e1);
+  if (strstr(e0, "failure") || strstr(e1, "failure") || strstr(e0, "re-forming") || strstr(e1, "re-forming"))
+    fail_msg("no failure and no restart: \n-- agent 0: %s\n-- agent 1: %s", e0, e1);
+  free(e0);
+  free(o0);
   free(e1);
 }
 
@@ -716,6 +772,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_elastic_starts_without_absent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_ends, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_blame_named, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_duplicate_refused, setup, teardown),
   };
   if (!strcmp(group, "parse"))
     return cmocka_run_group_tests(parse, NULL, NULL);

@@ -1,6 +1,6 @@
 /* test_store.c - the rendezvous store's key-value operations over real sockets: set/get,
  * wait (satisfied by another process, or timing out), add from many processes and threads at
- * once, compare-and-set, delete, values at the 16 MiB limit, and oversized requests refused by
+ * once, compare-and-set, claims held by a connection, delete, values at the 16 MiB limit, and oversized requests refused by
  * both the client and the server. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -115,6 +115,57 @@ static void test_cas(void **unused) {
   assert_int_equal(dt__store_cas(c, "leader", "", 0, "r3", 2, &sw, dl), DT_OK);
   assert_int_equal(sw, 1);
   dt__store_close(c);
+  dt__store_server_stop(s);
+}
+
+/* A claimed key belongs to its connection: another connection with another value is refused
+ * (naming the holder's address) and changes nothing, the same value from a new connection takes
+ * it over, and it goes when its holder's connection closes. */
+static void test_claim(void **unused) {
+  int port;
+  dt__store_server *s;
+  assert_int_equal(dt__store_server_start("127.0.0.1", 0, (const uint8_t *)SECRET, SECRET_LEN, 1, 10000, &s, &port), DT_OK);
+  dt__store *a, *b, *c;
+  assert_int_equal(connect_store(port, 0, &a), DT_OK);
+  assert_int_equal(connect_store(port, 1, &b), DT_OK);
+  assert_int_equal(connect_store(port, 2, &c), DT_OK);
+  int64_t dl = dt__deadline_after_ms(5000);
+  char buf[32];
+  size_t n = 0;
+  assert_int_equal(dt__store_claim(a, "agent/1", "A", 1, dl), DT_OK);
+  assert_int_equal(dt__store_claim(a, "agent/1", "A2", 2, dl), DT_OK); /* its holder may change it */
+  assert_int_equal(dt__store_claim(b, "agent/1", "B", 1, dl), DT_ERR_STATE);
+  assert_non_null(strstr(dt_last_error(), "key 'agent/1' is held by another connection, from 127.0.0.1:"));
+  assert_int_equal(dt__store_get(c, "agent/1", buf, sizeof buf, &n, dl), DT_OK);
+  assert_int_equal(n, 2);
+  assert_memory_equal(buf, "A2", 2);
+  assert_false(dt__store_broken(b));
+  /* The same value from another connection: the same claimant, reconnected. */
+  assert_int_equal(dt__store_claim(c, "agent/1", "A2", 2, dl), DT_OK);
+  assert_int_equal(dt__store_claim(a, "agent/1", "A", 1, dl), DT_ERR_STATE);
+  dt__store_close(a); /* no longer the holder: the key stays */
+  assert_int_equal(dt__store_get(b, "agent/1", buf, sizeof buf, &n, dl), DT_OK);
+  dt__store_close(c); /* the holder: the key goes, and b may claim it (the server sees the close soon) */
+  dt_status st = DT_ERR_STATE;
+  for (int t = 0; t < 200 && st == DT_ERR_STATE; t++) {
+    st = dt__store_claim(b, "agent/1", "B", 1, dl);
+    if (st == DT_ERR_STATE)
+      dt__sleep_ns(5 * 1000000LL);
+  }
+  assert_int_equal(st, DT_OK);
+  assert_int_equal(dt__store_get(b, "agent/1", buf, sizeof buf, &n, dl), DT_OK);
+  assert_memory_equal(buf, "B", 1);
+  /* A plain key is not claimed by anyone until a claim, and closing never takes others' keys. */
+  assert_int_equal(dt__store_set(b, "plain", "p", 1, dl), DT_OK);
+  assert_int_equal(connect_store(port, 3, &a), DT_OK);
+  assert_int_equal(dt__store_claim(a, "plain", "q", 1, dl), DT_OK);
+  dt__store_close(b);
+  for (int t = 0; t < 200 && dt__store_get(a, "agent/1", buf, sizeof buf, &n, dl) == DT_OK; t++)
+    dt__sleep_ns(5 * 1000000LL);
+  assert_int_equal(dt__store_get(a, "agent/1", buf, sizeof buf, &n, dl), DT_ERR_NOT_FOUND);
+  assert_int_equal(dt__store_get(a, "plain", buf, sizeof buf, &n, dl), DT_OK);
+  assert_memory_equal(buf, "q", 1);
+  dt__store_close(a);
   dt__store_server_stop(s);
 }
 
@@ -368,6 +419,7 @@ static void test_large_values(void **unused) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_set_get_delete, kill_leftovers), cmocka_unit_test_teardown(test_cas, kill_leftovers),
+      cmocka_unit_test_teardown(test_claim, kill_leftovers),
       cmocka_unit_test_teardown(test_wait, kill_leftovers),           cmocka_unit_test_teardown(test_wait_many, kill_leftovers),
       cmocka_unit_test_teardown(test_add_concurrent, kill_leftovers), cmocka_unit_test_teardown(test_large_values, kill_leftovers),
   };

@@ -1,7 +1,7 @@
 /* test_transport.c - the communicator and both transports in real processes: point-to-point
  * messages, concurrent sendrecv rings, the shared-memory allreduce, split, and faults (a rank
  * SIGKILLed or SIGSTOPped mid-exchange, a rank that never joins, mismatched calls, strangers on
- * a worker's port). One case per process: `test_transport CASE TRANSPORT`.
+ * a worker's port, a silent listener where a worker's port should be). One case per process: `test_transport CASE TRANSPORT`.
  *
  * Every check asserts values or the exact failure a rank must report; every wait is bounded by
  * the harness (mp_run) and by the communicator's deadline. */
@@ -16,6 +16,7 @@
 
 #include "comm/coll/coll.h"
 #include "comm/comm.h"
+#include "comm/store.h"
 #include "comm/wire.h"
 #include "common/mp.h"
 #include "dtrain/comm.h"
@@ -537,9 +538,89 @@ static int case_stranger(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Something that accepts on rank 0's tcp port but never says HELLO. Rank 0 is played by this
+ * test (it hosts the store and publishes its host record, and as its tcp address a listener that
+ * never accepts: the kernel does), rank 1 joins for real with a handshake timeout of 300 ms and
+ * a deadline of 3 s. *arg 0: rank 0 looks healthy to the store (a stranger took its port): rank
+ * 1 gives up at its deadline, naming rank 0, its address and the silence. *arg 1: rank 0 sends
+ * one heartbeat once rank 1 is there, then none (a stopped process): rank 1 stops with that
+ * verdict about a fault timeout (1 s) later, not at its deadline. */
+static int case_silent(int rank, int size, void *arg) {
+  g_rank = rank;
+  int stopped = *(const int *)arg;
+  const char *secret = getenv("DTRAIN_JOB_SECRET");
+  int port = atoi(getenv("DTRAIN_MASTER_PORT"));
+  int64_t dl = dt__deadline_after_ms(30000);
+  char key[64], val[128];
+  dt__store *st = NULL;
+  if (rank == 0) {
+    dt__store_server *srv = NULL;
+    int lfd = -1, lport = 0;
+    CHECK_OK(dt__store_server_start("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), size, 1000, &srv,
+                                    NULL));
+    CHECK_OK(dt__sock_listen("127.0.0.1", 0, &lfd, &lport));
+    CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), rank, dl, &st));
+    char host[256] = "", boot[64] = "", rec[400];
+    gethostname(host, sizeof host - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+      if (fgets(boot, sizeof boot, f))
+        boot[strcspn(boot, "\n")] = '\0';
+      fclose(f);
+    }
+    snprintf(rec, sizeof rec, "%s\n%s\ntcp", host, boot);
+    CHECK_OK(dt__store_set(st, "w/host/0", rec, strlen(rec), dl));
+    snprintf(val, sizeof val, "127.0.0.1 %d", lport);
+    CHECK_OK(dt__store_set(st, "w/tcp/0", val, strlen(val), dl));
+    size_t n;
+    if (stopped) {
+      /* Rank 1 published its host record: it is about to connect. One heartbeat, then silence. */
+      CHECK_OK(dt__store_wait(st, "w/host/1", val, sizeof val, &n, dl));
+      dt__store_set_world(st, size);
+      CHECK_OK(dt__store_heartbeat(st, dl));
+    }
+    CHECK_OK(dt__store_wait_flags(st, "test/done", val, sizeof val, &n, DT_STORE_WAIT_IGNORE_VERDICT, dl));
+    dt__store_close(st);
+    dt__store_server_stop(srv);
+    close(lfd);
+    return 0;
+  }
+  setenv("DTRAIN_TRANSPORT", "tcp", 1);
+  dt_comm *c = NULL;
+  int64_t t0 = dt_now_ns();
+  dt_status rc = dt_comm_create(NULL, &c);
+  int64_t ms = (dt_now_ns() - t0) / 1000000;
+  char msg[2048];
+  snprintf(msg, sizeof msg, "%s", dt_last_error());
+  fprintf(stderr, "[rank 1] %s after %lld ms: %s: %s\n", stopped ? "stopped rank 0" : "stranger on rank 0's port",
+          (long long)ms, dt_strerror(rc), msg);
+  CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), 100, dl, &st));
+  CHECK_OK(dt__store_set(st, "test/done", "1", 1, dl));
+  size_t n;
+  CHECK_OK(dt__store_get(st, "w/tcp/0", val, sizeof val - 1, &n, dl));
+  val[n] = '\0';
+  dt__store_close(st);
+  CHECK(rc != DT_OK && c == NULL, "joined a job whose rank 0 never answered");
+  if (stopped) {
+    CHECK(rc == DT_ERR_ABORTED || rc == DT_ERR_PEER, "status %s", dt_strerror(rc));
+    CHECK(strstr(msg, "rank 0 failed: no heartbeat for 1000 ms"), "message: %s", msg);
+    CHECK(ms < 2500, "took %lld ms: the verdict on rank 0 came after about 1000 ms", (long long)ms);
+  } else {
+    int lport = 0;
+    CHECK(sscanf(val, "%*s %d", &lport) == 1, "address '%s'", val);
+    snprintf(key, sizeof key, "connecting to rank 0 at 127.0.0.1:%d: ", lport);
+    CHECK(rc == DT_ERR_TIMEOUT, "status %s", dt_strerror(rc));
+    CHECK(strstr(msg, key), "message does not name rank 0 and its address (%s): %s", key, msg);
+    CHECK(strstr(msg, "accepted the connection but did not answer the dtrain handshake within 300 ms"), "message: %s",
+          msg);
+    CHECK(ms >= 2900 && ms < 5000, "took %lld ms, the deadline is 3000", (long long)ms);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s p2p|sendrecv|fast|fastmismatch|split|kill|stop|nojoin|mismatch|stranger shm|tcp\n", argv[0]);
+    fprintf(stderr, "usage: %s p2p|sendrecv|fast|fastmismatch|split|kill|stop|nojoin|mismatch|stranger|silent shm|tcp\n", argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -578,6 +659,12 @@ int main(int argc, char **argv) {
       failures += mp_run(2, case_mismatch, &which, 60);
   } else if (!strcmp(cs, "stranger")) {
     failures += mp_run(3, case_stranger, NULL, 60);
+  } else if (!strcmp(cs, "silent")) {
+    setenv("DTRAIN_TIMEOUT_MS", "3000", 1);
+    setenv("DTRAIN_HANDSHAKE_TIMEOUT_MS", "300", 1);
+    setenv("DTRAIN_FAULT_TIMEOUT_MS", "1000", 1);
+    for (int stopped = 0; stopped < 2; stopped++)
+      failures += mp_run(2, case_silent, &stopped, 40);
   } else {
     fprintf(stderr, "unknown case %s\n", cs);
     return 2;

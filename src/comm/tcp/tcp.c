@@ -4,7 +4,9 @@
  * local address it uses to reach the store), publishes "<prefix>tcp/<rank>" = "host port" in
  * the store, connects to every lower rank and accepts every higher one. Each connection proves
  * the job secret (wire.h) before anything else; a stranger that cannot is logged and closed
- * while accepting goes on. The listening socket closes once every peer arrived.
+ * while accepting goes on. Both sides give each handshake DTRAIN_HANDSHAKE_TIMEOUT_MS, so a
+ * silent listener or client holds nobody for long. The listening socket closes once every peer
+ * arrived.
  *
  * Messages: a 16-byte dt__frame (type DATA, len = 24 + payload) + the 24-byte fingerprint +
  * the payload, written with one sendmsg. The receiver checks magic, version, fingerprint and
@@ -303,9 +305,11 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
     return DT_OK;
   }
   int64_t deadline = dt__comm_deadline(c);
-  int lfd = -1, port = 0;
+  int lfd = -1, port = 0, hs_ms = 5000;
   char addr[INET6_ADDRSTRLEN + 16], key[128], val[INET6_ADDRSTRLEN + 32];
-  st = tcp_bind_addr(c, addr, sizeof addr);
+  st = dt__handshake_timeout_ms(&hs_ms);
+  if (st == DT_OK)
+    st = tcp_bind_addr(c, addr, sizeof addr);
   if (st != DT_OK)
     goto fail;
   if (t->rank < t->n - 1) {
@@ -333,19 +337,41 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
       st = dt_set_error(DT_ERR_PROTOCOL, "rank %d published a malformed tcp address '%s'", r, peer);
       goto fail;
     }
-    /* Connect in short attempts so a failure elsewhere in the job ends the wait early. */
+    /* Connect in short attempts so a failure elsewhere in the job ends the wait early. Each
+     * handshake gets the handshake timeout, as the store client's does, not the whole deadline:
+     * something that accepts on rank r's port but never says HELLO (a stranger that took the
+     * port, or rank r stopped: the kernel accepts for it) would otherwise hold this rank until
+     * the deadline, deaf to the verdict on rank r. Rank r says HELLO only once it has connected
+     * to the ranks below it, so a silent attempt is closed and made again (rank r drops the
+     * closed one with a warning) until the deadline or a verdict. */
+    int silent = 0;
     for (;;) {
       int64_t slice = dt__deadline_after_ms(250);
       st = dt__sock_connect(host, pport, slice < deadline ? slice : deadline, &fd);
-      if (st == DT_OK || dt__expired(deadline))
+      if (st == DT_OK) {
+        int64_t hs = dt__deadline_after_ms(hs_ms);
+        st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank,
+                             hs < deadline ? hs : deadline);
+        silent = st == DT_ERR_TIMEOUT ? silent + 1 : 0;
+        if (!silent)
+          break;
+        close(fd);
+        fd = -1;
+      } else {
+        silent = 0;
+      }
+      if (dt__expired(deadline))
         break;
       if (dt__comm_aborted(c)) {
         st = dt__comm_abort_status(c);
+        silent = 0;
         break;
       }
     }
-    if (st == DT_OK)
-      st = dt__auth_client(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, (uint32_t)t->rank, deadline);
+    if (st != DT_OK && silent)
+      st = dt_set_error(st, "something there accepted the connection but did not answer the dtrain handshake within "
+                        "%d ms (%d attempt%s; a stranger on rank %d's port, or rank %d stopped?)", hs_ms, silent,
+                        silent == 1 ? "" : "s", r, r);
     if (st == DT_OK)
       st = tcp_ready(t, r, fd);
     if (st != DT_OK) {
