@@ -153,7 +153,7 @@ dt_status dt__comm_abort_status(const dt_comm *c) {
 
 /* msg past a leading "rank R: " that names this rank (as the transports and the abort status
  * write it), so that the context a caller adds names the rank once. */
-static const char *comm_skip_self(const dt_comm *c, const char *msg) {
+const char *dt__comm_skip_self(const dt_comm *c, const char *msg) {
   char me[32];
   int k = snprintf(me, sizeof me, "rank %d: ", c->rank);
   return strncmp(msg, me, (size_t)k) ? msg : msg + k;
@@ -164,7 +164,7 @@ dt_status dt__comm_call_error(const dt_comm *c, const dt__fp *fp, dt_status st) 
   dt__comm_peer_name(c, c->rank, me, sizeof me);
   dt__fp_format(fp, what, sizeof what);
   const char *last = dt_last_error();
-  snprintf(detail, sizeof detail, "%s", last[0] ? comm_skip_self(c, last) : dt_strerror(st));
+  snprintf(detail, sizeof detail, "%s", last[0] ? dt__comm_skip_self(c, last) : dt_strerror(st));
   return dt_set_error(st, "%s: %s: %s", me, what, detail);
 }
 
@@ -180,7 +180,7 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
       dt__sleep_ns(5000000);
     if (dt__comm_aborted(c)) {
       char local[900], v[768] = "";
-      snprintf(local, sizeof local, "%s", comm_skip_self(c, dt_last_error()));
+      snprintf(local, sizeof local, "%s", dt__comm_skip_self(c, dt_last_error()));
       dt__health_verdict(c->health, v, sizeof v);
       return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
     }
@@ -363,8 +363,11 @@ static dt_status comm_connect_transport(dt_comm *c, const comm_peers *p) {
   if (strcmp(name, "shm") == 0 && !c->same_host)
     return dt_set_error(DT_ERR_INVALID, "transport shm needs every rank on one host, but ranks run on several hosts");
   dt_status st = c->ops->create(c, &c->tp);
-  if (st != DT_OK)
-    return dt__error_prefix(st, "rank %d: connecting transport %s", c->rank, name);
+  if (st != DT_OK) { /* the transport's own "rank R: " is this rank again: named once */
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", dt__comm_skip_self(c, dt_last_error()));
+    return dt_set_error(st, "rank %d: connecting transport %s: %s", c->rank, name, detail);
+  }
   return DT_OK;
 }
 

@@ -110,6 +110,8 @@ dt_status dt__comm_abort_status(const dt_comm *c);
 /* Puts "rank R: <the call>: " before the last error's detail, naming this rank once (a detail
  * that starts by naming it loses that), and returns st. */
 dt_status dt__comm_call_error(const dt_comm *c, const dt__fp *fp, dt_status st);
+/* msg past a leading "rank R: " that names c's own rank, for context that names it already. */
+const char *dt__comm_skip_self(const dt_comm *c, const char *msg);
 /* After a local error: publishes the current dt_last_error() so all ranks stop. Returns st. */
 dt_status dt__comm_fail(dt_comm *c, dt_status st);
 /* Deadline for an operation starting now. */

@@ -595,15 +595,17 @@ static int case_silent(int rank, int size, void *arg) {
   fprintf(stderr, "[rank 1] %s after %lld ms: %s: %s\n", stopped ? "stopped rank 0" : "stranger on rank 0's port",
           (long long)ms, dt_strerror(rc), msg);
   CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), 100, dl, &st));
-  CHECK_OK(dt__store_set(st, "test/done", "1", 1, dl));
-  size_t n;
+  size_t n; /* read before saying done: rank 0 then stops the store */
   CHECK_OK(dt__store_get(st, "w/tcp/0", val, sizeof val - 1, &n, dl));
   val[n] = '\0';
+  CHECK_OK(dt__store_set(st, "test/done", "1", 1, dl));
   dt__store_close(st);
   CHECK(rc != DT_OK && c == NULL, "joined a job whose rank 0 never answered");
   if (stopped) {
     CHECK(rc == DT_ERR_ABORTED || rc == DT_ERR_PEER, "status %s", dt_strerror(rc));
     CHECK(strstr(msg, "rank 0 failed: no heartbeat for 1000 ms"), "message: %s", msg);
+    const char *me = strstr(msg, "rank 1: ");
+    CHECK(me && !strstr(me + 1, "rank 1: "), "the message names rank 1 more than once: %s", msg);
     CHECK(ms < 2500, "took %lld ms: the verdict on rank 0 came after about 1000 ms", (long long)ms);
   } else {
     int lport = 0;

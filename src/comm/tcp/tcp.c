@@ -377,7 +377,9 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
     if (st != DT_OK) {
       if (fd >= 0)
         close(fd);
-      dt__error_prefix(st, "connecting to rank %d at %s:%d", r, host, pport);
+      char detail[1024]; /* e.g. the verdict of an abort, which names this rank again */
+      snprintf(detail, sizeof detail, "%s", dt__comm_skip_self(c, dt_last_error()));
+      dt_set_error(st, "connecting to rank %d at %s:%d: %s", r, host, pport, detail);
       goto fail;
     }
   }
