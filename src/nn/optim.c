@@ -150,6 +150,8 @@ typedef struct {
   float scale;
   float *s0, *s1;
   size_t n;
+  size_t lo;                   /* deferred (dt_optim_step_range_deferred): the range's start */
+  const float *const *ex;      /* and the exports, else NULL */
 } upd_job;
 
 static void sgd_update(const dt_optim *o, float lr, float *p, const float *g, float *buf, size_t n) {
@@ -235,13 +237,39 @@ static void update_part(upd_job *j, size_t a, size_t b) {
   }
 }
 
+
+/* Updates [a, b) of a deferred job on model thread t: stretch by stretch, the deferred ones from
+ * the thread's tile. */
+static void defer_part(upd_job *j, int t, size_t a, size_t b) {
+  while (a < b) {
+    float *g;
+    size_t k = dt__nn_deferred_grad(j->o->model, t, j->ex, j->nsum, j->lo + a, j->lo + b, &g);
+    if (!g) {
+      update_part(j, a, a + k);
+    } else {
+      if (j->scale != 1.0f)
+        for (size_t e = 0; e < k; e++)
+          g[e] *= j->scale;
+      update_span(j, g, a, k);
+    }
+    a += k;
+  }
+}
+
+static void job_part(upd_job *j, int t, size_t a, size_t b) {
+  if (j->ex)
+    defer_part(j, t, a, b);
+  else
+    update_part(j, a, b);
+}
+
 static void update_job(void *arg, int t) {
   upd_job *j = arg;
   int T = dt_model_threads(j->o->model);
   /* 16-float boundaries keep each thread on its own cache lines */
   size_t a = (j->n * (size_t)t / (size_t)T) & ~(size_t)15;
   size_t b = t + 1 == T ? j->n : (j->n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15;
-  update_part(j, a, b);
+  job_part(j, t, a, b);
 }
 
 dt_status dt_optim_begin_step(dt_optim *o, float lr) {
@@ -259,7 +287,7 @@ dt_status dt_optim_begin_step(dt_optim *o, float lr) {
 #define UPD_INLINE 4096
 
 static dt_status step_range(dt_optim *o, size_t i, const float *grad, const float *const *sum, int nsum,
-                            float scale) {
+                            float scale, const float *const *ex) {
   if (!o->begun)
     return dt_set_error(DT_ERR_STATE, "optimizer: dt_optim_step_range before dt_optim_begin_step");
   if (i >= o->nranges)
@@ -269,16 +297,16 @@ static dt_status step_range(dt_optim *o, size_t i, const float *grad, const floa
   upd_job j = {.o = o, .p = dt_model_params(o->model) + r.lo,
                .g = grad ? grad : dt_model_grads(o->model) + r.lo, .sum = sum, .nsum = nsum,
                .scale = scale, .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
-               .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo};
+               .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo, .lo = r.lo, .ex = ex};
   if (j.n < UPD_INLINE || dt_model_threads(o->model) == 1)
-    update_part(&j, 0, j.n);
+    job_part(&j, 0, 0, j.n);
   else
     dt__nn_parallel(o->model, update_job, &j);
   return DT_OK;
 }
 
 dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
-  return step_range(o, i, grad, NULL, 0, 1.0f);
+  return step_range(o, i, grad, NULL, 0, 1.0f, NULL);
 }
 
 dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale) {
@@ -287,41 +315,7 @@ dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *gra
   for (int k = 0; k < n; k++)
     if (!grads[k])
       return dt_set_error(DT_ERR_INVALID, "optimizer: gradient %d of the sum is NULL", k);
-  return step_range(o, i, NULL, grads, n, scale);
-}
-
-/* Updates [a, b) of a deferred job on model thread t: stretch by stretch, the deferred ones from
- * the thread's tile. */
-typedef struct {
-  upd_job j;
-  size_t lo;                   /* the range's first parameter */
-  const float *const *ex;
-} defer_job;
-
-static void defer_part(defer_job *d, int t, size_t a, size_t b) {
-  upd_job *j = &d->j;
-  while (a < b) {
-    float *g;
-    size_t k = dt__nn_deferred_grad(j->o->model, t, d->ex, j->nsum, d->lo + a, d->lo + b, &g);
-    if (!g) {
-      update_part(j, a, a + k);
-    } else {
-      if (j->scale != 1.0f)
-        for (size_t e = 0; e < k; e++)
-          g[e] *= j->scale;
-      update_span(j, g, a, k);
-    }
-    a += k;
-  }
-}
-
-static void defer_thread(void *arg, int t) {
-  defer_job *d = arg;
-  int T = dt_model_threads(d->j.o->model);
-  size_t n = d->j.n;
-  size_t a = (n * (size_t)t / (size_t)T) & ~(size_t)15;
-  size_t b = t + 1 == T ? n : (n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15;
-  defer_part(d, t, a, b);
+  return step_range(o, i, NULL, grads, n, scale, NULL);
 }
 
 dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
@@ -331,21 +325,7 @@ dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const
   for (int k = 0; k < n; k++)
     if (!grads[k] || !ex[k])
       return dt_set_error(DT_ERR_INVALID, "optimizer: gradient or export %d of the sum is NULL", k);
-  if (!o->begun)
-    return dt_set_error(DT_ERR_STATE, "optimizer: dt_optim_step_range_deferred before dt_optim_begin_step");
-  if (i >= o->nranges)
-    return dt_set_error(DT_ERR_INVALID, "optimizer: range %zu of %zu", i, o->nranges);
-  const dt_param_range r = o->ranges[i];
-  size_t so = o->state_off[i];
-  defer_job d = {.j = {.o = o, .p = dt_model_params(o->model) + r.lo, .sum = grads, .nsum = n,
-                       .scale = scale, .s0 = o->nstate > 0 ? o->state[0] + so : NULL,
-                       .s1 = o->nstate > 1 ? o->state[1] + so : NULL, .n = r.hi - r.lo},
-                 .lo = r.lo, .ex = ex};
-  if (d.j.n < UPD_INLINE || dt_model_threads(o->model) == 1)
-    defer_part(&d, 0, 0, d.j.n);
-  else
-    dt__nn_parallel(o->model, defer_thread, &d);
-  return DT_OK;
+  return step_range(o, i, NULL, grads, n, scale, ex);
 }
 
 dt_status dt_optim_step(dt_optim *o, float lr) {
