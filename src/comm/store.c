@@ -1317,12 +1317,18 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
   return dt_set_error(remote, "rank %d: %s %s: %s", st->rank, st->what, op, msg);
 }
 
-dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline) {
-  DT_CHECK(store_key_check(st, "set", key));
+/* A set or a claim: key and a value of at most DT_STORE_VALUE_MAX bytes, no answer. */
+static dt_status store_put(dt__store *st, const char *op, uint16_t type, const char *key, const void *val, size_t n,
+                           int64_t deadline) {
+  DT_CHECK(store_key_check(st, op, key));
   if (n > DT_STORE_VALUE_MAX)
-    return dt_set_error(DT_ERR_INVALID, "rank %d: store set '%s': value of %zu bytes exceeds the %u-byte limit",
-                        st->rank, key, n, DT_STORE_VALUE_MAX);
-  return store_call(st, "set", OP_SET, key, NULL, 0, val, n, NULL, 0, NULL, 0, NULL, deadline);
+    return dt_set_error(DT_ERR_INVALID, "rank %d: store %s '%s': value of %zu bytes exceeds the %u-byte limit",
+                        st->rank, op, key, n, DT_STORE_VALUE_MAX);
+  return store_call(st, op, type, key, NULL, 0, val, n, NULL, 0, NULL, 0, NULL, deadline);
+}
+
+dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline) {
+  return store_put(st, "set", OP_SET, key, val, n, deadline);
 }
 
 static dt_status store_fetch(dt__store *st, const char *op, uint16_t type, const char *key, const void *extra,
@@ -1392,11 +1398,7 @@ dt_status dt__store_cas(dt__store *st, const char *key, const void *expected, si
 }
 
 dt_status dt__store_claim(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline) {
-  DT_CHECK(store_key_check(st, "claim", key));
-  if (n > DT_STORE_VALUE_MAX)
-    return dt_set_error(DT_ERR_INVALID, "rank %d: store claim '%s': value of %zu bytes exceeds the %u-byte limit",
-                        st->rank, key, n, DT_STORE_VALUE_MAX);
-  return store_call(st, "claim", OP_CLAIM, key, NULL, 0, val, n, NULL, 0, NULL, 0, NULL, deadline);
+  return store_put(st, "claim", OP_CLAIM, key, val, n, deadline);
 }
 
 dt_status dt__store_delete(dt__store *st, const char *key, int64_t deadline) {

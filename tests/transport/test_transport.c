@@ -479,6 +479,20 @@ static int case_mismatch(int rank, int size, void *arg) {
 /* Strangers on the workers' tcp ports while the job forms: the last process first plays a
  * stranger against every listening rank (no bytes, garbage, an absurd frame length, a wrong
  * secret), then joins; the job must form and exchange data correctly. */
+
+/* The host record dt_comm_create publishes for a tcp rank on this host (w/host/R). */
+static void host_record(char *rec, size_t cap) {
+  char host[256] = "", boot[64] = "";
+  gethostname(host, sizeof host - 1);
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (fgets(boot, sizeof boot, f))
+      boot[strcspn(boot, "\n")] = '\0';
+    fclose(f);
+  }
+  snprintf(rec, cap, "%s\n%s\ntcp", host, boot);
+}
+
 static int case_stranger(int rank, int size, void *arg) {
   g_rank = rank;
   if (rank == size - 1) {
@@ -488,15 +502,8 @@ static int case_stranger(int rank, int size, void *arg) {
     int64_t dl = dt__deadline_after_ms(20000);
     CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), rank, dl, &st));
     /* Publish the host record dt_comm_create would (so the others go on to listen). */
-    char host[256] = "", boot[64] = "", rec[400], key[64];
-    gethostname(host, sizeof host - 1);
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-      if (fgets(boot, sizeof boot, f))
-        boot[strcspn(boot, "\n")] = '\0';
-      fclose(f);
-    }
-    snprintf(rec, sizeof rec, "%s\n%s\ntcp", host, boot);
+    char rec[400], key[64];
+    host_record(rec, sizeof rec);
     snprintf(key, sizeof key, "w/host/%d", rank);
     CHECK_OK(dt__store_set(st, key, rec, strlen(rec), dl));
     for (int r = 0; r < size - 1; r++) {
@@ -560,15 +567,8 @@ static int case_silent(int rank, int size, void *arg) {
                                     NULL));
     CHECK_OK(dt__sock_listen("127.0.0.1", 0, &lfd, &lport));
     CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), rank, dl, &st));
-    char host[256] = "", boot[64] = "", rec[400];
-    gethostname(host, sizeof host - 1);
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (f) {
-      if (fgets(boot, sizeof boot, f))
-        boot[strcspn(boot, "\n")] = '\0';
-      fclose(f);
-    }
-    snprintf(rec, sizeof rec, "%s\n%s\ntcp", host, boot);
+    char rec[400];
+    host_record(rec, sizeof rec);
     CHECK_OK(dt__store_set(st, "w/host/0", rec, strlen(rec), dl));
     snprintf(val, sizeof val, "127.0.0.1 %d", lport);
     CHECK_OK(dt__store_set(st, "w/tcp/0", val, strlen(val), dl));
