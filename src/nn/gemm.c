@@ -475,6 +475,11 @@ AVX512 static void gemm_own(bool ta, bool tb, int M, int N, int K, float alpha, 
   }
 }
 
+int dt__nn_sgemm_kblock(void) {
+  pthread_once(&g_once, gemm_init);
+  return g_mode == GEMM_OWN ? GEMM_KC : 0;
+}
+
 void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0)

@@ -799,8 +799,8 @@ dt_status dt_model_defer_linear_grads(dt_model *m, float *exp, int rows) {
     if (m->layers[i].ex_x && (size_t)m->layers[i].in.c > tile)
       tile = (size_t)m->layers[i].in.c;
   tile = tile > DEFER_TILE ? tile : DEFER_TILE;
-  if (exp && m->dtile_floats < tile) { /* one tile per thread */
-    float *t = dt__alloc((size_t)m->nthreads * tile * sizeof(float));
+  if (exp && m->dtile_floats < tile) { /* two tiles per thread (wgrad_rows's out and aux) */
+    float *t = dt__alloc((size_t)m->nthreads * 2 * tile * sizeof(float));
     if (!t) {
       for (int i = 0; i < m->nlayers; i++)
         m->layers[i].ex_x = m->layers[i].ex_dy = 0;
@@ -843,22 +843,29 @@ static const nn_layer *deferred_at(const dt_model *m, size_t pos, size_t *end) {
 }
 
 /* Rows [r0, r1) of l's weight gradient, summed over the n exports left to right, into out
- * ((r1 - r0) x in floats): each export's part is one product over its own samples, so with one
- * export it is what backward would have written, and with several, what summing the ranks'
- * gradients would give. */
-static void wgrad_rows(const nn_layer *l, const float *const *ex, int n, int r0, int r1, float *out) {
-  int in = l->in.c, outc = l->out.c;
+ * ((r1 - r0) x in floats): each export's part is one product over its own samples, rounded as
+ * backward would have written it, then added on, so with several exports the result is what
+ * summing the ranks' gradients gives, bit for bit. A product over few enough samples is added
+ * by the product itself (beta 1); one over more, whose runs of samples the product would add
+ * onto out one by one, goes through aux first. */
+static void wgrad_rows(const nn_layer *l, const float *const *ex, int n, int r0, int r1, float *out, float *aux) {
+  int in = l->in.c, outc = l->out.c, kb = dt__nn_sgemm_kblock();
+  size_t cnt = (size_t)(r1 - r0) * in;
   bool first = true;
   for (int q = 0; q < n; q++) {
     int nb = export_batch(ex[q]);
     if (nb <= 0)
       continue;
+    bool direct = first || nb <= kb;
     dt__nn_sgemm(true, false, r1 - r0, in, nb, 1.0f, ex[q] + l->ex_dy + r0, outc, ex[q] + l->ex_x, in,
-                 first ? 0.0f : 1.0f, out, in);
+                 first || !direct ? 0.0f : 1.0f, direct ? out : aux, in);
+    if (!direct)
+      for (size_t i = 0; i < cnt; i++)
+        out[i] += aux[i];
     first = false;
   }
   if (first)
-    memset(out, 0, (size_t)(r1 - r0) * in * sizeof(float));
+    memset(out, 0, cnt * sizeof(float));
 }
 
 size_t dt_model_deferred_grad(dt_model *m, const float *const *ex, int n, size_t lo, size_t hi,
@@ -882,8 +889,8 @@ size_t dt__nn_deferred_grad(dt_model *m, int t, const float *const *ex, int n, s
   size_t rows = m->dtile_floats / in;
   if (r1 > r0 + rows)
     r1 = r0 + rows;
-  float *tile = m->dtile + (size_t)t * m->dtile_floats;
-  wgrad_rows(l, ex, n, (int)r0, (int)r1, tile);
+  float *tile = m->dtile + (size_t)t * 2 * m->dtile_floats;
+  wgrad_rows(l, ex, n, (int)r0, (int)r1, tile, tile + m->dtile_floats);
   *g = tile + (lo - l->w_off - r0 * in);
   size_t stop = l->w_off + r1 * in;
   return (stop < hi ? stop : hi) - lo;

@@ -158,6 +158,10 @@ dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **laye
  * C. Single-threaded (callers split the work); never fails and never allocates after this
  * thread's first call (or dt__nn_gemm_reserve). Uses dtrain's AVX-512 kernel when the CPU has
  * AVX-512F, OpenBLAS otherwise; DTRAIN_GEMM=blas|own|auto overrides (read once per process). */
+/* The run of k over which dt__nn_sgemm sums each element before adding it to C: a product with
+ * K at most this and beta 1 gives C + (the product with beta 0) exactly; beyond it, and for 0
+ * (OpenBLAS), later runs are added onto C one after another. */
+int dt__nn_sgemm_kblock(void);
 void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* DT_ERR_INVALID for a DTRAIN_GEMM value that is not auto/own/blas, DT_ERR_UNSUPPORTED for

@@ -836,6 +836,13 @@ static dt_status share_memory(trainer *t) {
   /* sharded: the parts back to back hold n gradient arenas, the one copy, then n exports */
   void *w = NULL;
   dt_status rc = dt_comm_window(t->comm, t->zero ? ((n + 1) * arena + n * exsz + n - 1) / n : arena, &w);
+  if (rc == DT_ERR_SYSTEM && defer) { /* every rank failed alike (a full /dev/shm): without the exports */
+    DT_LOG_DEBUG("rank %d: no room for the activation exports (%s): keeping the weight gradients",
+                 t->rank, dt_last_error());
+    defer = 0;
+    exsz = 0;
+    rc = dt_comm_window(t->comm, ((n + 1) * arena + n - 1) / n, &w);
+  }
   if (rc == DT_ERR_UNSUPPORTED)
     return DT_OK;
   if (rc != DT_OK) {

@@ -1,13 +1,9 @@
-/* test_nn_defer_kc.c - QA: deferred linear weight gradients against summing the ranks' whole
- * gradients when a rank's batch is above the sgemm's K block (GEMM_KC, 256 samples).
- * docs/ZERO.md says the parameters are the same bit for bit as DTRAIN_DEFER=0; with two ranks
- * of 300 samples each, dt_model_deferred_grad's sum (rank 0's product, then rank 1's product
- * accumulated onto it with beta = 1, which the sgemm does one K block at a time) is not
- * fl(g0 + g1) (rank 1's whole product rounded first, then added).
- * Reproduces end to end with:
- *   for d in 0 1; do DTRAIN_DEFER=$d build/dtrain run -n 2 -- build/dtrain train --max-steps 1 \
- *     --batch 514 --threads 1 --progress off --out /tmp/d$d; done
- *   cmp /tmp/d0/model.safetensors /tmp/d1/model.safetensors   # differ (--batch 512: identical) */
+/* test_nn_defer_kc.c - deferred linear weight gradients against summing the ranks' whole
+ * gradients when a rank's batch is above the sgemm's K block (dt__nn_sgemm_kblock, 256 samples):
+ * with two ranks of 300 samples each, dt_model_deferred_grad must give fl(g0 + g1) bit for bit
+ * (rank 1's whole product rounded first, then added), as dt_optim_step_range_sum does, not
+ * rank 1's product accumulated onto rank 0's one K block at a time (found by a QA pass:
+ * `DTRAIN_DEFER=0|1 dtrain run -n 2 -- dtrain train --batch 514 --max-steps 1` differed). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

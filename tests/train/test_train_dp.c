@@ -38,7 +38,9 @@
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
  *             private and trains anyway; with one just large enough for the gradients of both
- *             workers and one copy of the parameters, the window fits */
+ *             workers and one copy of the parameters, the window fits; with one too small for
+ *             the activation exports too, the window is made without them (one copy, weight
+ *             gradients not deferred) */
 #include <sched.h>
 #include <time.h>
 
@@ -449,6 +451,17 @@ static void group_window(void) {
   CHECK(r.code == 0, "60 MiB /dev/shm: exit %d: %s", r.code, r.err);
   CHECK(!strstr(r.err, "gradients stay private") && strstr(r.err, "parameters: one copy per host"),
         "60 MiB /dev/shm: the window did not fit 3 arenas: %s", r.err);
+  tt_result_free(&r);
+  /* 66 MiB with 300 samples per worker: room for the 3 arenas (52 MB) and the segment, not for
+   * the activation exports too (2 x 9.9 MB): the one copy stays, the weight gradients too */
+  r = tt_run(dir, 300, "unshare -m sh -c 'mount -t tmpfs -o size=66m tmpfs /dev/shm && exec env DTRAIN_LOG=debug %s run "
+             "-n 2 -- %s train --data %s --model in=1x8x8,linear:2048,relu,linear:2048,relu,linear:4 --batch 600 "
+             "--threads 1 --max-steps 2 --out %s/exportshm'",
+             tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code == 0, "66 MiB /dev/shm: exit %d: %s", r.code, r.err);
+  CHECK(!strstr(r.err, "gradients stay private") && strstr(r.err, "parameters: one copy per host") &&
+            strstr(r.err, "no room for the activation exports") && !strstr(r.err, "weight gradients deferred"),
+        "66 MiB /dev/shm: not the one copy without exports: %s", r.err);
   tt_result_free(&r);
 }
 
