@@ -219,8 +219,14 @@ static int64_t el_first_wait_ms(const elastic *e) {
   return ms > 0 ? ms : 300000;
 }
 
-/* Every 10 s of waiting: one line saying for whom (nobody wonders whether the job hangs). */
+/* Every 10 s of waiting (a quarter of a shorter wait, at least 1 s): one line saying for whom
+ * (nobody wonders whether the job hangs). */
 #define EL_SAY_MS 10000
+
+static int64_t el_say_ms(int64_t wait_ms) {
+  int64_t s = wait_ms / 4;
+  return s < 1000 ? 1000 : s > EL_SAY_MS ? EL_SAY_MS : s;
+}
 
 /* Parses "n:addr,n:addr" into e->members. */
 static dt_status el_parse_members(elastic *e, const char *v) {
@@ -242,8 +248,9 @@ static dt_status el_parse_members(elastic *e, const char *v) {
 /* The decider's part: who joined generation gen within the window. */
 static dt_status el_decide(elastic *e, char *val, size_t cap) {
   char key[64];
-  int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(e->gen == 0 ? el_first_wait_ms(e) : e->window_ms);
-  int64_t say = dt__deadline_after_ms(EL_SAY_MS), last_call = DT_NO_DEADLINE;
+  int64_t wait_ms = e->gen == 0 ? el_first_wait_ms(e) : e->window_ms, say_ms = el_say_ms(wait_ms);
+  int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(wait_ms);
+  int64_t say = dt__deadline_after_ms(say_ms), last_call = DT_NO_DEADLINE;
   int candidates[EL_MAX_NODES], nc = 0;
   if (e->gen == 0) {
     for (int n = 0; n < e->base->nnodes; n++)
@@ -348,7 +355,7 @@ static dt_status el_decide(elastic *e, char *val, size_t cap) {
           o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? ", " : "", candidates[k]);
       fprintf(stderr, "dtrain run: node %d: waiting for node%s %s to join generation %d (%d of %d here, %.0f s)\n",
               e->me, pending == 1 ? "" : "s", who, e->gen, here, nc, (double)(dt_now_ns() - t0) / 1e9);
-      say = dt__deadline_after_ms(EL_SAY_MS);
+      say = dt__deadline_after_ms(say_ms);
     }
     if (dt__expired(end) || dt__expired(last_call)) {
       for (int k = 0; k < nc; k++)
@@ -440,10 +447,10 @@ static dt_status el_join(elastic *e) {
       st = el_decide(e, val, sizeof val);
     size_t n = 0;
     el_key(key, sizeof key, e->gen, "members");
-    int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(e->gen == 0 ? el_first_wait_ms(e) + e->window_ms
-                                                                     : 4 * e->window_ms);
+    int64_t wait_ms = e->gen == 0 ? el_first_wait_ms(e) + e->window_ms : 4 * e->window_ms;
+    int64_t t0 = dt_now_ns(), end = dt__deadline_after_ms(wait_ms);
     while (!st) {
-      int64_t slice = dt__deadline_after_ms(EL_SAY_MS);
+      int64_t slice = dt__deadline_after_ms(el_say_ms(wait_ms));
       st = dt__store_wait_flags(e->st, key, val, sizeof val - 1, &n, DT_STORE_WAIT_IGNORE_VERDICT,
                                 slice < end ? slice : end);
       if (st != DT_ERR_TIMEOUT || dt__expired(end))

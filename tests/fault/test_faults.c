@@ -625,6 +625,33 @@ static void test_run_elastic_starts_without_absent(void **state) {
   free(out);
 }
 
+/* A 2-host elastic job whose node 1 never comes, with --timeout 4: node 0 says every second
+ * (a quarter of the wait) whom it waits for, then that node 1 did not join, and ends (exit 1)
+ * naming --min-nodes, within the timeout and a second. */
+static void test_run_elastic_says_who_is_missing(void **state) {
+  char portarg[32];
+  snprintf(portarg, sizeof portarg, "127.0.0.1:%d", free_port_block(4));
+  const char *argv[] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", "0", "--master", portarg,
+                        "--timeout", "4", "--max-restarts", "1", "--", worker, "--steps", "5", NULL};
+  const char *env[] = {"DTRAIN_JOB_SECRET=alone", NULL};
+  int64_t t0 = dt_now_ns();
+  int st = wait_bounded(spawn(argv, env, pathf("%s/run.out", dir), pathf("%s/run.err", dir)), 30000);
+  int64_t ms = (dt_now_ns() - t0) / 1000000;
+  char *out = slurp(pathf("%s/run.out", dir)), *err = slurp(pathf("%s/run.err", dir));
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1))
+    fail_msg("status %d: %s", st, err);
+  int says = 0;
+  for (const char *p = strstr(err, "node 0: waiting for node 1 to join generation 0 (1 of 2 here"); p;
+       p = strstr(p + 1, "node 0: waiting for node 1 to join generation 0 (1 of 2 here"))
+    says++;
+  if (says < 2 || !strstr(err, "node 1 did not join generation 0") || !strstr(err, "--min-nodes is 2"))
+    fail_msg("%d waiting lines: %s", says, err);
+  if (ms < 3900 || ms > 9000)
+    fail_msg("took %lld ms with --timeout 4", (long long)ms);
+  free(out);
+  free(err);
+}
+
 /* Starts the elastic agent of node r of a 2-host job (--nnodes 2 --master 127.0.0.1:port, -n 1)
  * with `restarts`, the fault `fault` (NULL: none) and `steps` steps of 10 ms with checkpoints
  * every 3 in dir/ck; the job secret depends on `tag`; output to dir/<out>.out/.err. */
@@ -770,6 +797,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_elastic_rejoin, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_starts_without_absent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_says_who_is_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_ends, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_blame_named, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_duplicate_refused, setup, teardown),
