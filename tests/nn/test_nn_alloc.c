@@ -1,5 +1,6 @@
 /* test_nn_alloc.c - a training step allocates nothing: forward, backward (with a hook),
- * zero_grad, clipping, optimizer steps and evaluation are run while every malloc-family call
+ * zero_grad, clipping, optimizer steps and evaluation, and a step with deferred linear weight
+ * gradients (on 1 and 2 threads), are run while every malloc-family call
  * made by this thread is counted, and the model's buffer pointers must not move.
  *
  * Counting works by defining malloc & co. in this executable, which the dynamic linker prefers
@@ -134,6 +135,48 @@ static void step_without_alloc(const char *spec, int threads) {
   dt_model_destroy(m);
 }
 
+/* The same with the linear weight gradients deferred (dt_model_defer_linear_grads): backward
+ * fills the export and the update computes them (dt_optim_step_range_deferred), a tile at a
+ * time on each thread, without allocating. */
+static void deferred_step_without_alloc(const char *spec, int threads) {
+  dt_nn_set_threads(threads);
+  const int B = 16;
+  dt_model *m;
+  assert_int_equal(dt_model_create(spec, B, 1, &m), DT_OK);
+  float *ex = aligned_alloc(64, (dt_model_export_size(m, B) * sizeof(float) + 63) / 64 * 64);
+  assert_non_null(ex);
+  assert_int_equal(dt_model_defer_linear_grads(m, ex, B), DT_OK);
+  size_t n = dt_model_param_count(m), in = dt_model_input_size(m);
+  dt_param_range all = {0, n};
+  dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
+  c.momentum = 0.9f;
+  dt_optim *o;
+  assert_int_equal(dt_optim_create_ranges(&c, m, &all, 1, &o), DT_OK);
+  float *x = malloc(in * B * sizeof(float));
+  int32_t y[16];
+  for (size_t i = 0; i < in * B; i++)
+    x[i] = (float)(i % 13) / 13.0f;
+  for (int i = 0; i < B; i++)
+    y[i] = i % (int)dt_model_output_size(m);
+  const float *g[1] = {dt_model_grads(m)}, *e[1] = {ex};
+  allocs = 0;
+  counting = 1;
+  for (int step = 0; step < 3; step++) {
+    dt_model_discard_grad(m);
+    assert_int_equal(dt_model_forward(m, x, B - step, 1, NULL), DT_OK);
+    assert_int_equal(dt_model_backward(m, y, 1.0f, NULL, NULL, NULL), DT_OK);
+    assert_int_equal(dt_optim_begin_step(o, 0.01f), DT_OK);
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, g, e, 1, 1.0f), DT_OK);
+  }
+  counting = 0;
+  if (COUNTING && allocs != 0)
+    fail_msg("%s deferred: %ld allocations during 3 training steps", spec, allocs);
+  free(x);
+  dt_optim_destroy(o);
+  dt_model_destroy(m);
+  free(ex);
+}
+
 static void test_counter_works(void **s) {
   if (!COUNTING)
     skip();
@@ -150,6 +193,10 @@ static void test_counter_works(void **s) {
 static void test_mlp(void **s) { step_without_alloc("mlp", 1); }
 static void test_cnn(void **s) { step_without_alloc("cnn", 1); }
 static void test_mlp2(void **s) { step_without_alloc("mlp", 2); }
+static void test_mlp_deferred(void **s) {
+  deferred_step_without_alloc("mlp", 1);
+  deferred_step_without_alloc("mlp", 2);
+}
 static void test_all_layers(void **s) {
   step_without_alloc("in=1x12x12,conv3x3:4:s2:p1,gelu,avgpool2,conv3x3:6:p1,relu,maxpool3:s1,"
                      "flatten,layernorm,dropout:0.5,linear:7",
@@ -163,6 +210,7 @@ int main(void) {
       cmocka_unit_test(test_cnn),
       cmocka_unit_test(test_mlp2),
       cmocka_unit_test(test_all_layers),
+      cmocka_unit_test(test_mlp_deferred),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

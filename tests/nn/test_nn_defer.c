@@ -165,6 +165,22 @@ static void test_defer_stretches(void **st) {
   assert_int_equal(dt_model_deferred_grad(m, (const float *const *)&ex, 1, 16644, 16708, &g), 64);
   assert_null(g);
   assert_int_equal(dt_model_deferred_grad(m, (const float *const *)&ex, 1, 5, 5, &g), 0);
+  /* the deferred update's own errors */
+  {
+    dt_param_range all = {0, 16708};
+    dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
+    dt_optim *o;
+    assert_int_equal(dt_optim_create_ranges(&c, m, &all, 1, &o), DT_OK);
+    const float *gs[1] = {dt_model_grads(m)}, *es[1] = {ex}, *none[1] = {NULL};
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, es, 1, 1.0f), DT_ERR_STATE); /* no begin */
+    assert_int_equal(dt_optim_begin_step(o, 0.1f), DT_OK);
+    assert_int_equal(dt_optim_step_range_deferred(o, 1, gs, es, 1, 1.0f), DT_ERR_INVALID);
+    assert_non_null(strstr(dt_last_error(), "range 1 of 1"));
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, none, 1, 1.0f), DT_ERR_INVALID);
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, es, 0, 1.0f), DT_ERR_INVALID);
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, NULL, es, 1, 1.0f), DT_ERR_INVALID);
+    dt_optim_destroy(o);
+  }
   /* errors: nothing changes */
   assert_int_equal(dt_model_defer_linear_grads(m, ex + 1, ROWS), DT_ERR_INVALID);
   assert_int_equal(dt_model_defer_linear_grads(m, ex, 0), DT_ERR_INVALID);
