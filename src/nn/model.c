@@ -750,9 +750,9 @@ void dt_model_discard_grad(dt_model *m) { m->discarded = true; }
 
 /* ---- deferred linear weight gradients ----
  * An export is a 16-float header (the batch of the last backward, as an int32) and then, for
- * each linear layer in model order, max_batch rows of its input x and of its output gradient
- * dy, each block 16-float aligned. Every process of the same model and max batch lays it out
- * alike, so one rank reads another's export at the same offsets. */
+ * each linear layer in model order, `rows` rows of its input x and of its output gradient dy,
+ * each block 16-float aligned. Every process of the same model lays out an export of the same
+ * rows alike, so one rank reads another's at the same offsets. */
 #define EXP_HEADER 16
 /* Floats of weight gradient computed at a time by dt_model_deferred_grad (at least one row):
  * 512 KiB, in L2 until the update has used it. */
