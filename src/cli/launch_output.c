@@ -140,7 +140,8 @@ static void out_note_end(dt_out *o, int fd, int src, char last) {
 }
 
 bool dt__out_is_alert(const char *s, size_t n) {
-  static const char *const words[] = {"error", "warn", "fatal", "hint", "exception", "traceback"};
+  /* "refused": a worker stopping on rank 0's verdict ("rank 0 refused to resume: ...") */
+  static const char *const words[] = {"error", "warn", "fatal", "hint", "exception", "traceback", "refused"};
   for (size_t i = 0; i < n; i++) {
     char c = (char)tolower((unsigned char)s[i]);
     for (size_t k = 0; k < DT_ARRAY_LEN(words); k++) {

@@ -461,7 +461,8 @@ static void test_output_rank0(void **state) {
                        "echo \"WARNING: low memory on $DTRAIN_RANK\" >&2; "
                        "echo \"info chatter $DTRAIN_RANK\" >&2; "
                        "echo \"an Error in $DTRAIN_RANK\"; "
-                       "echo \"---> HINT: try $DTRAIN_RANK\" >&2";
+                       "echo \"---> HINT: try $DTRAIN_RANK\" >&2; "
+                       "echo \"dtrain train: rank $DTRAIN_RANK: rank 0 refused to resume: no checkpoint\" >&2";
   const char *args[] = {"run", "-n", "3", "--output", "rank0", "--", "sh", "-c", script, NULL};
   assert_int_equal(run_dtrain(30000, args), 0);
   char *out = slurp(pathf("out")), *err = slurp(pathf("err"));
@@ -475,12 +476,14 @@ static void test_output_rank0(void **state) {
   assert_null(strstr(err, "info chatter 1"));
   assert_null(strstr(err, "info chatter 2"));
   for (int r = 1; r < 3; r++) {
-    char want[64];
+    char want[128];
     snprintf(want, sizeof want, "[rank %d] WARNING: low memory on %d\n", r, r);
     assert_int_equal(count_of(err, want), 1);
     snprintf(want, sizeof want, "[rank %d] an Error in %d\n", r, r);
     assert_int_equal(count_of(out, want), 1);
     snprintf(want, sizeof want, "[rank %d] ---> HINT: try %d\n", r, r);
+    assert_int_equal(count_of(err, want), 1);
+    snprintf(want, sizeof want, "[rank %d] dtrain train: rank %d: rank 0 refused to resume: no checkpoint\n", r, r);
     assert_int_equal(count_of(err, want), 1);
   }
   free(out);
