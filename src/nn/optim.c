@@ -309,22 +309,26 @@ dt_status dt_optim_step_range(dt_optim *o, size_t i, const float *grad) {
   return step_range(o, i, grad, NULL, 0, 1.0f, NULL);
 }
 
-dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale) {
+/* The sources of a summed (or, with ex, deferred) range: n >= 1 of them, none NULL. */
+static dt_status check_sum(const float *const *grads, const float *const *ex, int n) {
   if (!grads || n < 1)
     return dt_set_error(DT_ERR_INVALID, "optimizer: a sum of %d gradients", grads ? n : 0);
   for (int k = 0; k < n; k++)
-    if (!grads[k])
-      return dt_set_error(DT_ERR_INVALID, "optimizer: gradient %d of the sum is NULL", k);
+    if (!grads[k] || (ex && !ex[k]))
+      return dt_set_error(DT_ERR_INVALID, "optimizer: %s %d of the sum is NULL", grads[k] ? "export" : "gradient", k);
+  return DT_OK;
+}
+
+dt_status dt_optim_step_range_sum(dt_optim *o, size_t i, const float *const *grads, int n, float scale) {
+  DT_CHECK(check_sum(grads, NULL, n));
   return step_range(o, i, NULL, grads, n, scale, NULL);
 }
 
 dt_status dt_optim_step_range_deferred(dt_optim *o, size_t i, const float *const *grads,
                                        const float *const *ex, int n, float scale) {
-  if (!grads || !ex || n < 1)
-    return dt_set_error(DT_ERR_INVALID, "optimizer: a deferred sum of %d gradients", n);
-  for (int k = 0; k < n; k++)
-    if (!grads[k] || !ex[k])
-      return dt_set_error(DT_ERR_INVALID, "optimizer: gradient or export %d of the sum is NULL", k);
+  if (!ex)
+    return dt_set_error(DT_ERR_INVALID, "optimizer: a deferred sum without exports");
+  DT_CHECK(check_sum(grads, ex, n));
   return step_range(o, i, NULL, grads, n, scale, ex);
 }
 

@@ -85,6 +85,18 @@ int posix_memalign(void **out, size_t al, size_t n) {
 static int hook_calls;
 static void hook(void *ctx, size_t off, size_t count) { hook_calls++; }
 
+/* A batch of b samples for m (the caller frees it) and its labels in y. */
+static float *batch_of(const dt_model *m, int b, int32_t *y) {
+  size_t in = dt_model_input_size(m);
+  float *x = malloc(in * (size_t)b * sizeof(float));
+  assert_non_null(x);
+  for (size_t i = 0; i < in * (size_t)b; i++)
+    x[i] = (float)(i % 13) / 13.0f;
+  for (int i = 0; i < b; i++)
+    y[i] = i % (int)dt_model_output_size(m);
+  return x;
+}
+
 static void step_without_alloc(const char *spec, int threads) {
   dt_nn_set_threads(threads);
   const int B = 16;
@@ -96,13 +108,8 @@ static void step_without_alloc(const char *spec, int threads) {
   assert_int_equal(dt_optim_create(&c, m, &o[0]), DT_OK);
   c = dt_optim_defaults(DT_OPTIM_ADAMW);
   assert_int_equal(dt_optim_create(&c, m, &o[1]), DT_OK);
-  size_t in = dt_model_input_size(m);
-  float *x = malloc(in * B * sizeof(float));
   int32_t y[16];
-  for (size_t i = 0; i < in * B; i++)
-    x[i] = (float)(i % 13) / 13.0f;
-  for (int i = 0; i < B; i++)
-    y[i] = i % (int)dt_model_output_size(m);
+  float *x = batch_of(m, B, y);
   float *params = dt_model_params(m), *grads = dt_model_grads(m);
   const float *logits0 = NULL, *logits;
   /* one warm-up step: OpenBLAS sets up its buffers on first use */
@@ -146,18 +153,14 @@ static void deferred_step_without_alloc(const char *spec, int threads) {
   float *ex = aligned_alloc(64, (dt_model_export_size(m, B) * sizeof(float) + 63) / 64 * 64);
   assert_non_null(ex);
   assert_int_equal(dt_model_defer_linear_grads(m, ex, B), DT_OK);
-  size_t n = dt_model_param_count(m), in = dt_model_input_size(m);
+  size_t n = dt_model_param_count(m);
   dt_param_range all = {0, n};
   dt_optim_config c = dt_optim_defaults(DT_OPTIM_SGD);
   c.momentum = 0.9f;
   dt_optim *o;
   assert_int_equal(dt_optim_create_ranges(&c, m, &all, 1, &o), DT_OK);
-  float *x = malloc(in * B * sizeof(float));
   int32_t y[16];
-  for (size_t i = 0; i < in * B; i++)
-    x[i] = (float)(i % 13) / 13.0f;
-  for (int i = 0; i < B; i++)
-    y[i] = i % (int)dt_model_output_size(m);
+  float *x = batch_of(m, B, y);
   const float *g[1] = {dt_model_grads(m)}, *e[1] = {ex};
   allocs = 0;
   counting = 1;

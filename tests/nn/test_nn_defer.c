@@ -9,8 +9,9 @@
  * AdamW, with the deferred models' linear weight gradients poisoned with NaN before each backward
  * (so they are proven unread), on one and two compute threads (the long ranges are split across
  * them). Also: the stretches dt_model_deferred_grad reports, an empty
- * export's zero gradient, and the errors (misaligned export, rows outside [1, max batch], a
- * backward larger than the export). */
+ * export's zero gradient, the errors (misaligned export, rows outside [1, max batch], a
+ * backward larger than the export, the deferred update's), and ranks above the product's K
+ * block. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -177,6 +178,8 @@ static void test_defer_stretches(void **st) {
     assert_int_equal(dt_optim_step_range_deferred(o, 1, gs, es, 1, 1.0f), DT_ERR_INVALID);
     assert_non_null(strstr(dt_last_error(), "range 1 of 1"));
     assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, none, 1, 1.0f), DT_ERR_INVALID);
+    assert_non_null(strstr(dt_last_error(), "export 0 of the sum is NULL"));
+    assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, NULL, 1, 1.0f), DT_ERR_INVALID);
     assert_int_equal(dt_optim_step_range_deferred(o, 0, gs, es, 0, 1.0f), DT_ERR_INVALID);
     assert_int_equal(dt_optim_step_range_deferred(o, 0, NULL, es, 1, 1.0f), DT_ERR_INVALID);
     dt_optim_destroy(o);
@@ -201,11 +204,76 @@ static void test_defer_stretches(void **st) {
   free(ex);
 }
 
+/* ---- above the product's K block ----
+ * With two ranks of 300 samples each (above dt__nn_sgemm_kblock's 256), dt_model_deferred_grad
+ * must still give fl(g0 + g1) bit for bit: rank 1's whole product rounded first, then added, as
+ * dt_optim_step_range_sum does, not its product added onto rank 0's one K block at a time (found
+ * by a QA pass: `DTRAIN_DEFER=0|1 dtrain run -n 2 -- dtrain train --batch 514` differed). */
+#define KB 300
+
+static void run_kb(dt_model *m, int rank) {
+  static float x[KB * 256];
+  int32_t y[KB];
+  for (size_t i = 0; i < (size_t)KB * 256; i++)
+    x[i] = input_at(0, rank, i);
+  for (int r = 0; r < KB; r++)
+    y[r] = (r + rank) % 4;
+  dt_model_discard_grad(m);
+  assert_int_equal(dt_model_forward(m, x, KB, 1, NULL), DT_OK);
+  assert_int_equal(dt_model_backward(m, y, 0.5f, NULL, NULL, NULL), DT_OK);
+}
+
+static void test_defer_above_kc(void **st) {
+  (void)st;
+  dt_nn_set_threads(1);
+  dt_model *m[2];
+  float *ex[2], *g[2];
+  for (int q = 0; q < 2; q++) {
+    assert_int_equal(dt_model_create(SPEC, KB, 5, &m[q]), DT_OK);
+    if (q > 0)
+      assert_int_equal(dt_model_share_params(m[q], dt_model_params(m[0])), DT_OK);
+    assert_int_equal(dt_model_param_count(m[q]), 16708);
+    run_kb(m[q], q); /* not deferred: whole gradients */
+    g[q] = malloc(16708 * sizeof(float));
+    assert_non_null(g[q]);
+    memcpy(g[q], dt_model_grads(m[q]), 16708 * sizeof(float));
+    ex[q] = aligned_alloc(64, (dt_model_export_size(m[q], KB) * sizeof(float) + 63) / 64 * 64);
+    assert_non_null(ex[q]);
+    assert_int_equal(dt_model_defer_linear_grads(m[q], ex[q], KB), DT_OK);
+    run_kb(m[q], q); /* deferred: the export */
+  }
+  size_t mism = 0;
+  static const size_t ranges[2][2] = {{0, 256}, {260, 16644}};
+  for (int r = 0; r < 2; r++)
+    for (size_t a = ranges[r][0]; a < ranges[r][1];) {
+      float *d;
+      size_t k = dt_model_deferred_grad(m[0], (const float *const *)ex, 2, a, ranges[r][1], &d);
+      assert_non_null(d);
+      assert_true(k > 0);
+      for (size_t i = 0; i < k; i++) {
+        float want = g[0][a + i] + g[1][a + i]; /* what dt_optim_step_range_sum adds */
+        if (memcmp(&want, &d[i], sizeof want))
+          mism++;
+      }
+      a += k;
+    }
+  if (mism)
+    print_error("%zu of %d weight gradient floats differ from the sum of the ranks' gradients\n", mism,
+                256 + 16384);
+  assert_int_equal(mism, 0);
+  for (int q = 1; q >= 0; q--) {
+    dt_model_destroy(m[q]);
+    free(ex[q]);
+    free(g[q]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defer_sgd),
       cmocka_unit_test(test_defer_adamw),
       cmocka_unit_test(test_defer_stretches),
+      cmocka_unit_test(test_defer_above_kc),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
