@@ -421,6 +421,12 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         if (w->code != 0 || (w->sig && w->sig != SIGTERM && !(w->sig == SIGKILL && s.killed)))
           job->first_failed = v;
       }
+      /* The stop came from elsewhere (another host, or a verdict naming no rank of ours) before
+       * we reaped one of ours that ended with code 2, a usage or settings error: never a reaction
+       * to being stopped, so it is this host's failure (and no restart mends it). */
+      for (int i = 0; i < n && job->first_failed < 0; i++)
+        if (job->w[i].exited && !job->w[i].sig && job->w[i].code == 2)
+          job->first_failed = i;
     }
     /* A survivor named a dead or hung rank: no need to wait for the survivors to exit. */
     if (job->outcome == DT_JOB_OK && !s.stopping && dt__out_verdict_ns(job->out)) {
