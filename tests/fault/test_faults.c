@@ -661,7 +661,7 @@ static pid_t start_agent_of_two(int r, int port, const char *tag, const char *re
   snprintf(secret, sizeof secret, "DTRAIN_JOB_SECRET=%s-%d", tag, (int)getpid());
   snprintf(portarg, sizeof portarg, "127.0.0.1:%d", port);
   const char *env[] = {secret, NULL};
-  const char *argv[32] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
+  const char *argv[40] = {bin, "run", "-n", "1", "--nnodes", "2", "--node-rank", r ? "1" : "0", "--master", portarg,
                           "--max-restarts", restarts, "--fault-timeout", "1.5", "--kill-after", "1"};
   int k = 16;
   if (fault) {
