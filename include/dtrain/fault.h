@@ -9,6 +9,8 @@
  *   exit          _exit(code) without cleanup (code=N, default 1)
  *   delay         sleep ms=D before each message this worker sends, from the step on
  *                 (a slow link or straggler); with no transport hook, before each step
+ *   slow          sleep ms=D in each step's compute (just before the optimizer update), from
+ *                 the step on: a straggler, a CPU slower or busier than the others'
  *   close         shut down every peer TCP connection of this worker (not the store's):
  *                 a cut link as the peers see it
  *   drop          discard the data frames this worker sends on the tcp transport, from the

@@ -6,7 +6,9 @@
  * Metrics file (JSON Lines), one object per line, flushed as written:
  *   {"type":"step","step":120,"epoch":1,"loss":0.51234567,"lr":0.05,"samples_per_s":9120.5,
  *    "compute_ms":12.1,"comm_ms":0.8,"data_ms":0.01,"allreduce_bytes":7458856,
- *    "busbw_gbps":3.1,"world_size":2,"time":1795000000.123}
+ *    "busbw_gbps":3.1,"world_size":2,"compute_max_ms":12.4,"compute_min_ms":11.9,
+ *    "slowest_rank":1,"time":1795000000.123}
+ *   (the compute_max/min and slowest_rank fields only with more than one worker)
  *   {"type":"epoch","epoch":1,"step":469,"test_loss":0.46,"test_accuracy":0.8351,
  *    "train_loss":0.58,"epoch_s":6.2,"time":...}
  *   {"type":"note","text":"resumed ...","time":...}

@@ -114,6 +114,10 @@ typedef struct dt_train_step_info {
                                  bytes * (n-1)/n, over the time they were in flight */
   double eta_s;               /* estimated time to the last step */
   int world_size;
+  /* compute_ms of the slowest and of the fastest rank over the interval, and which rank was the
+   * slowest (-1 with one worker, where both are compute_ms): every step waits for the slowest */
+  double compute_max_ms, compute_min_ms;
+  int slowest_rank;
 } dt_train_step_info;
 
 typedef struct dt_train_epoch_info {
@@ -147,6 +151,9 @@ typedef struct dt_train_summary {
   double train_s;                   /* steps only, no evaluation */
   double comm_exposed_s;            /* summed exposed communication time (rank 0) */
   double data_wait_s;
+  double compute_imbalance;         /* the slowest rank's compute time over the fastest's, whole
+                                       run (1 with one worker) */
+  int slowest_rank;                 /* -1 with one worker */
   double peak_rss_mb;               /* this process (getrusage) */
   int world_size;
   int64_t resumed_from_step;        /* -1: fresh start */

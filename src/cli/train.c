@@ -389,6 +389,8 @@ int dt_cli_train(int argc, char **argv) {
     dt__json_field(o, ",", "comm_exposed_s", "%.10g", s.comm_exposed_s);
     dt__json_field(o, ",", "comm_exposed_share", "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
     dt__json_field(o, ",", "data_wait_s", "%.10g", s.data_wait_s);
+    dt__json_field(o, ",", "compute_imbalance", "%.10g", s.compute_imbalance);
+    fprintf(o, ",\"slowest_rank\":%d", s.slowest_rank);
     dt__json_field(o, ",", "peak_rss_mb", "%.10g", s.peak_rss_mb);
     fprintf(o, ",\"world_size\":%d,\"threads\":%d,\"global_batch\":%d,\"params\":%zu,\"model\":",
             s.world_size, cfg.threads, cfg.global_batch, s.param_count);
@@ -427,6 +429,9 @@ int dt_cli_train(int argc, char **argv) {
   if (s.world_size > 1 && s.train_s > 0)
     printf("exposed communication %.1f%% of training time (%.2f s), data wait %.1f%%\n",
            100.0 * s.comm_exposed_s / s.train_s, s.comm_exposed_s, 100.0 * s.data_wait_s / s.train_s);
+  if (s.world_size > 1)
+    printf("slowest rank %d: %.2fx the fastest rank's compute time\n", s.slowest_rank,
+           s.compute_imbalance);
   printf("test accuracy %.4f, test loss %.4f\n", s.test_accuracy, s.test_loss);
   printf("model:       %s\n", s.model_file);
   if (cfg.checkpoint_dir)

@@ -25,8 +25,9 @@
 #define FAULT_ANY (-1)
 
 /* kill, stop and exit first: the kinds that take at= (kind <= F_EXIT) */
-typedef enum { F_KILL, F_STOP, F_EXIT, F_DELAY, F_CLOSE, F_CORRUPT, F_DROP, F_KINDS } fault_kind;
-static const char *const fault_names[F_KINDS] = {"kill", "stop", "exit", "delay", "close", "corrupt-ckpt", "drop"};
+typedef enum { F_KILL, F_STOP, F_EXIT, F_DELAY, F_CLOSE, F_CORRUPT, F_DROP, F_SLOW, F_KINDS } fault_kind;
+static const char *const fault_names[F_KINDS] = {"kill", "stop", "exit", "delay", "close", "corrupt-ckpt", "drop",
+                                                 "slow"};
 
 /* Probabilities are kept in parts per million (p=0.25 -> 250000). */
 #define FAULT_PPM 1000000
@@ -134,13 +135,13 @@ static dt_status fault_param(fault_item *it, int idx, const char *s, size_t n, u
     if (strlen(keys[i]) == kn && !memcmp(keys[i], s, kn))
       k = i;
   /* Which kinds take which keys beyond rank/step/gen. */
-  bool ok_for_kind = k >= 0 && (k <= 2 || (k == 3 && it->kind == F_DELAY) || (k == 4 && it->kind == F_EXIT) ||
+  bool ok_for_kind = k >= 0 && (k <= 2 || (k == 3 && (it->kind == F_DELAY || it->kind == F_SLOW)) || (k == 4 && it->kind == F_EXIT) ||
                                 ((k == 5 || k == 6) && it->kind == F_CORRUPT) ||
                                 ((k == 7 || k == 8) && it->kind == F_DROP) || (k == 9 && it->kind <= F_EXIT));
   if (!ok_for_kind)
     return FAULT_BAD("DTRAIN_FAULTS item %d (%s): unknown key '%.*s' (keys: rank, step, gen%s)", idx,
                      fault_names[it->kind], (int)kn, s,
-                     it->kind == F_DELAY     ? ", ms"
+                     it->kind == F_DELAY || it->kind == F_SLOW ? ", ms"
                      : it->kind == F_EXIT    ? ", code, at"
                      : it->kind == F_CORRUPT ? ", dir, mode"
                      : it->kind == F_DROP    ? ", count, p"
@@ -231,8 +232,8 @@ static dt_status fault_item_parse(fault_plan *p, int idx, const char *s, size_t 
     if (strlen(fault_names[k]) == kn && !memcmp(fault_names[k], s, kn))
       it->kind = (fault_kind)k;
   if (it->kind == F_KINDS)
-    return FAULT_BAD("DTRAIN_FAULTS item %d: unknown fault '%.*s' (kill, stop, exit, delay, close, drop, "
-                     "corrupt-ckpt, or seed=N)",
+    return FAULT_BAD("DTRAIN_FAULTS item %d: unknown fault '%.*s' (kill, stop, exit, delay, slow, close, "
+                     "drop, corrupt-ckpt, or seed=N)",
                      idx, (int)kn, s);
   it->code = 1;
   it->ppm = FAULT_PPM;
@@ -253,8 +254,10 @@ static dt_status fault_item_parse(fault_plan *p, int idx, const char *s, size_t 
       q = comma + 1;
     }
   }
-  if (it->kind == F_DELAY && !(seen & (1u << 3)))
-    return FAULT_BAD("DTRAIN_FAULTS item %d (delay): needs ms=D", idx);
+  if ((it->kind == F_DELAY || it->kind == F_SLOW) && !(seen & (1u << 3)))
+    return FAULT_BAD("DTRAIN_FAULTS item %d (%s): needs ms=D", idx, fault_names[it->kind]);
+  if (it->kind == F_SLOW) /* the time is spent inside the step's compute, as a slow CPU spends it */
+    it->at = DT_FAULT_AT_UPDATE;
   if (it->kind == F_CORRUPT && !(seen & (1u << 5)))
     return FAULT_BAD("DTRAIN_FAULTS item %d (corrupt-ckpt): needs dir=PATH (the --checkpoint-dir)", idx);
   p->n++;
@@ -307,6 +310,7 @@ static char fault_init_msg[512];
 static int64_t fault_rank, fault_gen;
 static atomic_bool fault_active;   /* any item concerns this rank and generation */
 static atomic_int fault_delay_ms;  /* > 0 once a delay fault is live */
+static atomic_int fault_slow_ms;   /* > 0 once a slow fault is live */
 static atomic_bool fault_send_hooked;
 /* A live drop fault: drop_left messages still to discard (-1: every one), each chosen with
  * probability drop_ppm by drop_rng (seeded from the spec's seed and this rank). */
@@ -459,7 +463,7 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
     fault_item *it = &fault_the_plan.items[i];
     if (it->rank != fault_rank || (it->gen != FAULT_ANY && it->gen != fault_gen) || step < it->step_lo)
       continue;
-    if (it->kind != F_DELAY && it->kind != F_DROP && step != it->step_lo)
+    if (it->kind != F_DELAY && it->kind != F_DROP && it->kind != F_SLOW && step != it->step_lo)
       continue;
     if (it->at != at)
       continue;
@@ -484,6 +488,11 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
       snprintf(extra, sizeof extra, " - %lld ms per message from now on", (long long)it->ms);
       fault_announce(it, step, extra);
       atomic_store(&fault_delay_ms, (int)it->ms);
+      break;
+    case F_SLOW:
+      snprintf(extra, sizeof extra, " - %lld ms more compute per step from now on", (long long)it->ms);
+      fault_announce(it, step, extra);
+      atomic_store(&fault_slow_ms, (int)it->ms);
       break;
     case F_CLOSE: {
       int n = fault_close_links();
@@ -520,6 +529,9 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
   int ms = atomic_load(&fault_delay_ms);
   if (ms > 0 && !atomic_load(&fault_send_hooked))
     dt__sleep_ns((int64_t)ms * 1000000LL);
+  int slow = atomic_load(&fault_slow_ms);
+  if (slow > 0 && at == DT_FAULT_AT_UPDATE)
+    dt__sleep_ns((int64_t)slow * 1000000LL);
   return DT_OK;
 }
 

@@ -99,6 +99,11 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
     dt__json_field(f, ",", "allreduce_bytes", "%.0f", s->allreduce_bytes);
     dt__json_field(f, ",", "busbw_gbps", "%.6g", s->busbw_gbps);
     fprintf(f, ",\"world_size\":%d", s->world_size);
+    if (s->world_size > 1) {
+      dt__json_field(f, ",", "compute_max_ms", "%.4f", s->compute_max_ms);
+      dt__json_field(f, ",", "compute_min_ms", "%.4f", s->compute_min_ms);
+      fprintf(f, ",\"slowest_rank\":%d", s->slowest_rank);
+    }
     dt__json_field(f, ",", "time", "%.3f", dt_wall_s());
     fputs("}\n", f);
     metrics_flush(m);
@@ -138,7 +143,8 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
             s->epoch, s->epochs, (long long)s->step, (long long)s->total_steps, (double)s->loss,
             (double)s->lr, s->samples_per_s, s->compute_ms, s->comm_ms, s->data_ms);
     if (s->world_size > 1)
-      fprintf(stderr, " busbw %.2f GB/s", s->busbw_gbps);
+      fprintf(stderr, " busbw %.2f GB/s slowest rank %d %.2f ms", s->busbw_gbps, s->slowest_rank,
+              s->compute_max_ms);
     fprintf(stderr, " ETA %s\n", eta);
   }
 }

@@ -807,6 +807,47 @@ typedef struct interval {
   double compute_ns, comm_ns, data_ns, span_ns;
 } interval;
 
+/* ---- stragglers --------------------------------------------------------------------------
+ *
+ * Every step waits for the slowest rank, so one CPU that is slower or busier than the others
+ * (another job on it, or a hypervisor giving the core to another guest) sets the pace of the
+ * whole job, and the others' time shows up as exposed communication, not as their own. So at
+ * every log point the ranks compare their compute time (forward, backward and update, no
+ * waiting): each puts its own in its slot of a world-sized vector and one f64 sum, exact since
+ * the other slots are zeros, gives every rank all of them. Rank 0 reports the spread per interval
+ * and over the run, and warns when the slowest rank computed for STRAGGLER_RATIO times as long
+ * as the fastest (at most every STRAGGLER_QUIET_S seconds, never on the warm-up interval). */
+#define STRAGGLER_RATIO 1.25
+#define STRAGGLER_QUIET_S 300
+
+typedef struct spread {
+  double max_ns, min_ns;
+  int slowest, fastest;
+} spread;
+
+/* Collective: fills s from every rank's `mine` (slot: world doubles). */
+static dt_status compute_spread(trainer *t, double *slot, double mine, spread *s) {
+  memset(slot, 0, (size_t)t->world * sizeof(double));
+  slot[t->rank] = mine;
+  dt_status rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, slot, (size_t)t->world, DT_F64, DT_SUM);
+  if (rc != DT_OK)
+    return dt__error_prefix(rc, "comparing the ranks' compute time");
+  *s = (spread){.max_ns = slot[0], .min_ns = slot[0], .slowest = 0, .fastest = 0};
+  for (int q = 1; q < t->world; q++) {
+    if (slot[q] > s->max_ns) {
+      s->max_ns = slot[q];
+      s->slowest = q;
+    }
+    if (slot[q] < s->min_ns) {
+      s->min_ns = slot[q];
+      s->fastest = q;
+    }
+  }
+  return DT_OK;
+}
+
+static double spread_ratio(const spread *s) { return s->min_ns > 0 ? s->max_ns / s->min_ns : 1.0; }
+
 /* Moves the gradients into the communicator's shared window when it has one (shm: every worker
  * on this host), so that the bucket allreduces copy nothing in or out (dt_comm_window). With the
  * sharded optimizer the parameters go there too, as one copy per host (see "one copy per host"):
@@ -944,8 +985,13 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   size_t pbytes = dt_model_param_count(t->model) * sizeof(float);
   int64_t nlog = (total - step) / (c->log_interval ? c->log_interval : 10) + 2;
   double *rates = dt__calloc((size_t)nlog * sizeof(double));
-  if (!rates)
+  double *slot = t->world > 1 ? dt__calloc((size_t)t->world * sizeof(double)) : NULL;
+  if (!rates || (t->world > 1 && !slot)) {
+    dt__free(rates);
     return DT_ERR_NOMEM;
+  }
+  double compute_total_ns = 0;
+  int64_t straggler_warned_ns = 0;
   int64_t nrates = 0;
   interval iv = {.t0_ns = dt_now_ns()};
   int64_t log_every = c->log_interval ? c->log_interval : 10;
@@ -1033,6 +1079,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     iv.steps++;
     iv.samples += b.global_n;
     iv.compute_ns += (double)((s2 - s1) + (s4 - s3) - gather_wait);
+    compute_total_ns += (double)((s2 - s1) + (s4 - s3) - gather_wait);
     iv.comm_ns += (double)(s3 - s2 + gather_wait);
     iv.data_ns += (double)(s1 - s0);
     iv.span_ns += (double)span;
@@ -1049,6 +1096,19 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       double rate = secs > 0 ? (double)iv.samples / secs : 0;
       if (nrates < nlog)
         rates[nrates++] = rate;
+      spread sp = {.max_ns = iv.compute_ns, .min_ns = iv.compute_ns, .slowest = -1, .fastest = -1};
+      if (t->world > 1) {
+        DT_CHECK_GOTO(compute_spread(t, slot, iv.compute_ns, &sp), rc, fail);
+        if (nrates > 1 && iv.steps >= 5 && spread_ratio(&sp) >= STRAGGLER_RATIO &&
+            (straggler_warned_ns == 0 || now - straggler_warned_ns >= STRAGGLER_QUIET_S * 1000000000LL)) {
+          straggler_warned_ns = now;
+          note(t, "warning: rank %d computed %.2fx as long per step as rank %d over steps %lld-%lld "
+               "(%.2f against %.2f ms); every step waits for the slowest rank: is its CPU slower "
+               "or busy with other work?", sp.slowest, spread_ratio(&sp), sp.fastest,
+               (long long)(step - iv.steps + 1), (long long)step, sp.max_ns / 1e6 / (double)iv.steps,
+               sp.min_ns / 1e6 / (double)iv.steps);
+        }
+      }
       if (t->rank == 0 && t->obs && t->obs->on_step) {
         dt_train_step_info si = {
             .step = step, .total_steps = total, .epoch = (int)b.epoch + 1, .epochs = c->epochs,
@@ -1062,7 +1122,10 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
                                     iv.span_ns
                               : 0,
             .eta_s = rate > 0 ? (double)(total - step) * ((double)iv.samples / (double)iv.steps) / rate : 0,
-            .world_size = t->world};
+            .world_size = t->world,
+            .compute_max_ms = sp.max_ns / 1e6 / (double)iv.steps,
+            .compute_min_ms = sp.min_ns / 1e6 / (double)iv.steps,
+            .slowest_rank = sp.slowest};
         t->obs->on_step(t->obs->ctx, &si);
       }
       memset(&iv, 0, sizeof iv);
@@ -1109,6 +1172,14 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   }
   if (last_eval_step != step)
     DT_CHECK_GOTO(evaluate(t, &test_loss, &test_acc), rc, fail);
+  sum->compute_imbalance = 1.0;
+  sum->slowest_rank = -1;
+  if (t->world > 1) {
+    spread sp;
+    DT_CHECK_GOTO(compute_spread(t, slot, compute_total_ns, &sp), rc, fail);
+    sum->compute_imbalance = spread_ratio(&sp);
+    sum->slowest_rank = sp.slowest;
+  }
 
   if (c->out_dir && t->rank == 0) {
     snprintf(sum->model_file, sizeof sum->model_file, "%s/model.safetensors", c->out_dir);
@@ -1139,9 +1210,11 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   sum->wall_s = (double)(dt_now_ns() - t_start) / 1e9;
   sum->peak_rss_mb = peak_rss_mb();
   dt__free(rates);
+  dt__free(slot);
   return DT_OK;
 fail:
   dt__free(rates);
+  dt__free(slot);
   if (t->world > 1) {
     /* collect requests still in flight so no buffer is borrowed past our return */
     t->armed = 0;

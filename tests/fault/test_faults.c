@@ -129,7 +129,8 @@ static void test_parse_valid(void **state) {
                       "delay:ms=50,rank=0", "close:rank=2,step=1,gen=any", "corrupt-ckpt:dir=/tmp/x,mode=truncate",
                       "kill:rank=0 ; stop:rank=1,step=2", "seed=5;kill",
                       "drop:rank=1,step=2", "drop:rank=any,step=1-4,count=3,p=0.25;seed=3", "drop:p=1", "drop:p=.5",
-                      "stop:rank=1,step=3,at=update", "kill:at=start", "exit:code=2,at=update"};
+                      "stop:rank=1,step=3,at=update", "kill:at=start", "exit:code=2,at=update",
+                      "slow:ms=20,rank=1,step=2-5"};
   for (size_t i = 0; i < DT_ARRAY_LEN(ok); i++)
     if (dt_fault_validate(ok[i], 4) != DT_OK)
       fail_msg("'%s' should parse: %s", ok[i], dt_last_error());
@@ -169,6 +170,9 @@ static void test_parse_invalid(void **state) {
       {"drop:at=update", "unknown key 'at'"},
       {"close:at=update", "unknown key 'at' (keys: rank, step, gen)"},
       {"corrupt-ckpt:dir=/d,at=update", "unknown key 'at'"},
+      {"slow:rank=1", "item 1 (slow): needs ms=D"},
+      {"slow:ms=5,at=update", "unknown key 'at' (keys: rank, step, gen, ms)"},
+      {"slow:ms=600001", "ms=600001 must be milliseconds"},
   };
   for (size_t i = 0; i < DT_ARRAY_LEN(bad); i++) {
     if (dt_fault_validate(bad[i].spec, 4) != DT_ERR_INVALID)

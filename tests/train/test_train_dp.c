@@ -40,7 +40,10 @@
  *             private and trains anyway; with one just large enough for the gradients of both
  *             workers and one copy of the parameters, the window fits; with one too small for
  *             the activation exports too, the window is made without them (one copy, weight
- *             gradients not deferred) */
+ *             gradients not deferred)
+ *   straggler a rank made slow (the slow fault) on 2 workers (shm, one copy) and 3 (tcp, private
+ *             buffers) is named by the summary's slowest_rank and compute_imbalance, by one
+ *             warning from rank 0, and by the metrics; one worker reports no spread */
 #include <sched.h>
 #include <time.h>
 
@@ -465,6 +468,46 @@ static void group_window(void) {
   tt_result_free(&r);
 }
 
+/* A straggler: rank `slow` of n spends 30 ms more per step in its compute (the slow fault), on
+ * the transport and buffers `env` selects. The summary names it with the compute spread, rank 0
+ * warns naming it once the warm-up interval is past, and the metrics file's step lines after
+ * that name it too. */
+static void straggler(int n, int slow, const char *env) {
+  tt_result r = tt_run(dir, 300, "env %s %s run -n %d --raw-stdout --inject-fault 'slow:rank=%d,ms=30' -- %s "
+                       "train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 18 "
+                       "--log-interval 6 --progress lines --json --out %s/slow",
+                       env, tt_bin(), n, slow, tt_bin(), data, dir);
+  CHECK(r.code == 0, "%s, %d workers: exit %d: %s", env, n, r.code, r.err);
+  double who = tt_json_num(r.out, "slowest_rank"), ratio = tt_json_num(r.out, "compute_imbalance");
+  CHECK(who == slow && ratio >= 1.25, "%s: slowest rank %g (want %d), imbalance %g: %s", env, who, slow, ratio, r.out);
+  char want[64];
+  snprintf(want, sizeof want, "warning: rank %d computed ", slow);
+  const char *w = strstr(r.err, want);
+  CHECK(w && strstr(w, "x as long per step as rank ") && strstr(w, "every step waits for the slowest rank"),
+        "%s: no warning naming rank %d: %s", env, slow, r.err);
+  CHECK(strstr(w + 1, want) == NULL, "%s: warned more than once within the quiet time: %s", env, r.err);
+  tt_result_free(&r);
+  char path[2048];
+  snprintf(path, sizeof path, "%s/slow/metrics.jsonl", dir);
+  char *m = tt_slurp(path);
+  CHECK(m, "no metrics file %s", path);
+  const char *last = strstr(m, "\"step\":18,");
+  CHECK(last && tt_json_num(last, "slowest_rank") == slow && tt_json_num(last, "compute_max_ms") >= 30 &&
+            tt_json_num(last, "compute_min_ms") < tt_json_num(last, "compute_max_ms"),
+        "%s: step 18's metrics do not name rank %d: %s", env, slow, m);
+  free(m);
+}
+
+static void group_straggler(void) {
+  straggler(2, 1, "DTRAIN_LOG=warn");                                /* shm, one copy, deferred */
+  straggler(3, 0, "DTRAIN_WINDOW=0 DTRAIN_TRANSPORT=tcp");           /* tcp, private, zero auto */
+  tt_result r = tt_run(dir, 300, "%s train --data %s --model '" TINY_MODEL "' --batch 30 --max-steps 3 --json "
+                       "--out %s/one", tt_bin(), data, dir);
+  CHECK(r.code == 0 && tt_json_num(r.out, "slowest_rank") == -1 && tt_json_num(r.out, "compute_imbalance") == 1,
+        "one worker: exit %d: %s %s", r.code, r.out, r.err);
+  tt_result_free(&r);
+}
+
 int main(int argc, char **argv) {
   const char *g = argc > 1 ? argv[1] : "equiv";
   tt_scratch(dir, sizeof dir, g);
@@ -485,6 +528,8 @@ int main(int argc, char **argv) {
     group_bind();
   else if (!strcmp(g, "window"))
     group_window();
+  else if (!strcmp(g, "straggler"))
+    group_straggler();
   else
     CHECK(0, "unknown group %s", g);
   tt_rmrf(dir);
