@@ -8,6 +8,7 @@
  * It deliberately times nothing (rates are only checked to be positive and finite) and never
  * needs PyTorch. The C helpers are compiled here with -Wall -Wextra -Werror, as the harnesses do.
  * Every child runs under `timeout`. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,12 +105,13 @@ static void test_ceilings(void) {
   snprintf(cmd, sizeof cmd,
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/stream %s/bench/stream.c -lpthread 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/tcp_bw %s/bench/tcp_bw.c -lpthread 2>&1 && "
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/core_probe %s/bench/core_probe.c -lpthread 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -I%s/include -I%s/src $(pkg-config --cflags openblas) "
            "-o %s/sgemm_peak %s/bench/sgemm_peak.c %s/libdtrain.a $(pkg-config --libs openblas) -lz -lm "
            "-lpthread 2>&1",
-           tmp_dir, src_dir, tmp_dir, src_dir, src_dir, src_dir, tmp_dir, src_dir, build_dir);
+           tmp_dir, src_dir, tmp_dir, src_dir, tmp_dir, src_dir, src_dir, src_dir, tmp_dir, src_dir, build_dir);
   int rc = run(cmd, out, sizeof out);
-  CHECK(rc == 0, "compiling bench/stream.c, tcp_bw.c, sgemm_peak.c failed: %s", out);
+  CHECK(rc == 0, "compiling bench/stream.c, tcp_bw.c, core_probe.c, sgemm_peak.c failed: %s", out);
   if (rc)
     return;
   snprintf(cmd, sizeof cmd, "timeout 60 %s/stream --mib 8 --reps 2 --threads 1,2", tmp_dir);
@@ -149,6 +151,20 @@ static void test_ceilings(void) {
   }
   snprintf(cmd, sizeof cmd, "timeout 60 %s/stream --mib 0 >/dev/null 2>&1", tmp_dir);
   CHECK(run(cmd, NULL, 0) == 2, "stream accepted --mib 0");
+  /* core_probe: on CPUs 0 and 1 when this process may use both, else it says it cannot */
+  cpu_set_t cpus;
+  int both = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_ISSET(0, &cpus) && CPU_ISSET(1, &cpus);
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/core_probe 2>&1", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  if (both)
+    CHECK(rc == 0 && strstr(out, "\"handoff_ns\":") && atof(strstr(out, "\"handoff_ns\":") + 13) > 0 &&
+              strstr(out, "\"speed_ratio\":") && atof(strstr(out, "\"speed_ratio\":") + 14) >= 1 &&
+              !strstr(out, "nan") && !strstr(out, "inf"),
+          "core_probe: %d %s", rc, out);
+  else
+    CHECK(rc == 1 && strstr(out, "cannot run on CPU"), "core_probe without CPUs 0 and 1: %d %s", rc, out);
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/core_probe 0 >/dev/null 2>&1", tmp_dir);
+  CHECK(run(cmd, NULL, 0) == 2, "core_probe accepted one CPU");
 }
 
 static void test_harness_usage(void) {
