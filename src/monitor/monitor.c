@@ -178,7 +178,8 @@ static void on_note(void *ctx, const char *text) {
     fputs("}\n", m->metrics);
     metrics_flush(m);
   }
-  if (m->mode == DT_PROGRESS_OFF)
+  /* a warning is shown even with the progress display off */
+  if (m->mode == DT_PROGRESS_OFF && strncmp(text, "warning:", 8) != 0)
     return;
   clear_bar(m);
   fprintf(stderr, "%s\n", text);

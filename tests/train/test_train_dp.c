@@ -43,7 +43,8 @@
  *             gradients not deferred)
  *   straggler a rank made slow (the slow fault) on 2 workers (shm, one copy) and 3 (tcp, private
  *             buffers) is named by the summary's slowest_rank and compute_imbalance, by one
- *             warning from rank 0, and by the metrics; one worker reports no spread */
+ *             warning from rank 0 (also with --progress off), and by the metrics; one worker
+ *             reports no spread */
 #include <sched.h>
 #include <time.h>
 
@@ -472,11 +473,11 @@ static void group_window(void) {
  * the transport and buffers `env` selects. The summary names it with the compute spread, rank 0
  * warns naming it once the warm-up interval is past, and the metrics file's step lines after
  * that name it too. */
-static void straggler(int n, int slow, const char *env) {
+static void straggler(int n, int slow, const char *env, const char *progress) {
   tt_result r = tt_run(dir, 300, "env %s %s run -n %d --raw-stdout --inject-fault 'slow:rank=%d,ms=30' -- %s "
                        "train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 18 "
-                       "--log-interval 6 --progress lines --json --out %s/slow",
-                       env, tt_bin(), n, slow, tt_bin(), data, dir);
+                       "--log-interval 6 --progress %s --json --out %s/slow",
+                       env, tt_bin(), n, slow, tt_bin(), data, progress, dir);
   CHECK(r.code == 0, "%s, %d workers: exit %d: %s", env, n, r.code, r.err);
   double who = tt_json_num(r.out, "slowest_rank"), ratio = tt_json_num(r.out, "compute_imbalance");
   CHECK(who == slow && ratio >= 1.25, "%s: slowest rank %g (want %d), imbalance %g: %s", env, who, slow, ratio, r.out);
@@ -499,8 +500,8 @@ static void straggler(int n, int slow, const char *env) {
 }
 
 static void group_straggler(void) {
-  straggler(2, 1, "DTRAIN_LOG=warn");                                /* shm, one copy, deferred */
-  straggler(3, 0, "DTRAIN_WINDOW=0 DTRAIN_TRANSPORT=tcp");           /* tcp, private, zero auto */
+  straggler(2, 1, "DTRAIN_LOG=warn", "lines");                       /* shm, one copy, deferred */
+  straggler(3, 0, "DTRAIN_WINDOW=0 DTRAIN_TRANSPORT=tcp", "off");     /* tcp, private, zero auto */
   tt_result r = tt_run(dir, 300, "%s train --data %s --model '" TINY_MODEL "' --batch 30 --max-steps 3 --json "
                        "--out %s/one", tt_bin(), data, dir);
   CHECK(r.code == 0 && tt_json_num(r.out, "slowest_rank") == -1 && tt_json_num(r.out, "compute_imbalance") == 1,
