@@ -73,9 +73,9 @@ static dt_status encode_meta(const dt_kv *meta, size_t n, uint8_t **out, size_t 
       return dt_set_error(DT_ERR_INVALID, "checkpoint meta \"%.40s\": too long", meta[i].key);
     total += 8 + kl + vl;
   }
-  uint8_t *b = malloc(total);
+  uint8_t *b = dt__alloc(total);
   if (!b)
-    return dt_set_error(DT_ERR_NOMEM, "checkpoint meta (%zu bytes)", total);
+    return dt__error_prefix(DT_ERR_NOMEM, "checkpoint meta (%zu bytes)", total);
   uint8_t *p = b;
   dt__put32(p, (uint32_t)n);
   p += 4;
@@ -118,9 +118,9 @@ dt_status dt_ckpt_write(const char *path, uint64_t step, const dt_ckpt_section *
   DT_CHECK_GOTO(encode_meta(meta, nmeta, &mb, &ml), rc, fail);
   uint32_t ns = (uint32_t)n + 1;
   size_t head_len = CK_HDR + (size_t)ns * CK_ENT;
-  head = calloc(1, head_len);
+  head = dt__calloc(head_len);
   if (!head) {
-    rc = dt_set_error(DT_ERR_NOMEM, "%s: checkpoint header", path);
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: checkpoint header", path);
     goto fail;
   }
   /* Sections first (user order), meta last; CRCs computed before anything is written. */
@@ -160,13 +160,13 @@ dt_status dt_ckpt_write(const char *path, uint64_t step, const dt_ckpt_section *
   if (file_size > f.written)
     DT_CHECK_GOTO(dt__afile_write(&f, zeros, (size_t)(file_size - f.written)), rc, fail);
   DT_CHECK_GOTO(dt__afile_commit(&f), rc, fail);
-  free(mb);
-  free(head);
+  dt__free(mb);
+  dt__free(head);
   return DT_OK;
 fail:
   dt__afile_abort(&f);
-  free(mb);
-  free(head);
+  dt__free(mb);
+  dt__free(head);
   return rc;
 }
 
@@ -181,10 +181,10 @@ static dt_status decode_meta(dt_ckpt *c, const uint8_t *p, uint64_t len, const c
   if (n > (len - 4) / 8)
     return dt_set_error(DT_ERR_CORRUPT, "%s: section \"meta\" claims %u entries in %llu bytes", name,
                         n, (unsigned long long)len);
-  c->meta = calloc(n ? n : 1, sizeof *c->meta);
-  c->meta_strings = malloc((size_t)len); /* keys + values + NULs fit in len (8 bytes per entry) */
+  c->meta = dt__calloc((n ? n : 1) * sizeof *c->meta);
+  c->meta_strings = dt__alloc((size_t)len); /* keys + values + NULs fit in len (8 bytes per entry) */
   if (!c->meta || !c->meta_strings)
-    return dt_set_error(DT_ERR_NOMEM, "%s: meta", name);
+    return dt__error_prefix(DT_ERR_NOMEM, "%s: meta", name);
   uint64_t at = 4;
   char *s = c->meta_strings;
   for (uint32_t i = 0; i < n; i++) {
@@ -232,19 +232,19 @@ static int cmp_ck_span(const void *a, const void *b) {
 
 /* Takes ownership of buf (a dt__alloc'd copy of the file). */
 static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **out) {
-  dt_ckpt *c = calloc(1, sizeof *c);
+  dt_ckpt *c = dt__calloc(sizeof *c);
   if (!c) {
     dt__free(buf);
-    return dt_set_error(DT_ERR_NOMEM, "%s: checkpoint handle", name);
+    return dt__error_prefix(DT_ERR_NOMEM, "%s: checkpoint handle", name);
   }
   c->buf = buf;
   c->len = len;
-  c->path = strdup(name);
+  c->path = dt__strdup(name);
   dt_status rc;
   ck_span *sp = NULL;
   const uint8_t *u = (const uint8_t *)buf;
   if (!c->path) {
-    rc = dt_set_error(DT_ERR_NOMEM, "checkpoint path");
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: checkpoint path", name);
     goto fail;
   }
   if (len == 0) {
@@ -292,10 +292,10 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
                       dt__get32(u + 40));
     goto fail;
   }
-  c->sec = calloc(ns, sizeof *c->sec);
-  sp = calloc(ns, sizeof *sp);
+  c->sec = dt__calloc(ns * sizeof *c->sec);
+  sp = dt__calloc(ns * sizeof *sp);
   if (!c->sec || !sp) {
-    rc = dt_set_error(DT_ERR_NOMEM, "%s: section table", name);
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: section table", name);
     goto fail;
   }
   uint64_t table_end = CK_HDR + (uint64_t)ns * CK_ENT;
@@ -362,11 +362,11 @@ static dt_status parse_owned(char *buf, size_t len, const char *name, dt_ckpt **
   }
   const uint8_t *me = u + CK_HDR + (size_t)meta_idx * CK_ENT;
   DT_CHECK_GOTO(decode_meta(c, u + dt__get64(me + 64), dt__get64(me + 72), name), rc, fail);
-  free(sp);
+  dt__free(sp);
   *out = c;
   return DT_OK;
 fail:
-  free(sp);
+  dt__free(sp);
   dt_ckpt_destroy(c);
   return rc;
 }
@@ -463,9 +463,9 @@ static dt_status scan_dir(const char *dir, ck_file **files, size_t *n) {
     if (parse_ckpt_name(de->d_name, &s) && strlen(de->d_name) < sizeof (*files)->name) {
       if (*n == cap) {
         cap = cap ? cap * 2 : 16;
-        ck_file *nf = realloc(*files, cap * sizeof *nf);
+        ck_file *nf = dt__realloc(*files, cap * sizeof *nf);
         if (!nf) {
-          rc = dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
+          rc = dt__error_prefix(DT_ERR_NOMEM, "listing %s", dir);
           break;
         }
         *files = nf;
@@ -486,7 +486,7 @@ static dt_status scan_dir(const char *dir, ck_file **files, size_t *n) {
   }
   closedir(d);
   if (rc != DT_OK) {
-    free(*files);
+    dt__free(*files);
     *files = NULL;
     *n = 0;
     return rc;
@@ -501,14 +501,14 @@ dt_status dt_ckpt_list(const char *dir, uint64_t **steps, size_t *n) {
     return dt_set_error(DT_ERR_INVALID, "dt_ckpt_list: NULL argument");
   ck_file *f;
   DT_CHECK(scan_dir(dir, &f, n));
-  *steps = malloc((*n ? *n : 1) * sizeof **steps);
+  *steps = dt__alloc((*n ? *n : 1) * sizeof **steps);
   if (!*steps) {
-    free(f);
-    return dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
+    dt__free(f);
+    return dt__error_prefix(DT_ERR_NOMEM, "listing %s", dir);
   }
   for (size_t i = 0; i < *n; i++)
     (*steps)[i] = f[i].step;
-  free(f);
+  dt__free(f);
   return DT_OK;
 }
 
@@ -521,17 +521,17 @@ dt_status dt_ckpt_list_paths(const char *dir, char ***paths, size_t *n) {
   size_t dl = strlen(dir), bytes = (*n ? *n : 1) * sizeof(char *);
   for (size_t i = 0; i < *n; i++)
     bytes += dl + strlen(f[i].name) + 2;
-  char **p = malloc(bytes);
+  char **p = dt__alloc(bytes);
   if (!p) {
-    free(f);
-    return dt_set_error(DT_ERR_NOMEM, "listing %s", dir);
+    dt__free(f);
+    return dt__error_prefix(DT_ERR_NOMEM, "listing %s", dir);
   }
   char *s = (char *)(p + (*n ? *n : 1));
   for (size_t i = 0; i < *n; i++) {
     p[i] = s;
     s += sprintf(s, "%s/%s", dir, f[i].name) + 1;
   }
-  free(f);
+  dt__free(f);
   *paths = p;
   return DT_OK;
 }
@@ -570,7 +570,7 @@ dt_status dt_ckpt_save(const char *dir, uint64_t step, const dt_ckpt_section *se
     if (unlink(old) != 0 && errno != ENOENT)
       DT_LOG_WARN("cannot remove old checkpoint %s: %s", old, strerror(errno));
   }
-  free(files);
+  dt__free(files);
   return DT_OK;
 }
 
@@ -582,7 +582,7 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
   size_t ns;
   DT_CHECK(scan_dir(dir, &files, &ns));
   if (!ns) {
-    free(files);
+    dt__free(files);
     return dt_set_error(DT_ERR_NOT_FOUND, "no checkpoint (ckpt-*.dtc) in %s", dir);
   }
   /* Skip notes accumulate here; bounded because each line is bounded by the error detail size. */
@@ -613,9 +613,9 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
     size_t need = strlen(why) + 3;
     if (used + need + 1 > cap) {
       size_t nc = DT_MAX(cap * 2, used + need + 256);
-      char *nn = realloc(notes, nc);
+      char *nn = dt__realloc(notes, nc);
       if (!nn) {
-        rc = dt_set_error(DT_ERR_NOMEM, "checkpoint notes");
+        rc = dt__error_prefix(DT_ERR_NOMEM, "checkpoint notes");
         break;
       }
       notes = nn;
@@ -625,8 +625,8 @@ dt_status dt_ckpt_open_latest(const char *dir, dt_ckpt **out) {
   }
   if (rc == DT_ERR_CORRUPT)
     dt_set_error(DT_ERR_CORRUPT, "no valid checkpoint in %s: %.800s", dir, notes ? notes : "");
-  free(notes);
-  free(files);
+  dt__free(notes);
+  dt__free(files);
   return rc;
 }
 
@@ -682,10 +682,10 @@ void dt_ckpt_destroy(dt_ckpt *c) {
   if (!c)
     return;
   dt__free(c->buf);
-  free(c->path);
-  free(c->sec);
-  free(c->meta);
-  free(c->meta_strings);
-  free(c->skipped);
-  free(c);
+  dt__free(c->path);
+  dt__free(c->sec);
+  dt__free(c->meta);
+  dt__free(c->meta_strings);
+  dt__free(c->skipped);
+  dt__free(c);
 }

@@ -78,7 +78,7 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
     return;
   if (b->len + n + 1 > b->cap) {
     size_t nc = DT_MAX(b->cap * 2, b->len + n + 256);
-    char *np = realloc(b->p, nc);
+    char *np = dt__realloc(b->p, nc);
     if (!np) {
       b->oom = 1;
       return;
@@ -218,7 +218,7 @@ dt_status dt_safetensors_write(const char *path, const dt_tensor_view *t, size_t
   while ((8 + h.len) % 8 && !h.oom)
     sb_put(&h, " ", 1);
   if (h.oom) {
-    rc = dt_set_error(DT_ERR_NOMEM, "%s: header buffer", path);
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: header buffer", path);
     goto fail;
   }
   uint8_t len8[8];
@@ -230,11 +230,11 @@ dt_status dt_safetensors_write(const char *path, const dt_tensor_view *t, size_t
   for (size_t i = 0; i < n; i++)
     DT_CHECK_GOTO(dt__afile_write(&f, t[i].data, (size_t)t[i].nbytes), rc, fail);
   DT_CHECK_GOTO(dt__afile_commit(&f), rc, fail);
-  free(h.p);
+  dt__free(h.p);
   return DT_OK;
 fail:
   dt__afile_abort(&f);
-  free(h.p);
+  dt__free(h.p);
   return rc;
 }
 
@@ -424,9 +424,9 @@ static int jpeek(jp *j) {
 static dt_status add_meta(dt_safetensors *f, const char *k, const char *v) {
   if (f->nmeta == f->meta_cap) {
     size_t nc = f->meta_cap ? f->meta_cap * 2 : 8;
-    dt_kv *nm = realloc(f->meta, nc * sizeof *nm);
+    dt_kv *nm = dt__realloc(f->meta, nc * sizeof *nm);
     if (!nm)
-      return dt_set_error(DT_ERR_NOMEM, "safetensors metadata");
+      return dt__error_prefix(DT_ERR_NOMEM, "safetensors metadata");
     f->meta = nm;
     f->meta_cap = nc;
   }
@@ -575,12 +575,12 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
     name = "(buffer)";
   if (!buf && len)
     return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", name);
-  dt_safetensors *f = calloc(1, sizeof *f);
+  dt_safetensors *f = dt__calloc(sizeof *f);
   if (!f)
-    return dt_set_error(DT_ERR_NOMEM, "%s: safetensors handle", name);
+    return dt__error_prefix(DT_ERR_NOMEM, "%s: safetensors handle", name);
   f->buf = dt__alloc(len ? len : 1);
   if (!f->buf) {
-    free(f);
+    dt__free(f);
     return dt__error_prefix(DT_ERR_NOMEM, "%s", name);
   }
   if (len)
@@ -614,9 +614,9 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
     goto fail;
   }
   f->header_len = hl;
-  f->strings = malloc((size_t)hl + 1);
+  f->strings = dt__alloc((size_t)hl + 1);
   if (!f->strings) {
-    rc = dt_set_error(DT_ERR_NOMEM, "%s: header strings", name);
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: header strings", name);
     goto fail;
   }
   jp j = {.name = name, .s = f->buf + 8, .p = f->buf + 8, .end = f->buf + 8 + hl,
@@ -641,12 +641,12 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
       } else {
         if (f->n == ntens_cap) {
           size_t nc = ntens_cap ? ntens_cap * 2 : 16;
-          dt_tensor_view *nt = realloc(f->t, nc * sizeof *nt);
+          dt_tensor_view *nt = dt__realloc(f->t, nc * sizeof *nt);
           if (nt)
             f->t = nt;
-          uint64_t *no = nt ? realloc(offs, nc * 2 * sizeof *no) : NULL;
+          uint64_t *no = nt ? dt__realloc(offs, nc * 2 * sizeof *no) : NULL;
           if (!nt || !no) {
-            rc = dt_set_error(DT_ERR_NOMEM, "%s: tensor table", name);
+            rc = dt__error_prefix(DT_ERR_NOMEM, "%s: tensor table", name);
             goto fail_offs;
           }
           offs = no;
@@ -679,10 +679,10 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
   /* Now the numbers: sizes, then the tiling of the data buffer. */
   uint64_t data_len = len - 8 - hl;
   const uint8_t *data = (const uint8_t *)f->buf + 8 + hl;
-  sp = malloc((f->n ? f->n : 1) * sizeof *sp);
-  by_name = malloc((f->n ? f->n : 1) * sizeof *by_name);
+  sp = dt__alloc((f->n ? f->n : 1) * sizeof *sp);
+  by_name = dt__alloc((f->n ? f->n : 1) * sizeof *by_name);
   if (!sp || !by_name) {
-    rc = dt_set_error(DT_ERR_NOMEM, "%s: tensor index", name);
+    rc = dt__error_prefix(DT_ERR_NOMEM, "%s: tensor index", name);
     goto fail_offs;
   }
   for (size_t i = 0; i < f->n; i++) {
@@ -755,16 +755,16 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
                       (unsigned long long)data_len, (unsigned long long)(data_len - at));
     goto fail_offs;
   }
-  free(offs);
-  free(sp);
-  free(by_name);
+  dt__free(offs);
+  dt__free(sp);
+  dt__free(by_name);
   *out = f;
   return DT_OK;
 fail_offs:
-  free(offs);
+  dt__free(offs);
 fail:
-  free(sp);
-  free(by_name);
+  dt__free(sp);
+  dt__free(by_name);
   dt_safetensors_destroy(f);
   return rc;
 }
@@ -813,8 +813,8 @@ void dt_safetensors_destroy(dt_safetensors *f) {
   if (!f)
     return;
   dt__free(f->buf);
-  free(f->strings);
-  free(f->t);
-  free(f->meta);
-  free(f);
+  dt__free(f->strings);
+  dt__free(f->t);
+  dt__free(f->meta);
+  dt__free(f);
 }

@@ -192,7 +192,7 @@ static void health_free(dt__health *h) {
   pthread_mutex_destroy(&h->mu);
   pthread_cond_destroy(&h->cv);
   explicit_bzero(h->secret, sizeof h->secret);
-  free(h);
+  dt__free(h);
 }
 
 dt_status dt__health_start(const char *store_host, int store_port, const uint8_t *secret, size_t secret_len,
@@ -201,7 +201,7 @@ dt_status dt__health_start(const char *store_host, int store_port, const uint8_t
   if (fault_timeout_ms < 1 || secret_len > 256 || !store_host || strlen(store_host) >= 256)
     return dt_set_error(DT_ERR_INVALID, "health: fault timeout %d ms, secret %zu bytes, store host '%s'",
                         fault_timeout_ms, secret_len, store_host ? store_host : "(null)");
-  dt__health *h = calloc(1, sizeof *h);
+  dt__health *h = dt__calloc(sizeof *h);
   if (!h)
     return dt_set_error(DT_ERR_NOMEM, "health: out of memory");
   atomic_init(&h->refs, 1);

@@ -140,7 +140,7 @@ static kv_entry *kv_find(dt__store_server *s, const char *key) { return *kv_slot
 
 static void kv_grow(dt__store_server *s) {
   size_t nb = s->nbuckets * 2;
-  kv_entry **b = calloc(nb, sizeof *b);
+  kv_entry **b = dt__calloc(nb * sizeof *b);
   if (!b)
     return; /* keep the old table: longer chains, still correct */
   for (size_t i = 0; i < s->nbuckets; i++)
@@ -150,29 +150,29 @@ static void kv_grow(dt__store_server *s) {
       e->next = *slot;
       *slot = e;
     }
-  free(s->buckets);
+  dt__free(s->buckets);
   s->buckets = b;
   s->nbuckets = nb;
 }
 
 /* Stores a copy of val (two parts concatenated, so CAS/ADD need no temporary). */
 static dt_status kv_put(dt__store_server *s, const char *key, const void *val, size_t n) {
-  uint8_t *copy = malloc(n ? n : 1);
+  uint8_t *copy = dt__alloc(n ? n : 1);
   if (!copy)
     return dt_set_error(DT_ERR_NOMEM, "store: cannot allocate %zu bytes for key '%s'", n, key);
   if (n)
     memcpy(copy, val, n);
   kv_entry **slot = kv_slot(s, key);
   if (*slot) {
-    free((*slot)->val);
+    dt__free((*slot)->val);
     (*slot)->val = copy;
     (*slot)->n = n;
     return DT_OK;
   }
   size_t kl = strlen(key);
-  kv_entry *e = malloc(sizeof *e + kl + 1);
+  kv_entry *e = dt__alloc(sizeof *e + kl + 1);
   if (!e) {
-    free(copy);
+    dt__free(copy);
     return dt_set_error(DT_ERR_NOMEM, "store: cannot allocate key '%s'", key);
   }
   memcpy(e->key, key, kl + 1);
@@ -191,8 +191,8 @@ static void kv_delete(dt__store_server *s, const char *key) {
   if (*slot) {
     kv_entry *e = *slot;
     *slot = e->next;
-    free(e->val);
-    free(e);
+    dt__free(e->val);
+    dt__free(e);
     s->nkeys--;
   }
 }
@@ -207,8 +207,8 @@ static void kv_release(dt__store_server *s, uint64_t cid) {
         continue;
       }
       *p = e->next;
-      free(e->val);
-      free(e);
+      dt__free(e->val);
+      dt__free(e);
       s->nkeys--;
     }
 }
@@ -234,7 +234,7 @@ static void conn_flush(dt__store_server *s, conn *c) {
   }
   c->out_off = c->out_len = 0;
   if (c->out_cap > (1u << 20)) { /* do not keep a 16 MiB buffer for a connection that sent one value */
-    free(c->out);
+    dt__free(c->out);
     c->out = NULL;
     c->out_cap = 0;
   }
@@ -249,7 +249,7 @@ static bool conn_queue(conn *c, const void *a, size_t an) {
     }
     if (c->out_len + an > c->out_cap) {
       size_t cap = DT_MAX(c->out_cap * 2, c->out_len + an);
-      uint8_t *p = realloc(c->out, cap);
+      uint8_t *p = dt__realloc(c->out, cap);
       if (!p)
         return false;
       c->out = p;
@@ -377,9 +377,9 @@ static void refuse(dt__store_server *s, conn *c, const char *why) {
 
 static void conn_free(conn *c) {
   close(c->fd);
-  free(c->in);
-  free(c->out);
-  free(c);
+  dt__free(c->in);
+  dt__free(c->out);
+  dt__free(c);
 }
 
 static void wake_waiters(dt__store_server *s, const char *key, const kv_entry *e) {
@@ -483,7 +483,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
     }
     if (s->nwaits == s->waits_cap) {
       size_t cap = s->waits_cap ? s->waits_cap * 2 : 16;
-      waiter *w = realloc(s->waits, cap * sizeof *w);
+      waiter *w = dt__realloc(s->waits, cap * sizeof *w);
       if (!w) {
         respond_text(s, c, seq, DT_ERR_NOMEM, "cannot park a wait");
         return;
@@ -742,7 +742,7 @@ static void conn_read(dt__store_server *s, conn *c) {
         return;
       }
       if (c->authed) {
-        c->in = malloc(c->f.len ? c->f.len : 1);
+        c->in = dt__alloc(c->f.len ? c->f.len : 1);
         if (!c->in) {
           DT_LOG_WARN("store: cannot allocate %llu bytes for a request from %s; closing it",
                       (unsigned long long)c->f.len, c->peer);
@@ -759,7 +759,7 @@ static void conn_read(dt__store_server *s, conn *c) {
     if (c->in_body && c->in_got == c->f.len) {
       c->in_body = false;
       handle_frame(s, c);
-      free(c->in);
+      dt__free(c->in);
       c->in = NULL;
     }
   }
@@ -791,7 +791,7 @@ static void server_accept(dt__store_server *s) {
     }
     if (s->nconns == s->conns_cap) {
       size_t cap = s->conns_cap ? s->conns_cap * 2 : 32;
-      conn **p = realloc(s->conns, cap * sizeof *p);
+      conn **p = dt__realloc(s->conns, cap * sizeof *p);
       if (!p) {
         close(fd);
         continue;
@@ -799,12 +799,12 @@ static void server_accept(dt__store_server *s) {
       s->conns = p;
       s->conns_cap = cap;
     }
-    conn *c = calloc(1, sizeof *c);
+    conn *c = dt__calloc(sizeof *c);
     uint8_t hello[DT_WIRE_HDR_LEN + DT_AUTH_HELLO_LEN];
     if (!c || dt__auth_hello(DT_ROLE_STORE, c->nonce, hello) != DT_OK || !conn_queue(c, hello, sizeof hello)) {
       if (c)
-        free(c->out);
-      free(c);
+        dt__free(c->out);
+      dt__free(c);
       close(fd);
       continue;
     }
@@ -918,7 +918,7 @@ static void *server_main(void *arg) {
     server_reap(s);
     if (pcap < s->nconns + 2) {
       size_t cap = s->nconns + 64;
-      struct pollfd *p = realloc(pfds, cap * sizeof *p);
+      struct pollfd *p = dt__realloc(pfds, cap * sizeof *p);
       if (!p) {
         dt__sleep_ns(10 * 1000000LL);
         continue;
@@ -960,7 +960,7 @@ static void *server_main(void *arg) {
     if (pfds[0].revents & POLLIN)
       server_accept(s);
   }
-  free(pfds);
+  dt__free(pfds);
   return NULL;
 }
 
@@ -974,7 +974,7 @@ dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secr
     return dt_set_error(DT_ERR_INVALID, "store server: job secret longer than 256 bytes");
   int hs_ms;
   DT_CHECK(dt__handshake_timeout_ms(&hs_ms));
-  dt__store_server *s = calloc(1, sizeof *s);
+  dt__store_server *s = dt__calloc(sizeof *s);
   if (!s)
     return dt_set_error(DT_ERR_NOMEM, "store server: out of memory");
   s->lfd = s->wake_fd = -1;
@@ -985,8 +985,8 @@ dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secr
     memcpy(s->secret, secret, secret_len);
   s->secret_len = secret_len;
   s->nbuckets = 64;
-  s->buckets = calloc(s->nbuckets, sizeof *s->buckets);
-  s->ranks = calloc((size_t)world_size, sizeof *s->ranks);
+  s->buckets = dt__calloc(s->nbuckets * sizeof *s->buckets);
+  s->ranks = dt__calloc((size_t)world_size * sizeof *s->ranks);
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cond, NULL);
   dt_status st;
@@ -1025,9 +1025,9 @@ fail:
   pthread_mutex_destroy(&s->lock);
   pthread_cond_destroy(&s->cond);
   explicit_bzero(s->secret, sizeof s->secret);
-  free(s->buckets);
-  free(s->ranks);
-  free(s);
+  dt__free(s->buckets);
+  dt__free(s->ranks);
+  dt__free(s);
   return st;
 }
 
@@ -1044,22 +1044,22 @@ void dt__store_server_stop(dt__store_server *s) {
   log_refused_flush(s, -1);
   for (size_t i = 0; i < s->nconns; i++)
     conn_free(s->conns[i]);
-  free(s->conns);
-  free(s->waits);
+  dt__free(s->conns);
+  dt__free(s->waits);
   for (size_t i = 0; i < s->nbuckets; i++)
     for (kv_entry *e = s->buckets[i], *next; e; e = next) {
       next = e->next;
-      free(e->val);
-      free(e);
+      dt__free(e->val);
+      dt__free(e);
     }
-  free(s->buckets);
-  free(s->ranks);
+  dt__free(s->buckets);
+  dt__free(s->ranks);
   close(s->lfd);
   close(s->wake_fd);
   pthread_mutex_destroy(&s->lock);
   pthread_cond_destroy(&s->cond);
   explicit_bzero(s->secret, sizeof s->secret);
-  free(s);
+  dt__free(s);
 }
 
 int dt__store_server_drain(dt__store_server *s, int64_t deadline) {
@@ -1111,7 +1111,7 @@ struct dt__store {
 dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len, int rank,
                             int64_t deadline, dt__store **out) {
   *out = NULL;
-  dt__store *st = calloc(1, sizeof *st);
+  dt__store *st = dt__calloc(sizeof *st);
   if (!st)
     return dt_set_error(DT_ERR_NOMEM, "store client: out of memory");
   st->fd = -1;
@@ -1120,7 +1120,7 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   int hs_ms, silent = 0;
   dt_status rc;
   if ((rc = dt__handshake_timeout_ms(&hs_ms))) {
-    free(st);
+    dt__free(st);
     return rc;
   }
   for (;;) {
@@ -1149,7 +1149,7 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)
       close(st->fd);
-    free(st);
+    dt__free(st);
     return rc;
   }
   *out = st;
@@ -1165,7 +1165,7 @@ void dt__store_close(dt__store *st) {
     return;
   if (st->fd >= 0)
     close(st->fd);
-  free(st);
+  dt__free(st);
 }
 
 static dt_status store_key_check(const dt__store *st, const char *op, const char *key) {

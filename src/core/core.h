@@ -44,11 +44,18 @@ dt_status dt__env_int(const char *name, int64_t def, int64_t *out);
 dt_status dt__parse_size(const char *s, uint64_t *out);
 dt_status dt__env_size(const char *name, uint64_t def, uint64_t *out);
 
-/* 64-byte aligned allocation; dt__free(NULL) is a no-op. Returns NULL and sets
- * DT_ERR_NOMEM detail on failure. */
+/* Every allocation of the library goes through these (never malloc & co. directly). 64-byte
+ * aligned allocation; dt__free(NULL) is a no-op; dt__free also frees what libc's malloc family
+ * returned, and what these return may be passed to free(). Return NULL and set DT_ERR_NOMEM
+ * detail ("cannot allocate N bytes") on failure; dt__realloc then leaves p as it was. */
 void *dt__alloc(size_t n);
 void *dt__calloc(size_t n);
+void *dt__realloc(void *p, size_t n); /* not aligned beyond malloc's */
+char *dt__strdup(const char *s);
 void dt__free(void *p);
+/* For tests only: the allocation after the next n ones fails, once; n < 0 disarms. Returns the
+ * count before the call: still >= 0 when an armed failure did not happen, -1 once it has. */
+long dt__alloc_fail_after(long n);
 
 /* Fills buf with n bytes from the kernel's CSPRNG (getrandom). */
 dt_status dt__random_bytes(void *buf, size_t n);

@@ -32,6 +32,12 @@ typedef struct idx_src {
   z_stream zs;
 } idx_src;
 
+/* zlib's allocations go through dt__alloc like the library's own. */
+static voidpf zs_alloc(voidpf opaque, uInt items, uInt size) {
+  return dt__alloc((size_t)items * size);
+}
+static void zs_free(voidpf opaque, voidpf p) { dt__free(p); }
+
 static dt_status src_init(idx_src *s, const void *buf, size_t n, const char *name) {
   memset(s, 0, sizeof *s);
   s->name = name;
@@ -39,9 +45,14 @@ static dt_status src_init(idx_src *s, const void *buf, size_t n, const char *nam
   s->left = n;
   if (n >= 2 && s->p[0] == 0x1f && s->p[1] == 0x8b) {
     s->gz = 1;
+    s->zs.zalloc = zs_alloc;
+    s->zs.zfree = zs_free;
     /* 16 + MAX_WBITS: expect a gzip wrapper (checks its CRC32 and length trailer). */
-    if (inflateInit2(&s->zs, 16 + MAX_WBITS) != Z_OK)
-      return dt_set_error(DT_ERR_NOMEM, "%s: cannot initialise zlib", name);
+    int zr = inflateInit2(&s->zs, 16 + MAX_WBITS);
+    if (zr == Z_MEM_ERROR)
+      return dt__error_prefix(DT_ERR_NOMEM, "%s: zlib's inflate state", name);
+    if (zr != Z_OK)
+      return dt_set_error(DT_ERR_SYSTEM, "%s: cannot initialise zlib (error %d)", name, zr);
     s->zinit = 1;
   }
   return DT_OK;

@@ -123,7 +123,7 @@ dt_status dt_loader_create(const dt_dataset *ds, const dt_sampler_cfg *cfg,
                         (unsigned long long)cfg->num_samples, (unsigned long long)ds->n);
   dt_loader *l = dt__calloc(sizeof *l);
   if (!l)
-    return DT_ERR_NOMEM;
+    return dt__error_prefix(DT_ERR_NOMEM, "loader");
   dt_status rc;
   l->ds = ds;
   l->prefetch = opts ? opts->prefetch : 1;

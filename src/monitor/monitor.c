@@ -28,7 +28,7 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
   dt_monitor_opts o = {0};
   if (opts)
     o = *opts;
-  dt_monitor *m = calloc(1, sizeof *m);
+  dt_monitor *m = dt__calloc(sizeof *m);
   if (!m)
     return dt_set_error(DT_ERR_NOMEM, "monitor: out of memory");
   m->mode = o.progress;
@@ -38,17 +38,17 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
   if (o.metrics_path) {
     dt_status rc = dt__mkdir_parents(o.metrics_path);
     if (rc != DT_OK) {
-      free(m);
+      dt__free(m);
       return rc;
     }
     m->metrics = fopen(o.metrics_path, o.append ? "a" : "w");
-    m->metrics_path = strdup(o.metrics_path);
+    m->metrics_path = dt__strdup(o.metrics_path);
     if (!m->metrics || !m->metrics_path) {
       dt_status st = dt__errno(DT_ERR_IO, "opening metrics file %s", o.metrics_path);
       if (m->metrics)
         fclose(m->metrics);
-      free(m->metrics_path);
-      free(m);
+      dt__free(m->metrics_path);
+      dt__free(m);
       return st;
     }
   }
@@ -205,6 +205,6 @@ void dt_monitor_destroy(dt_monitor *m) {
   dt_monitor_finish(m);
   if (m->metrics)
     fclose(m->metrics);
-  free(m->metrics_path);
-  free(m);
+  dt__free(m->metrics_path);
+  dt__free(m);
 }

@@ -131,14 +131,14 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   nn_spec_layer *sl;
   int n;
   DT_CHECK(dt__nn_parse_spec(spec, &in, &sl, &n));
-  dt_status rc = DT_ERR_NOMEM;
-  dt_model *m = calloc(1, sizeof *m);
+  dt_status rc;
+  dt_model *m = dt__calloc(sizeof *m);
   if (!m)
     goto nomem;
   m->in = in;
   m->max_batch = max_batch;
   m->nlayers = n;
-  m->layers = calloc((size_t)(n ? n : 1), sizeof *m->layers);
+  m->layers = dt__calloc((size_t)(n ? n : 1) * sizeof *m->layers);
   if (!m->layers)
     goto nomem;
 
@@ -208,8 +208,8 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   m->nparams = off;
   m->params = dt__alloc(off * sizeof(float));
   m->grads = dt__calloc(off * sizeof(float));
-  m->tensors = calloc(ntensors ? ntensors : 1, sizeof *m->tensors);
-  m->names = calloc(ntensors ? ntensors : 1, 32);
+  m->tensors = dt__calloc((ntensors ? ntensors : 1) * sizeof *m->tensors);
+  m->names = dt__calloc((ntensors ? ntensors : 1) * 32);
   if (!m->params || !m->grads || !m->tensors || !m->names)
     goto nomem;
   m->ntensors = ntensors;
@@ -305,9 +305,9 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       o += (size_t)T * m->layers[i].wpk_floats;
     }
   m->priv_grads = T > 1 ? dt__alloc((size_t)(T - 1) * align16(m->nparams) * sizeof(float)) : NULL;
-  m->slices = calloc((size_t)T, sizeof *m->slices);
-  m->loss_part = calloc((size_t)T, sizeof *m->loss_part);
-  m->correct_part = calloc((size_t)T, sizeof *m->correct_part);
+  m->slices = dt__calloc((size_t)T * sizeof *m->slices);
+  m->loss_part = dt__calloc((size_t)T * sizeof *m->loss_part);
+  m->correct_part = dt__calloc((size_t)T * sizeof *m->correct_part);
   if (!m->arena || (colf && !m->col_arena) || (T > 1 && !m->priv_grads) || !m->slices ||
       !m->loss_part || !m->correct_part)
     goto nomem;
@@ -322,10 +322,8 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       sl_t->dcol = m->col_arena + (size_t)(2 * t + 1) * align16(colf);
     }
   }
-  if (T > 1 && dt__nn_pool_create(T, &m->pool) != DT_OK) {
-    rc = DT_ERR_SYSTEM;
+  if (T > 1 && (rc = dt__nn_pool_create(T, &m->pool)) != DT_OK)
     goto fail;
-  }
   float *cur = m->arena;
 #define CARVE(nfloats) (cur += align16(nfloats), cur - align16(nfloats))
   m->input = CARVE(B * nn_shape_size(in));
@@ -360,7 +358,7 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
 
   /* canonical spec */
   size_t cap = 64 + 48 * (size_t)n;
-  m->spec = malloc(cap);
+  m->spec = dt__alloc(cap);
   if (!m->spec)
     goto nomem;
   if (in.h == 1 && in.w == 1 && (n == 0 || m->layers[0].kind != NN_CONV))
@@ -373,16 +371,16 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   dt__nn_parallel(m, gemm_reserve_job, NULL);
   init_params(m, seed);
   dt_rng_seed(&m->rng, seed ^ 0xD5A7C0DE0D5A7C0DULL);
-  free(sl);
+  dt__free(sl);
   *out = m;
   return DT_OK;
 nomem:
-  free(sl);
+  dt__free(sl);
   dt_model_destroy(m);
-  return dt_set_error(rc, "model \"%s\": cannot allocate its buffers (max batch %d)", spec,
-                      max_batch);
+  return dt_set_error(DT_ERR_NOMEM, "model \"%s\": cannot allocate its buffers (max batch %d)",
+                      spec, max_batch);
 fail:
-  free(sl);
+  dt__free(sl);
   dt_model_destroy(m);
   return rc;
 }
@@ -400,14 +398,14 @@ void dt_model_destroy(dt_model *m) {
   dt__free(m->wpk_arena);
   dt__free(m->priv_grads);
   dt__free(m->dtile);
-  free(m->slices);
-  free(m->loss_part);
-  free(m->correct_part);
-  free(m->tensors);
-  free(m->names);
-  free(m->layers);
-  free(m->spec);
-  free(m);
+  dt__free(m->slices);
+  dt__free(m->loss_part);
+  dt__free(m->correct_part);
+  dt__free(m->tensors);
+  dt__free(m->names);
+  dt__free(m->layers);
+  dt__free(m->spec);
+  dt__free(m);
 }
 
 const char *dt_model_spec(const dt_model *m) { return m->spec; }
@@ -428,7 +426,7 @@ float *dt_model_grads(dt_model *m) { return m->grads; }
 static dt_status move_arena(float **cur, bool *lent, float *buf, size_t n, bool copy) {
   float *g = buf ? buf : dt__alloc(n * sizeof(float));
   if (!g)
-    return dt_set_error(DT_ERR_NOMEM, "arena of %zu floats", n);
+    return dt__error_prefix(DT_ERR_NOMEM, "arena of %zu floats", n);
   if (g == *cur)
     return DT_OK;
   if (copy)
@@ -804,7 +802,7 @@ dt_status dt_model_defer_linear_grads(dt_model *m, float *exp, int rows) {
     if (!t) {
       for (int i = 0; i < m->nlayers; i++)
         m->layers[i].ex_x = m->layers[i].ex_dy = 0;
-      return dt_set_error(DT_ERR_NOMEM, "dt_model_defer_linear_grads: a tile of %zu floats", tile);
+      return dt__error_prefix(DT_ERR_NOMEM, "dt_model_defer_linear_grads: a tile of %zu floats", tile);
     }
     dt__free(m->dtile);
     m->dtile = t;

@@ -83,14 +83,14 @@ dt_status dt_optim_create_ranges(const dt_optim_config *cfg, dt_model *m,
                           "the %zu parameters (ranges must be non-empty and increasing)",
                           i, r->lo, r->hi, i ? i - 1 : 0, np);
   }
-  dt_optim *o = calloc(1, sizeof *o);
+  dt_optim *o = dt__calloc(sizeof *o);
   if (!o)
     return dt_set_error(DT_ERR_NOMEM, "optimizer: out of memory");
   o->cfg = *cfg;
   o->model = m;
   o->nranges = nranges;
-  o->ranges = malloc((nranges ? nranges : 1) * sizeof *o->ranges);
-  o->state_off = malloc((nranges ? nranges : 1) * sizeof *o->state_off);
+  o->ranges = dt__alloc((nranges ? nranges : 1) * sizeof *o->ranges);
+  o->state_off = dt__alloc((nranges ? nranges : 1) * sizeof *o->state_off);
   if (!o->ranges || !o->state_off) {
     dt_optim_destroy(o);
     return dt_set_error(DT_ERR_NOMEM, "optimizer: out of memory (%zu ranges)", nranges);
@@ -111,9 +111,10 @@ dt_status dt_optim_create_ranges(const dt_optim_config *cfg, dt_model *m,
   for (size_t i = 0; i < o->nstate; i++) {
     /* at least one float, so that a rank owning nothing still has a valid buffer */
     o->state[i] = dt__calloc((o->n ? o->n : 1) * sizeof(float));
-    if (!o->state[i]) {
+    if (!o->state[i]) { /* the message before destroy: it reads o->n */
+      dt_status rc = dt_set_error(DT_ERR_NOMEM, "optimizer: cannot allocate %zu floats of state", o->n);
       dt_optim_destroy(o);
-      return dt_set_error(DT_ERR_NOMEM, "optimizer: cannot allocate %zu floats of state", o->n);
+      return rc;
     }
   }
   *out = o;
@@ -133,9 +134,9 @@ void dt_optim_destroy(dt_optim *o) {
     return;
   for (size_t i = 0; i < 2; i++)
     dt__free(o->state[i]);
-  free(o->ranges);
-  free(o->state_off);
-  free(o);
+  dt__free(o->ranges);
+  dt__free(o->state_off);
+  dt__free(o);
 }
 
 /* The kernels take one stretch: n parameters p, their gradients g and their state (s0, s1), all

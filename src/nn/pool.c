@@ -6,6 +6,7 @@
  * Not a general task scheduler: one job at a time, every thread runs the same function. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn/nn.h"
 
@@ -31,7 +32,7 @@ typedef struct {
 
 static void *pool_main(void *arg) {
   pool_start st = *(pool_start *)arg;
-  free(arg);
+  dt__free(arg);
   nn_pool *p = st.p;
   uint64_t seen = 0;
   pthread_mutex_lock(&p->mu);
@@ -55,32 +56,34 @@ static void *pool_main(void *arg) {
 
 dt_status dt__nn_pool_create(int nthreads, nn_pool **out) {
   *out = NULL;
-  nn_pool *p = calloc(1, sizeof *p);
+  nn_pool *p = dt__calloc(sizeof *p);
   if (!p)
     return dt_set_error(DT_ERR_NOMEM, "nn thread pool: out of memory");
   p->n = nthreads;
-  p->tids = calloc((size_t)nthreads, sizeof *p->tids);
-  p->progress = calloc((size_t)nthreads, sizeof *p->progress);
+  p->tids = dt__calloc((size_t)nthreads * sizeof *p->tids);
+  p->progress = dt__calloc((size_t)nthreads * sizeof *p->progress);
   if (!p->tids || !p->progress) {
-    free(p->tids);
-    free(p->progress);
-    free(p);
+    dt__free(p->tids);
+    dt__free(p->progress);
+    dt__free(p);
     return dt_set_error(DT_ERR_NOMEM, "nn thread pool: out of memory");
   }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->work, NULL);
   pthread_cond_init(&p->done, NULL);
   for (int t = 1; t < nthreads; t++) {
-    pool_start *st = malloc(sizeof *st);
+    pool_start *st = dt__alloc(sizeof *st);
     if (st)
       *st = (pool_start){p, t};
     int err = st ? pthread_create(&p->tids[t], NULL, pool_main, st) : -1;
     if (err != 0) {
-      free(st);
+      dt__free(st);
       p->n = t; /* join the ones that started */
       dt__nn_pool_destroy(p);
-      return dt_set_error(DT_ERR_SYSTEM, "nn thread pool: cannot start thread %d of %d", t,
-                          nthreads);
+      if (!st)
+        return dt__error_prefix(DT_ERR_NOMEM, "nn thread pool: thread %d of %d", t, nthreads);
+      return dt_set_error(DT_ERR_SYSTEM, "nn thread pool: cannot start thread %d of %d: %s", t,
+                          nthreads, strerror(err));
     }
   }
   *out = p;
@@ -99,9 +102,9 @@ void dt__nn_pool_destroy(nn_pool *p) {
   pthread_cond_destroy(&p->work);
   pthread_cond_destroy(&p->done);
   pthread_mutex_destroy(&p->mu);
-  free(p->tids);
-  free(p->progress);
-  free(p);
+  dt__free(p->tids);
+  dt__free(p->progress);
+  dt__free(p);
 }
 
 void dt__nn_pool_run(nn_pool *p, void (*fn)(void *arg, int t), void *arg) {

@@ -241,11 +241,11 @@ dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **laye
   size_t len = strlen(text);
   if (len == 0)
     return dt_set_error(DT_ERR_INVALID, "model spec is empty (use mlp, cnn or a layer list)");
-  char *buf = malloc(len + 1);
-  nn_spec_layer *L = calloc(SPEC_MAX_TOKENS, sizeof *L);
+  char *buf = dt__alloc(len + 1);
+  nn_spec_layer *L = dt__calloc(SPEC_MAX_TOKENS * sizeof *L);
   if (!buf || !L) {
-    free(buf);
-    free(L);
+    dt__free(buf);
+    dt__free(L);
     return dt_set_error(DT_ERR_NOMEM, "model spec: out of memory");
   }
   memcpy(buf, text, len + 1);
@@ -285,13 +285,13 @@ dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **laye
                       "class logits", s.c, s.h, s.w);
     goto fail;
   }
-  free(buf);
+  dt__free(buf);
   *in = in0;
   *layers = L;
   *n = nL;
   return DT_OK;
 fail:
-  free(buf);
-  free(L);
+  dt__free(buf);
+  dt__free(L);
   return rc;
 }

@@ -38,7 +38,7 @@
 
 dt_status dt_train_model_save(dt_model *m, const char *path) {
   size_t n = dt_model_tensor_count(m);
-  dt_tensor_view *v = calloc(n ? n : 1, sizeof *v);
+  dt_tensor_view *v = dt__calloc((n ? n : 1) * sizeof *v);
   if (!v)
     return dt_set_error(DT_ERR_NOMEM, "saving %s: out of memory", path);
   const float *p = dt_model_params(m);
@@ -56,7 +56,7 @@ dt_status dt_train_model_save(dt_model *m, const char *path) {
   dt_status rc = dt__mkdir_parents(path);
   if (rc == DT_OK)
     rc = dt_safetensors_write(path, v, n, meta, DT_ARRAY_LEN(meta));
-  free(v);
+  dt__free(v);
   return rc;
 }
 
@@ -233,7 +233,7 @@ dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd) {
       rc = dt_set_error(DT_ERR_INVALID, "checkpoint directory %s holds checkpoints of an earlier run "
                         "(newest %s): pass --resume to continue it, or choose another --checkpoint-dir",
                         dir, paths[n - 1]);
-    free(paths);
+    dt__free(paths);
     if (rc != DT_OK) {
       close(fd);
       return rc;

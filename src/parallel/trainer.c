@@ -151,7 +151,7 @@ static dt_status setup_buckets(trainer *t) {
   t->reqs = dt__calloc(t->maxreqs * sizeof(dt_request *));
   t->req_lo = dt__calloc(t->maxreqs * sizeof(size_t));
   if (!t->reqs || !t->req_lo)
-    return DT_ERR_NOMEM;
+    return dt__error_prefix(DT_ERR_NOMEM, "%zu allreduce requests", t->maxreqs);
   return DT_OK;
 }
 
@@ -242,7 +242,7 @@ static dt_status setup_zero(trainer *t) {
   t->small = dt__calloc((2 + 16 * (size_t)t->world) * sizeof(double));
   if (!ends || !t->bk_lo || !t->bk_c || !t->ag || !t->small) {
     dt__free(ends);
-    return dt_set_error(DT_ERR_NOMEM, "ZeRO bucket plan (%zu layers)", nseg);
+    return dt__error_prefix(DT_ERR_NOMEM, "ZeRO bucket plan (%zu layers)", nseg);
   }
   dt_model_grad_segments(t->model, ends, nseg);
   size_t started = 0;
@@ -256,7 +256,7 @@ static dt_status setup_zero(trainer *t) {
   /* the optimizer: this rank's block of every bucket, then the tail */
   dt_param_range *own = dt__alloc((t->nbk + 1) * sizeof *own);
   if (!own)
-    return dt_set_error(DT_ERR_NOMEM, "ZeRO ranges (%zu buckets)", t->nbk);
+    return dt__error_prefix(DT_ERR_NOMEM, "ZeRO ranges (%zu buckets)", t->nbk);
   size_t n = 0;
   for (size_t b = 0; b < t->nbk; b++) {
     size_t lo = t->bk_lo[b] + (size_t)t->rank * t->bk_c[b];
@@ -487,8 +487,8 @@ static dt_status state_whole(trainer *t, dt__train_state *st, int alloc_on_root)
       st->buf[i] = dt__alloc(dt_model_param_count(t->model) * sizeof(float));
       if (!st->buf[i]) {
         state_release(t, st);
-        return dt_set_error(DT_ERR_NOMEM, "optimizer state %zu for a checkpoint (%zu floats)", i,
-                            dt_model_param_count(t->model));
+        return dt__error_prefix(DT_ERR_NOMEM, "optimizer state %zu for a checkpoint (%zu floats)", i,
+                                dt_model_param_count(t->model));
       }
     }
   }
@@ -601,7 +601,7 @@ static dt_status check_settings(trainer *t) {
   fp_fill(t, mine);
   uint64_t *all = dt__alloc(sizeof mine * (size_t)t->world);
   if (!all)
-    return DT_ERR_NOMEM;
+    return dt__error_prefix(DT_ERR_NOMEM, "settings of %d ranks", t->world);
   dt_status rc = dt_comm_allgather(t->comm, mine, all, FP_N, DT_I64);
   if (rc != DT_OK) {
     dt__free(all);
@@ -897,7 +897,7 @@ static dt_status share_memory(trainer *t) {
   t->grads_of = dt__alloc(n * sizeof *t->grads_of);
   t->blk = dt__alloc(n * sizeof *t->blk);
   if (!t->grads_of || !t->blk)
-    return dt_set_error(DT_ERR_NOMEM, "%d gradient pointers", t->world);
+    return dt__error_prefix(DT_ERR_NOMEM, "%d gradient pointers", t->world);
   for (size_t q = 0; q < n; q++)
     t->grads_of[q] = (float *)(base + q * arena);
   DT_CHECK(dt_model_use_memory(t->model, t->rank == 0 ? one : NULL, t->grads_of[t->rank]));
@@ -906,7 +906,7 @@ static dt_status share_memory(trainer *t) {
   if (defer) {
     t->ex_of = dt__alloc(n * sizeof *t->ex_of);
     if (!t->ex_of)
-      return dt_set_error(DT_ERR_NOMEM, "%d export pointers", t->world);
+      return dt__error_prefix(DT_ERR_NOMEM, "%d export pointers", t->world);
     for (size_t q = 0; q < n; q++)
       t->ex_of[q] = (const float *)(base + (n + 1) * arena + q * exsz);
     DT_CHECK(dt_model_defer_linear_grads(t->model, (float *)t->ex_of[t->rank], t->micro_max));
@@ -985,10 +985,12 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   size_t pbytes = dt_model_param_count(t->model) * sizeof(float);
   int64_t nlog = (total - step) / (c->log_interval ? c->log_interval : 10) + 2;
   double *rates = dt__calloc((size_t)nlog * sizeof(double));
-  double *slot = t->world > 1 ? dt__calloc((size_t)t->world * sizeof(double)) : NULL;
-  if (!rates || (t->world > 1 && !slot)) {
+  if (!rates)
+    return dt__error_prefix(DT_ERR_NOMEM, "step rates of %lld log intervals", (long long)nlog);
+  double *slot = NULL; /* world > 1: every rank's compute time, see "stragglers" */
+  if (t->world > 1 && !(slot = dt__calloc((size_t)t->world * sizeof(double)))) {
     dt__free(rates);
-    return DT_ERR_NOMEM;
+    return dt__error_prefix(DT_ERR_NOMEM, "compute times of %d ranks", t->world);
   }
   double compute_total_ns = 0;
   int64_t straggler_warned_ns = 0;
