@@ -150,6 +150,9 @@ typedef struct dt_train_summary {
   double wall_s;                    /* whole call */
   double train_s;                   /* steps only, no evaluation */
   double comm_exposed_s;            /* summed exposed communication time (rank 0) */
+  double comm_waiting_slowest_s;    /* of that, at least this much was rank 0 waiting for a rank
+                                       that computed longer (compute times compared per log
+                                       interval; 0 with one worker) */
   double data_wait_s;
   double compute_imbalance;         /* the slowest rank's compute time over the fastest's, whole
                                        run (1 with one worker) */

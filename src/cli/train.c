@@ -388,6 +388,7 @@ int dt_cli_train(int argc, char **argv) {
     dt__json_field(o, ",", "train_s", "%.10g", s.train_s);
     dt__json_field(o, ",", "comm_exposed_s", "%.10g", s.comm_exposed_s);
     dt__json_field(o, ",", "comm_exposed_share", "%.10g", s.train_s > 0 ? s.comm_exposed_s / s.train_s : 0);
+    dt__json_field(o, ",", "comm_waiting_slowest_s", "%.10g", s.comm_waiting_slowest_s);
     dt__json_field(o, ",", "data_wait_s", "%.10g", s.data_wait_s);
     dt__json_field(o, ",", "compute_imbalance", "%.10g", s.compute_imbalance);
     fprintf(o, ",\"slowest_rank\":%d", s.slowest_rank);
@@ -427,8 +428,10 @@ int dt_cli_train(int argc, char **argv) {
          s.samples_per_s, s.world_size, s.world_size == 1 ? "" : "s", cfg.threads,
          cfg.threads == 1 ? "" : "s");
   if (s.world_size > 1 && s.train_s > 0)
-    printf("exposed communication %.1f%% of training time (%.2f s), data wait %.1f%%\n",
-           100.0 * s.comm_exposed_s / s.train_s, s.comm_exposed_s, 100.0 * s.data_wait_s / s.train_s);
+    printf("exposed communication %.1f%% of training time (%.2f s, at least %.2f s of it waiting for "
+           "slower ranks), data wait %.1f%%\n",
+           100.0 * s.comm_exposed_s / s.train_s, s.comm_exposed_s, s.comm_waiting_slowest_s,
+           100.0 * s.data_wait_s / s.train_s);
   if (s.world_size > 1)
     printf("slowest rank %d: %.2fx the fastest rank's compute time\n", s.slowest_rank,
            s.compute_imbalance);

@@ -42,7 +42,8 @@
  *             the activation exports too, the window is made without them (one copy, weight
  *             gradients not deferred)
  *   straggler a rank made slow (the slow fault) on 2 workers (shm, one copy) and 3 (tcp, private
- *             buffers) is named by the summary's slowest_rank and compute_imbalance, by one
+ *             buffers) is named by the summary's slowest_rank and compute_imbalance (and rank
+ *             0's wait for it, comm_waiting_slowest_s, is counted), by one
  *             warning from rank 0 (also with --progress off), and by the metrics; one worker
  *             reports no spread */
 #include <sched.h>
@@ -481,6 +482,10 @@ static void straggler(int n, int slow, const char *env, const char *progress) {
   CHECK(r.code == 0, "%s, %d workers: exit %d: %s", env, n, r.code, r.err);
   double who = tt_json_num(r.out, "slowest_rank"), ratio = tt_json_num(r.out, "compute_imbalance");
   CHECK(who == slow && ratio >= 1.25, "%s: slowest rank %g (want %d), imbalance %g: %s", env, who, slow, ratio, r.out);
+  /* rank 0 waits about 30 ms a step for a slow rank 1 (18 steps); as the slow one it waits for nobody */
+  double waiting = tt_json_num(r.out, "comm_waiting_slowest_s"), exposed = tt_json_num(r.out, "comm_exposed_s");
+  CHECK(slow == 0 ? waiting == 0 : (waiting >= 0.25 && waiting <= exposed),
+        "%s: %g s of %g s exposed said to be waiting for rank %d: %s", env, waiting, exposed, slow, r.out);
   char want[64];
   snprintf(want, sizeof want, "warning: rank %d computed ", slow);
   const char *w = strstr(r.err, want);
