@@ -805,6 +805,7 @@ typedef struct interval {
   uint64_t samples;
   int64_t t0_ns;
   double compute_ns, comm_ns, data_ns, span_ns;
+  bool uneven;                 /* a step whose global batch did not split evenly across ranks */
 } interval;
 
 /* ---- stragglers --------------------------------------------------------------------------
@@ -816,7 +817,9 @@ typedef struct interval {
  * waiting): each puts its own in its slot of a world-sized vector and one f64 sum, exact since
  * the other slots are zeros, gives every rank all of them. Rank 0 reports the spread per interval
  * and over the run, and warns when the slowest rank computed for STRAGGLER_RATIO times as long
- * as the fastest (at most every STRAGGLER_QUIET_S seconds, never on the warm-up interval). */
+ * as the fastest (at most every STRAGGLER_QUIET_S seconds, never on the warm-up interval, and
+ * not over an interval where the batch did not split evenly: a rank with fewer samples, or none,
+ * computes less without anyone being slow). */
 #define STRAGGLER_RATIO 1.25
 #define STRAGGLER_QUIET_S 300
 
@@ -1080,6 +1083,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     epoch_steps++;
     iv.steps++;
     iv.samples += b.global_n;
+    iv.uneven |= b.global_n % (uint64_t)t->world != 0;
     iv.compute_ns += (double)((s2 - s1) + (s4 - s3) - gather_wait);
     compute_total_ns += (double)((s2 - s1) + (s4 - s3) - gather_wait);
     iv.comm_ns += (double)(s3 - s2 + gather_wait);
@@ -1104,7 +1108,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
         /* the slowest rank's extra compute over the interval is waited for here: a lower bound
          * of the part of this rank's exposed communication that is not the exchange's */
         slowest_wait_ns += fmin(sp.max_ns - iv.compute_ns, iv.comm_ns);
-        if (nrates > 1 && iv.steps >= 5 && spread_ratio(&sp) >= STRAGGLER_RATIO &&
+        if (nrates > 1 && iv.steps >= 5 && !iv.uneven && spread_ratio(&sp) >= STRAGGLER_RATIO &&
             (straggler_warned_ns == 0 || now - straggler_warned_ns >= STRAGGLER_QUIET_S * 1000000000LL)) {
           straggler_warned_ns = now;
           note(t, "warning: rank %d computed %.2fx as long per step as rank %d over steps %lld-%lld "
