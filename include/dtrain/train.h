@@ -156,7 +156,7 @@ typedef struct dt_train_summary {
   double data_wait_s;
   double compute_imbalance;         /* the slowest rank's compute time over the fastest's, whole
                                        run (1 with one worker) */
-  int slowest_rank;                 /* -1 with one worker */
+  int slowest_rank;                 /* -1 with one worker or no step run */
   double peak_rss_mb;               /* this process (getrusage) */
   int world_size;
   int64_t resumed_from_step;        /* -1: fresh start */

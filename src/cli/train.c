@@ -432,7 +432,7 @@ int dt_cli_train(int argc, char **argv) {
            "slower ranks), data wait %.1f%%\n",
            100.0 * s.comm_exposed_s / s.train_s, s.comm_exposed_s, s.comm_waiting_slowest_s,
            100.0 * s.data_wait_s / s.train_s);
-  if (s.world_size > 1)
+  if (s.world_size > 1 && s.slowest_rank >= 0) /* -1 too when no step ran (resumed at the end) */
     printf("slowest rank %d: %.2fx the fastest rank's compute time\n", s.slowest_rank,
            s.compute_imbalance);
   printf("test accuracy %.4f, test loss %.4f\n", s.test_accuracy, s.test_loss);

@@ -527,7 +527,7 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
     }
   }
   int ms = atomic_load(&fault_delay_ms);
-  if (ms > 0 && !atomic_load(&fault_send_hooked))
+  if (ms > 0 && at == DT_FAULT_AT_START && !atomic_load(&fault_send_hooked)) /* once a step */
     dt__sleep_ns((int64_t)ms * 1000000LL);
   int slow = atomic_load(&fault_slow_ms);
   if (slow > 0 && at == DT_FAULT_AT_UPDATE)

@@ -817,16 +817,37 @@ typedef struct interval {
  * waiting): each puts its own in its slot of a world-sized vector and one f64 sum, exact since
  * the other slots are zeros, gives every rank all of them. Rank 0 reports the spread per interval
  * and over the run, and warns when the slowest rank computed for STRAGGLER_RATIO times as long
- * as the fastest (at most every STRAGGLER_QUIET_S seconds, never on the warm-up interval, and
- * not over an interval where the batch did not split evenly: a rank with fewer samples, or none,
- * computes less without anyone being slow). */
+ * as the fastest over a window of at least STRAGGLER_STEPS steps (whole log intervals after the
+ * warm-up one, so --log-interval 1 warns too), at most every STRAGGLER_QUIET_S seconds for one
+ * rank (a passing spike warned about does not hide a lasting straggler elsewhere), and not over a
+ * window where a batch did not split evenly (a rank with fewer samples, or none, computes less
+ * without anyone being slow). */
 #define STRAGGLER_RATIO 1.25
+#define STRAGGLER_STEPS 5
 #define STRAGGLER_QUIET_S 300
 
 typedef struct spread {
   double max_ns, min_ns;
   int slowest, fastest;
 } spread;
+
+/* s from every rank's compute time v[0..n) (no rank is the slowest when none computed: a run
+ * resumed at its last step) */
+static void spread_of(const double *v, int n, spread *s) {
+  *s = (spread){.max_ns = v[0], .min_ns = v[0], .slowest = 0, .fastest = 0};
+  for (int q = 1; q < n; q++) {
+    if (v[q] > s->max_ns) {
+      s->max_ns = v[q];
+      s->slowest = q;
+    }
+    if (v[q] < s->min_ns) {
+      s->min_ns = v[q];
+      s->fastest = q;
+    }
+  }
+  if (s->max_ns <= 0)
+    s->slowest = s->fastest = -1;
+}
 
 /* Collective: fills s from every rank's `mine` (slot: world doubles). */
 static dt_status compute_spread(trainer *t, double *slot, double mine, spread *s) {
@@ -835,17 +856,7 @@ static dt_status compute_spread(trainer *t, double *slot, double mine, spread *s
   dt_status rc = dt_comm_allreduce(t->comm, DT_IN_PLACE, slot, (size_t)t->world, DT_F64, DT_SUM);
   if (rc != DT_OK)
     return dt__error_prefix(rc, "comparing the ranks' compute time");
-  *s = (spread){.max_ns = slot[0], .min_ns = slot[0], .slowest = 0, .fastest = 0};
-  for (int q = 1; q < t->world; q++) {
-    if (slot[q] > s->max_ns) {
-      s->max_ns = slot[q];
-      s->slowest = q;
-    }
-    if (slot[q] < s->min_ns) {
-      s->min_ns = slot[q];
-      s->fastest = q;
-    }
-  }
+  spread_of(slot, t->world, s);
   return DT_OK;
 }
 
@@ -990,13 +1001,20 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   double *rates = dt__calloc((size_t)nlog * sizeof(double));
   if (!rates)
     return dt__error_prefix(DT_ERR_NOMEM, "step rates of %lld log intervals", (long long)nlog);
-  double *slot = NULL; /* world > 1: every rank's compute time, see "stragglers" */
-  if (t->world > 1 && !(slot = dt__calloc((size_t)t->world * sizeof(double)))) {
-    dt__free(rates);
-    return dt__error_prefix(DT_ERR_NOMEM, "compute times of %d ranks", t->world);
+  /* world > 1: every rank's compute time this interval, over the warning window, and when rank
+   * 0 last warned about each rank (s, 0: never); see "stragglers" */
+  double *slot = NULL, *win = NULL, *warned_s = NULL;
+  if (t->world > 1) {
+    if (!(slot = dt__calloc(3 * (size_t)t->world * sizeof(double)))) {
+      dt__free(rates);
+      return dt__error_prefix(DT_ERR_NOMEM, "compute times of %d ranks", t->world);
+    }
+    win = slot + t->world;
+    warned_s = win + t->world;
   }
   double compute_total_ns = 0, slowest_wait_ns = 0;
-  int64_t straggler_warned_ns = 0;
+  int64_t win_steps = 0;
+  bool win_uneven = false;
   int64_t nrates = 0;
   interval iv = {.t0_ns = dt_now_ns()};
   int64_t log_every = c->log_interval ? c->log_interval : 10;
@@ -1108,14 +1126,28 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
         /* the slowest rank's extra compute over the interval is waited for here: a lower bound
          * of the part of this rank's exposed communication that is not the exchange's */
         slowest_wait_ns += fmin(sp.max_ns - iv.compute_ns, iv.comm_ns);
-        if (nrates > 1 && iv.steps >= 5 && !iv.uneven && spread_ratio(&sp) >= STRAGGLER_RATIO &&
-            (straggler_warned_ns == 0 || now - straggler_warned_ns >= STRAGGLER_QUIET_S * 1000000000LL)) {
-          straggler_warned_ns = now;
-          note(t, "warning: rank %d computed %.2fx as long per step as rank %d over steps %lld-%lld "
-               "(%.2f against %.2f ms); every step waits for the slowest rank: is its CPU slower "
-               "or busy with other work?", sp.slowest, spread_ratio(&sp), sp.fastest,
-               (long long)(step - iv.steps + 1), (long long)step, sp.max_ns / 1e6 / (double)iv.steps,
-               sp.min_ns / 1e6 / (double)iv.steps);
+        if (nrates > 1) { /* never on the warm-up interval */
+          for (int q = 0; q < t->world; q++)
+            win[q] += slot[q];
+          win_steps += iv.steps;
+          win_uneven |= iv.uneven;
+        }
+        if (win_steps >= STRAGGLER_STEPS) {
+          spread ws;
+          spread_of(win, t->world, &ws);
+          double now_s = (double)now / 1e9;
+          if (ws.slowest >= 0 && !win_uneven && spread_ratio(&ws) >= STRAGGLER_RATIO &&
+              (warned_s[ws.slowest] == 0 || now_s - warned_s[ws.slowest] >= STRAGGLER_QUIET_S)) {
+            warned_s[ws.slowest] = now_s;
+            note(t, "warning: rank %d computed %.2fx as long per step as rank %d over steps %lld-%lld "
+                 "(%.2f against %.2f ms); every step waits for the slowest rank: is its CPU slower "
+                 "or busy with other work?", ws.slowest, spread_ratio(&ws), ws.fastest,
+                 (long long)(step - win_steps + 1), (long long)step, ws.max_ns / 1e6 / (double)win_steps,
+                 ws.min_ns / 1e6 / (double)win_steps);
+          }
+          memset(win, 0, (size_t)t->world * sizeof(double));
+          win_steps = 0;
+          win_uneven = false;
         }
       }
       if (t->rank == 0 && t->obs && t->obs->on_step) {

@@ -44,9 +44,11 @@
  *   straggler a rank made slow (the slow fault) on 2 workers (shm, one copy) and 3 (tcp, private
  *             buffers) is named by the summary's slowest_rank and compute_imbalance (and rank
  *             0's wait for it, comm_waiting_slowest_s, is counted), by one
- *             warning from rank 0 (also with --progress off), and by the metrics; with
- *             uneven shards (30 samples on 4 workers) it is reported but not warned about; one
- *             worker reports no spread */
+ *             warning from rank 0 (also with --progress off, and with --log-interval 1, where the
+ *             warning compares a window of intervals), and by the metrics; with uneven shards (30
+ *             samples on 4 workers) it is reported but not warned about; one worker reports no
+ *             spread; a second straggler is warned about within the first one's quiet time; a
+ *             run resumed at its last step names no slowest rank */
 #include <sched.h>
 #include <time.h>
 
@@ -520,6 +522,52 @@ static void group_straggler(void) {
                        "--out %s/one", tt_bin(), data, dir);
   CHECK(r.code == 0 && tt_json_num(r.out, "slowest_rank") == -1 && tt_json_num(r.out, "compute_imbalance") == 1,
         "one worker: exit %d: %s %s", r.code, r.out, r.err);
+  tt_result_free(&r);
+  /* --log-interval 1: every interval is one step, the warning compares a window of them */
+  r = tt_run(dir, 300, "%s run -n 2 --inject-fault 'slow:rank=1,ms=30' -- %s train --data %s --model '" TINY_MODEL
+             "' --batch 30 --threads 1 --max-steps 8 --log-interval 1 --progress off --out %s/slow1",
+             tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code == 0 && strstr(r.err, "warning: rank 1 computed "), "--log-interval 1: exit %d, no warning naming rank 1: %s",
+        r.code, r.err);
+  tt_result_free(&r);
+  /* rank 0 slow from the start is warned about; rank 1 much slower from step 13 on is too, within
+   * rank 0's quiet time */
+  r = tt_run(dir, 300, "%s run -n 2 --inject-fault 'slow:rank=0,ms=30;slow:rank=1,ms=120,step=12' -- %s train "
+             "--data %s --model '" TINY_MODEL "' --batch 30 --threads 1 --max-steps 18 --log-interval 6 "
+             "--progress off --out %s/slow2", tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code == 0 && strstr(r.err, "warning: rank 0 computed ") && strstr(r.err, "warning: rank 1 computed "),
+        "two stragglers in turn: exit %d, not both warned about: %s", r.code, r.err);
+  tt_result_free(&r);
+  /* a delay fault without a transport hook (one worker) sleeps once before each step: not
+   * twice, and not in the step's compute (a slow link, not a slow CPU) */
+  r = tt_run(dir, 300, "%s run -n 1 --inject-fault 'delay:ms=60' -- %s train --data %s --model '" TINY_MODEL
+             "' --batch 30 --threads 1 --max-steps 4 --log-interval 4 --progress off --out %s/delay",
+             tt_bin(), tt_bin(), data, dir);
+  CHECK(r.code == 0, "delay on one worker: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  char mpath[2048];
+  snprintf(mpath, sizeof mpath, "%s/delay/metrics.jsonl", dir);
+  char *dm = tt_slurp(mpath);
+  const char *d4 = dm ? strstr(dm, "\"step\":4,") : NULL;
+  CHECK(d4 && tt_json_num(d4, "compute_ms") < 30, "delay counted as compute: %s", dm ? dm : "(no metrics)");
+  free(dm);
+  /* resumed at its last step: no step ran, so no rank was the slowest */
+  r = tt_run(dir, 300, "%s run -n 2 -- %s train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 "
+             "--max-steps 3 --checkpoint-dir %s/ck --out %s/slow3", tt_bin(), tt_bin(), data, dir, dir);
+  CHECK(r.code == 0, "3 steps with checkpoints: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 300, "%s run -n 2 --raw-stdout -- %s train --data %s --model '" TINY_MODEL "' --batch 30 "
+             "--threads 1 --max-steps 3 --checkpoint-dir %s/ck --resume --json --out %s/slow3",
+             tt_bin(), tt_bin(), data, dir, dir);
+  CHECK(r.code == 0 && tt_json_num(r.out, "steps_run") == 0 && tt_json_num(r.out, "slowest_rank") == -1 &&
+            tt_json_num(r.out, "compute_imbalance") == 1,
+        "resumed at the end: exit %d: %s %s", r.code, r.out, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 300, "%s run -n 2 -- %s train --data %s --model '" TINY_MODEL "' --batch 30 --threads 1 "
+             "--max-steps 3 --checkpoint-dir %s/ck --resume --progress off --out %s/slow3",
+             tt_bin(), tt_bin(), data, dir, dir);
+  CHECK(r.code == 0 && !strstr(r.out, "slowest rank") && !strstr(r.err, "slowest rank"),
+        "resumed at the end names a slowest rank: exit %d: %s %s", r.code, r.out, r.err);
   tt_result_free(&r);
 }
 
