@@ -27,13 +27,13 @@
  *   window    the default (gradients in the shared window, sharded optimizer, one copy of the
  *             parameters per host that every rank updates its blocks of) against private buffers
  *             (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers: the same parameters (2:
- *             bit for bit); every rank says it uses the one copy (not with --zero 0); a peer
+ *             bit for bit with dtrain's AVX-512 product, within 1e-6 with OpenBLAS's); every rank says it uses the one copy (not with --zero 0); a peer
  *             stopped at a step's start makes rank 0 fail within the deadline, naming the step's
  *             allreduce and rank 1, and one stopped before its update (at=update) the barrier that
  *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it;
  *             the linear weight gradients deferred to the update (dt_model_defer_linear_grads,
  *             every rank by default; not with --clip, --accumulate 2 or DTRAIN_DEFER=0) give
- *             the same parameters bit for bit as summing them, on 2 and 3 workers and on 2
+ *             the same parameters as summing them (as exactly as above), on 2 and 3 workers and on 2
  *             workers x 2 threads; DTRAIN_DEFER=2 is refused; with a /dev/shm too small for
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
@@ -52,6 +52,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "nn/nn.h" /* dt__nn_gemm_name: which product the workers run */
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -362,7 +363,17 @@ static tt_result stopped_peer(const char *spec) {
                 tt_bin(), spec, tt_bin(), data, dir);
 }
 
+/* The largest difference the window group allows between two ways of summing the same weight
+ * gradients. With dtrain's own product (AVX-512) a rank's product over its samples is the same
+ * bit for bit whichever rows of dW a call computes, so the paths must agree exactly. OpenBLAS's
+ * kernels (a CPU without AVX-512F, or DTRAIN_GEMM=blas) round a row differently depending on
+ * which other rows the call computes, and the deferred update computes dW in tiles and rank
+ * ranges where backward computes it whole: there they agree within rounding. */
+static double same_sum_tol(void) { return strcmp(dt__nn_gemm_name(), "avx512") == 0 ? 0.0 : 1e-6; }
+
 static void group_window(void) {
+  double tol = same_sum_tol();
+  fprintf(stderr, "product: %s, so deferred against summed within %g\n", dt__nn_gemm_name(), tol);
   for (int n = 2; n <= 3; n++) {
     char a[32], b[32], c[32];
     snprintf(a, sizeof a, "shared%d", n);
@@ -374,7 +385,7 @@ static void group_window(void) {
     train_n(n, "--epochs 2 --max-steps 25 --zero 0", c);
     unsetenv("DTRAIN_WINDOW");
     double d1 = model_diff(a, b), d0 = model_diff(a, c);
-    CHECK(n == 2 ? d1 == 0 && d0 == 0 : d1 <= 1e-5 && d0 <= 1e-5,
+    CHECK(n == 2 ? d1 <= tol && d0 <= tol : d1 <= 1e-5 && d0 <= 1e-5,
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
     /* the linear weight gradients deferred to the update (the default here) against summed in
      * the window: bit for bit, every rank's product over its samples summed in rank order */
@@ -383,7 +394,7 @@ static void group_window(void) {
     train_n(n, "--epochs 2 --max-steps 25", b);
     unsetenv("DTRAIN_DEFER");
     double dd = model_diff(a, b);
-    CHECK(dd == 0, "%d workers: deferred weight gradients against summed ones: %g", n, dd);
+    CHECK(dd <= tol, "%d workers: deferred weight gradients against summed ones: %g", n, dd);
   }
   /* deferred by every rank by default, also on several compute threads per worker (bit for
    * bit again); not where a step needs the whole gradient before its update (--clip), several
@@ -398,7 +409,7 @@ static void group_window(void) {
   train_n(2, "--epochs 2 --max-steps 25 --threads 2", "nodefer2t");
   unsetenv("DTRAIN_DEFER");
   double dt2 = model_diff("defer2t", "nodefer2t");
-  CHECK(dt2 == 0, "2 workers x 2 threads: deferred weight gradients against summed ones: %g", dt2);
+  CHECK(dt2 <= tol, "2 workers x 2 threads: deferred weight gradients against summed ones: %g", dt2);
   const char *nodefer[][2] = {{"", "--threads 1 --clip 1"}, {"", "--threads 1 --accumulate 2"},
                               {"DTRAIN_DEFER=0", "--threads 1"}};
   for (size_t i = 0; i < sizeof nodefer / sizeof nodefer[0]; i++) {
