@@ -884,7 +884,7 @@ static dt_status share_memory(trainer *t) {
    * whole weight gradients that another sums again. Needs the one copy (sharded), one backward
    * per step and no global norm before the update. It pays where dtrain's own product runs
    * (AVX-512); OpenBLAS's product over a tile of rows at a time is slower than backward's whole
-   * one (2 workers mlp on a Zen 3: 0.86-0.95x the samples/s, docs/BENCHMARKS.md), so there the
+   * one (2 workers mlp on a Zen 3: 0.85-0.95x the samples/s, docs/BENCHMARKS.md), so there the
    * default keeps the gradients. DTRAIN_DEFER=1 defers anyway, 0 never (for comparisons). */
   const char *de = dt__env_str("DTRAIN_DEFER");
   if (de && strcmp(de, "0") && strcmp(de, "1"))

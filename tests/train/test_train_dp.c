@@ -27,14 +27,15 @@
  *   window    the default (gradients in the shared window, sharded optimizer, one copy of the
  *             parameters per host that every rank updates its blocks of) against private buffers
  *             (DTRAIN_WINDOW=0) with --zero 0 and 1, on 2 and 3 workers: the same parameters (2:
- *             bit for bit with dtrain's AVX-512 product, within 1e-6 with OpenBLAS's); every rank says it uses the one copy (not with --zero 0); a peer
+ *             bit for bit with dtrain's AVX-512 product, within 1e-6 with OpenBLAS's); every
+ *             rank says it uses the one copy (not with --zero 0); a peer
  *             stopped at a step's start makes rank 0 fail within the deadline, naming the step's
  *             allreduce and rank 1, and one stopped before its update (at=update) the barrier that
  *             ends the step and rank 1, the failing rank named once; DTRAIN_WINDOW=2 is refused, naming it;
  *             the linear weight gradients deferred to the update (dt_model_defer_linear_grads,
- *             DTRAIN_DEFER=1; by default only with dtrain's own AVX-512 product; not with --clip,
- *             --accumulate 2 or DTRAIN_DEFER=0) give
- *             the same parameters as summing them (as exactly as above), on 2 and 3 workers and on 2
+ *             DTRAIN_DEFER=1; by default only with dtrain's own AVX-512 product, never with
+ *             DTRAIN_GEMM=blas; not with --clip, --accumulate 2 or DTRAIN_DEFER=0) give the same
+ *             parameters as summing them (as exactly as above), on 2 and 3 workers and on 2
  *             workers x 2 threads; DTRAIN_DEFER=2 is refused; with a /dev/shm too small for
  *             the window but not for the transport (a 24 MiB tmpfs in a mount namespace of its
  *             own; root only, else skipped with a note) the job warns that the gradients stay
@@ -395,7 +396,7 @@ static void group_window(void) {
     CHECK(n == 2 ? d1 <= tol && d0 <= tol : d1 <= 1e-5 && d0 <= 1e-5,
           "%d workers: shared window against private buffers: %g (--zero 1), %g (--zero 0)", n, d1, d0);
     /* the linear weight gradients deferred to the update (DTRAIN_DEFER=1) against summed in
-     * the window: bit for bit, every rank's product over its samples summed in rank order */
+     * the window: every rank's product over its samples summed in rank order (within tol) */
     snprintf(b, sizeof b, "nodefer%d", n);
     setenv("DTRAIN_DEFER", "0", 1);
     train_n(n, "--epochs 2 --max-steps 25", b);
@@ -428,6 +429,8 @@ static void group_window(void) {
   kd = debug_lines(2, "", "--threads 1", dl);
   CHECK(kd == (tol == 0 ? 2 : 0), "DTRAIN_DEFER unset, %s product: %d deferred their weight gradients",
         dt__nn_gemm_name(), kd);
+  kd = debug_lines(2, "DTRAIN_GEMM=blas", "--threads 1", dl);
+  CHECK(kd == 0, "DTRAIN_DEFER unset, DTRAIN_GEMM=blas: %d deferred their weight gradients", kd);
   setenv("DTRAIN_DEFER", "1", 1);
   /* a peer stopped in a step on the one copy: rank 0 names the loss allreduce and rank 1 */
   tt_result st = stopped_peer("stop:rank=1,step=3");
