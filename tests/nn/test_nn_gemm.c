@@ -169,25 +169,29 @@ static void test_engine_shapes(void **state) {
  * and A's rows off the 64-byte grid take the packing path; B's rows may be off it, as the
  * engine's weights are): every row tail of its 4-row tiles, every column tail of its 6-column
  * blocks (N = 4 runs the 4-column tile, N >= 12 the prefetch of the next block), K in whole
- * 16-float loads and with a tail, alpha and beta general, 1 and 0. */
+ * 16-float loads and with a tail, alpha and beta general, 1 and 0. By default the path runs only
+ * on CPUs with a 48 KiB L1d; the shapes run with it forced on, then forced off. */
 static void test_dot_shapes(void **state) {
   static const int Ms[] = {1, 3, 4, 5, 63, 64, 65}, Ns[] = {1, 4, 5, 6, 7, 11, 12, 13, 25};
   static const int Ks[] = {16, 17, 48, 1000, 1024, 1040};
   static const float AB[][2] = {{1.25f, -0.5f}, {1.0f, 1.0f}, {-0.75f, 0.0f}};
   int bad = 0;
-  for (int a = 0; a < 7; a++)
-    for (int b = 0; b < 9; b++)
-      for (int c = 0; c < 6; c++) {
-        int v = (a + b + c) % 3;
-        int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
-        bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
-        if (b == 8) { /* A's rows off the 64-byte grid; B's rows off it (as the engine's W) */
-          bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
-          g_boff = 10;
+  for (int dot = 1; dot >= 0; dot--) {
+    dt__nn_gemm_force_dot(dot);
+    for (int a = 0; a < 7; a++)
+      for (int b = 0; b < 9; b++)
+        for (int c = 0; c < 6; c++) {
+          int v = (a + b + c) % 3;
+          int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
           bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
-          g_boff = 0;
+          if (b == 8) { /* A's rows off the 64-byte grid; B's rows off it (as the engine's W) */
+            bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
+            g_boff = 10;
+            bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
+            g_boff = 0;
+          }
         }
-      }
+  }
   assert_int_equal(bad, 0);
 }
 
