@@ -490,9 +490,11 @@ AVX512 static void gemm_own(bool ta, bool tb, int M, int N, int K, float alpha, 
   }
 }
 
-void dt__nn_gemm_force_dot(bool on) {
+bool dt__nn_gemm_force_dot(bool on) {
   pthread_once(&g_once, gemm_init);
+  bool was = g_dot;
   g_dot = on;
+  return was;
 }
 
 int dt__nn_sgemm_kblock(void) {

@@ -172,8 +172,9 @@ const char *dt__nn_gemm_name(void);
 /* Allocates the calling thread's packing buffers now, so that its first product does not. */
 void dt__nn_gemm_reserve(void);
 /* For tests: whether the few-rows x W^T path may run (by default only on CPUs with an L1 data
- * cache of at least 48 KiB, see gemm.c), so that every CPU with AVX-512F tests it. */
-void dt__nn_gemm_force_dot(bool on);
+ * cache of at least 48 KiB, see gemm.c), so that every CPU with AVX-512F tests it. Returns the
+ * setting it replaced. */
+bool dt__nn_gemm_force_dot(bool on);
 
 /* ---- convolution without im2col (conv.c), only where dt__nn_conv_direct() ---- */
 /* True when dtrain's AVX-512 product runs (dt__nn_gemm_name() is "avx512"). */
