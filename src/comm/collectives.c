@@ -29,9 +29,9 @@ static unsigned algos_of(dt__coll k) {
   switch (k) {
   case DT_COLL_ALLREDUCE:
     return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
-  case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM);
-  case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
-  case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM);
+  case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
   case DT_COLL_REDUCE: return B(DT_ALGO_TREE);
   case DT_COLL_GATHER: case DT_COLL_SCATTER: return B(DT_ALGO_LINEAR);
   case DT_COLL_ALLTOALL: return B(DT_ALGO_PAIRWISE);
@@ -125,7 +125,21 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     alike), 8.8 / 11.0 / 13.2 against 7.9 / 11.4 / 12.6 at load 12; tcp rd against the ring
  *     0.98 / 1.9 / 3.4 / 3.4 / 4.3 against 0.60 / 1.0 / 2.0 / 3.4 / 3.5 GB/s at 8 / 16 / 32 /
  *     64 / 128 KiB (load 12; at load 18-22 alike). For n > 2 rd's later rounds still carry f32
- *     partials: unchanged there. */
+ *     partials: unchanged there.
+ *   broadcast, allgather, reduce_scatter, flat (the allreduce's one-round slots, shm): measured
+ *     2026-11-26 on the Xeon guest, `dtrain bench <coll> -n {2,4} --transport shm --algo
+ *     {flat,shm[,tree]} --sizes 4:4M --iters 100 (n=4: 50) --warmup 10`, three alternated runs,
+ *     medians (bench/results/flat-2026-11-26-xeon.txt; sizes as nccl-tests', the gathered or
+ *     whole input for allgather and reduce_scatter):
+ *     broadcast n=2: flat 0.56-0.75 us to 512 B against tree's 0.72-0.86 and shm's 1.2-1.3,
+ *     8.4 / 24 / 104 us at 64 KiB / 256 KiB / 1 MiB against tree's 10.5 / 41 / 120; level at 2-4
+ *     MiB. n=4: flat 8.2-9.7 us to 8 KiB against tree's 9.7-15 and shm's 12-16, 341 us at 1 MiB
+ *     against shm 346 and tree 532: flat up to 1 MiB (its slots stay in L2, the rounds pipeline).
+ *     allgather: flat 0.70-0.85 us to 512 B against 1.0-1.2 (n=2), 28 / 30 us at 256 KiB, shm
+ *     ahead from 1 MiB (134 / 169); n=4 flat level or ahead at every size: flat up to 128 KiB
+ *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
+ *     KiB; n=4: flat ahead to 8 KiB (11-13 against 12-14 us), behind from 32 KiB (18 / 17, 31 /
+ *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -133,7 +147,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
   case DT_COLL_ALLREDUCE:
     if (n <= 1)
       return DT_ALGO_RD;
-    if (ops->allreduce_flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
+    if (ops->flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
     /* wide (f16/bf16 sum, prod, avg): at n = 2 rd moves the half types (one exchange, one
      * rounding) and takes f32's range; above, its later rounds carry f32 partials (twice the
@@ -146,10 +160,16 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n == 2 ? (512u << 10) : n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
+    if (ops->flat && bytes <= (1u << 20))
+      return DT_ALGO_FLAT;
     return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
-  case DT_COLL_ALLGATHER:
+  case DT_COLL_ALLGATHER: /* bytes: one block */
+    if (ops->flat && bytes <= (128u << 10))
+      return DT_ALGO_FLAT;
     return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_RING;
   case DT_COLL_REDUCE_SCATTER: /* bytes: one block */
+    if (ops->flat && bytes <= (n == 2 ? (64u << 10) : (2u << 10)))
+      return DT_ALGO_FLAT;
     return has_fast(ops, k) && (n == 2 || bytes <= (32u << 10)) ? DT_ALGO_SHM : DT_ALGO_RING;
   case DT_COLL_REDUCE:
     return DT_ALGO_TREE;
@@ -219,7 +239,7 @@ static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *
   *st = algo_override(k, &a);
   if (*st)
     return DT_ALGO_AUTO;
-  if ((a == DT_ALGO_SHM && !has_fast(c->ops, k)) || (a == DT_ALGO_FLAT && !c->ops->allreduce_flat)) {
+  if ((a == DT_ALGO_SHM && !has_fast(c->ops, k)) || (a == DT_ALGO_FLAT && !c->ops->flat)) {
     *st = dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO asks for the %s %s but transport %s has no such fast path",
                        algo_names[a], dt__coll_name(k), c->ops->name);
     return DT_ALGO_AUTO;
@@ -295,7 +315,7 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
     if (a == DT_ALGO_FLAT)
-      return c->ops->allreduce_flat(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
+      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->allreduce(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     if (!sb)
@@ -310,6 +330,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       DT_CHECK(dt__coll_check(c, fp, deadline));
     return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
   case DT_COLL_BROADCAST:
+    if (a == DT_ALGO_FLAT) /* every rank's slot carries its call: checked on the way */
+      return c->ops->flat(c->tp, k->kind, NULL, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
     if (n > 2 || a != DT_ALGO_TREE)
       DT_CHECK(dt__coll_check(c, fp, deadline));
     if (a == DT_ALGO_SHM)
@@ -318,10 +340,14 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       return dt__broadcast_chain(c, rb, bytes, k->root, fp, deadline);
     return dt__broadcast_tree(c, rb, bytes, k->root, fp, deadline);
   case DT_COLL_ALLGATHER:
+    if (a == DT_ALGO_FLAT)
+      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->allgather(c->tp, k->sbuf, rb, k->count, k->dtype, fp, deadline);
     return dt__allgather_ring(c, sb, rb, k->count, k->dtype, fp, deadline);
   case DT_COLL_REDUCE_SCATTER:
+    if (a == DT_ALGO_FLAT)
+      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->reduce_scatter(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__reduce_scatter_ring(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, fp, deadline);

@@ -75,10 +75,12 @@ typedef struct dt_transport_ops {
    * when the algorithm choice says so. */
   dt_status (*allreduce)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
                          const dt__fp *fp, int64_t deadline);
-  /* One-round allreduce for small buffers (shm: every rank reduces every rank's slot), same
-   * contract as allreduce; valid at any count (pieces). */
-  dt_status (*allreduce_flat)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
-                              const dt__fp *fp, int64_t deadline);
+  /* One-round paths for small buffers (shm: every rank posts its piece in a slot and reads the
+   * others'): allreduce, broadcast, allgather or reduce_scatter (kind), each with the contract of
+   * its fast path (broadcast: rbuf is the buffer, root used; op unused where there is none);
+   * valid at any count (pieces). */
+  dt_status (*flat)(dt_transport *t, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
+                    dt_op op, int root, const dt__fp *fp, int64_t deadline);
   dt_status (*broadcast)(dt_transport *t, void *buf, size_t count, dt_dtype dt, int root, const dt__fp *fp,
                          int64_t deadline);
   dt_status (*allgather)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,

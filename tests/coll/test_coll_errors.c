@@ -24,12 +24,14 @@
 
 typedef enum {
   MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3,
-  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_RECV_BARRIER, MM_RECV_ALLREDUCE, MM_N
+  MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_RECV_BARRIER, MM_RECV_ALLREDUCE,
+  MM_ALLGATHER_COUNT, MM_RS_OP, MM_BCAST_PATHS, MM_ALLGATHER_PATHS, MM_N
 } mm_kind;
 static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)",
                                      "broadcast count", "reduce root", "gather root", "scatter root",
                                      "count across algorithms", "recv against barrier",
-                                     "recv against allreduce"};
+                                     "recv against allreduce", "allgather count", "reduce_scatter op",
+                                     "broadcast count across algorithms", "allgather count across algorithms"};
 
 typedef struct job {
   mm_kind kind;
@@ -46,7 +48,7 @@ static int mismatch_body(int rank, int size, void *arg) {
     setenv("DTRAIN_ALGO", j->algo, 1);
   else
     unsetenv("DTRAIN_ALGO");
-  static float a[1 << 16], b[1 << 16];
+  static float a[1 << 19], b[1 << 19];
   for (int i = 0; i < 2; i++)
     CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
   int odd = rank == 1;
@@ -114,6 +116,28 @@ static int mismatch_body(int rank, int size, void *arg) {
     st = odd ? dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) : dt_comm_recv(c, a, 4, DT_F32, 1, 1);
     theirs = "rank 1 called allreduce #3 with 4 x f32 sum";
     mine = "rank 0 called send/recv #1 with 4 x f32 tag 1";
+    break;
+  /* the one-round paths of the other collectives (shm: flat at these counts), and each against
+   * the path a larger count takes (2 MiB broadcast: tree; 256 KiB blocks: the staged allgather) */
+  case MM_ALLGATHER_COUNT:
+    st = dt_comm_allgather(c, a, b, odd ? 8 : 4, DT_F32);
+    theirs = "rank 1 called allgather #3 with 8 x f32";
+    mine = "rank 0 called allgather #3 with 4 x f32";
+    break;
+  case MM_RS_OP:
+    st = dt_comm_reduce_scatter(c, a, b, 4, DT_F32, odd ? DT_MAX : DT_SUM);
+    theirs = "rank 1 called reduce_scatter #3 with 4 x f32 max";
+    mine = "rank 0 called reduce_scatter #3 with 4 x f32 sum";
+    break;
+  case MM_BCAST_PATHS:
+    st = dt_comm_broadcast(c, a, odd ? 1 << 19 : 4, DT_F32, 0);
+    theirs = "rank 1 called broadcast #3 with 524288 x f32 from root 0";
+    mine = "rank 0 called broadcast #3 with 4 x f32 from root 0";
+    break;
+  case MM_ALLGATHER_PATHS:
+    st = dt_comm_allgather(c, a, b, odd ? 1 << 16 : 4, DT_F32);
+    theirs = "rank 1 called allgather #3 with 65536 x f32";
+    mine = "rank 0 called allgather #3 with 4 x f32";
     break;
   default: /* MM_ZERO */
     st = dt_comm_allreduce(c, a, b, odd ? 0 : 4, DT_F32, DT_SUM);

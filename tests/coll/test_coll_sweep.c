@@ -7,11 +7,11 @@
  *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
  *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
- *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/rhd/flat,
+ *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/rhd,
  *   broadcast tree/chain, allgather and reduce_scatter ring, barrier dissem, plus the
- *   transport's fast path ("shm") of each collective that has one, and auto. Small ring
- *   and chain pieces and flat slots (4 KiB) make the pipelines run several pieces per step,
- *   and the flat allreduce several rounds, at count 4099. Ranks above the machine's CPU count
+ *   transport's fast path ("shm") and one-round path ("flat") of each collective that has them,
+ *   and auto. Small ring and chain pieces and flat slots (4 KiB) make the pipelines run several
+ *   pieces per step, and the flat paths several rounds, at count 4099. Ranks above the machine's CPU count
  *   run the shm transport's oversubscribed waiting (short spin, yield, futex sleep).
  * Counts >= 100000 sample dtype x op (every dtype with sum; every op on f32 and f16) and skip
  * "auto", which only picks one of the forced algorithms.
@@ -295,21 +295,27 @@ static int body(int rank, int size, void *arg) {
       algos[nalgo++] = "rhd";
       if (c->ops->allreduce)
         algos[nalgo++] = "shm";
-      if (c->ops->allreduce_flat)
+      if (c->ops->flat)
         algos[nalgo++] = "flat";
     } else if (k == DT_COLL_BROADCAST) {
       algos[nalgo++] = "broadcast=tree";
       algos[nalgo++] = "broadcast=chain";
       if (c->ops->broadcast)
         algos[nalgo++] = "broadcast=shm";
+      if (c->ops->flat)
+        algos[nalgo++] = "broadcast=flat";
     } else if (k == DT_COLL_ALLGATHER) {
       algos[nalgo++] = "allgather=ring";
       if (c->ops->allgather)
         algos[nalgo++] = "allgather=shm";
+      if (c->ops->flat)
+        algos[nalgo++] = "allgather=flat";
     } else if (k == DT_COLL_REDUCE_SCATTER) {
       algos[nalgo++] = "reduce_scatter=ring";
       if (c->ops->reduce_scatter)
         algos[nalgo++] = "reduce_scatter=shm";
+      if (c->ops->flat)
+        algos[nalgo++] = "reduce_scatter=flat";
     } else if (k == DT_COLL_BARRIER) {
       algos[nalgo++] = "barrier=dissem";
       if (c->ops->barrier)

@@ -59,7 +59,7 @@ typedef enum dt__algo {
   DT_ALGO_DISSEM, /* barrier: dissemination */
   DT_ALGO_PAIRWISE, /* alltoall */
   DT_ALGO_LINEAR, /* gather, scatter */
-  DT_ALGO_FLAT,   /* allreduce: the transport's one-round small-buffer path (ops->allreduce_flat) */
+  DT_ALGO_FLAT,   /* allreduce, broadcast, allgather, reduce_scatter: the transport's one-round path (ops->flat) */
   DT_ALGO_RHD,    /* allreduce: recursive halving reduce-scatter + recursive doubling allgather */
   DT_ALGO_COUNT
 } dt__algo;
