@@ -107,9 +107,9 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 
 /* Collectives. count is in elements of dtype. Algorithms are chosen by size and transport;
  * DTRAIN_ALGO (ring, rd, rhd, flat, shm) overrides for allreduce; "coll=name" items, comma-separated,
- * override others: "broadcast=chain,allgather=ring" (broadcast: tree, chain, shm; allgather and
- * reduce_scatter: ring, shm; barrier: dissem, shm; "auto" everywhere). An unknown name makes
- * every collective fail with DT_ERR_INVALID naming it. */
+ * override others: "broadcast=chain,allgather=ring" (broadcast: tree, chain, shm, flat; allgather
+ * and reduce_scatter: ring, shm, flat; barrier: dissem, shm; "auto" everywhere; shm and flat only
+ * on the shm transport). An unknown name makes every collective fail with DT_ERR_INVALID naming it. */
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
 dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);
 dt_status dt_comm_broadcast(dt_comm *c, void *buf, size_t count, dt_dtype t, int root);
