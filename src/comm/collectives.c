@@ -239,11 +239,25 @@ dt_status dt__coll_algo_validate(void) {
   return algo_override(DT_COLL_ALLREDUCE, &a); /* parses (and so checks) every item */
 }
 
+void dt__coll_algo_load(dt_comm *c) {
+  c->algo_bad[0] = '\0';
+  for (int k = 0; k < DT_COLL_COUNT; k++) {
+    dt__algo a = DT_ALGO_AUTO;
+    if (k >= DT_COLL_ALLREDUCE && k <= DT_COLL_BARRIER && algo_override((dt__coll)k, &a) != DT_OK) {
+      snprintf(c->algo_bad, sizeof c->algo_bad, "%s", dt_last_error());
+      a = DT_ALGO_AUTO;
+    }
+    c->algo[k] = (uint8_t)a;
+  }
+}
+
 static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *st) {
-  dt__algo a;
-  *st = algo_override(k, &a);
-  if (*st)
+  *st = DT_OK;
+  if (c->algo_bad[0]) {
+    *st = dt_set_error(DT_ERR_INVALID, "%s", c->algo_bad);
     return DT_ALGO_AUTO;
+  }
+  dt__algo a = (dt__algo)c->algo[k];
   if ((a == DT_ALGO_SHM && !has_fast(c->ops, k)) || (a == DT_ALGO_FLAT && !c->ops->flat)) {
     *st = dt_set_error(DT_ERR_INVALID, "DTRAIN_ALGO asks for the %s %s but transport %s has no such fast path",
                        algo_names[a], dt__coll_name(k), c->ops->name);

@@ -440,6 +440,7 @@ static dt_comm *comm_alloc(int size) {
   c->p2p_sent = dt__calloc(sizeof(uint64_t) * (size_t)size);
   c->p2p_recvd = dt__calloc(sizeof(uint64_t) * (size_t)size);
   c->progress = NULL;
+  dt__coll_algo_load(c);
   if (!c->world_ranks || !c->p2p_sent || !c->p2p_recvd || pthread_mutex_init(&c->lock, NULL) != 0) {
     dt__free(c->world_ranks);
     dt__free(c->p2p_sent);

@@ -96,6 +96,10 @@ struct dt_comm {
   uint8_t *win;         /* this rank's part of the shared window (dt_comm_window), or NULL */
   size_t win_bytes;
   pthread_mutex_t lock; /* serializes operations between the caller and the progress thread */
+  /* DTRAIN_ALGO as read when the communicator was made (dt__coll_algo_load): the algorithm forced
+   * per collective (DT_ALGO_AUTO: none), or algo_bad, the error every collective then returns */
+  uint8_t algo[DT_COLL_COUNT];
+  char algo_bad[320];
 };
 
 /* "rank 3", or "rank 1 (world rank 3)" in a split communicator. */

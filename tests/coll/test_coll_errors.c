@@ -48,6 +48,7 @@ static int mismatch_body(int rank, int size, void *arg) {
     setenv("DTRAIN_ALGO", j->algo, 1);
   else
     unsetenv("DTRAIN_ALGO");
+  dt__coll_algo_load(c); /* a communicator reads DTRAIN_ALGO when it is made */
   static float a[1 << 19], b[1 << 19];
   for (int i = 0; i < 2; i++)
     CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
@@ -236,11 +237,11 @@ static int invalid_body(int rank, int size, void *arg) {
 
 static int algo_body(int rank, int size, void *arg) {
   (void)arg;
+  setenv("DTRAIN_ALGO", "bogus", 1); /* read when the communicator is made */
   dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   float a[4] = {1, 2, 3, 4}, b[4];
-  setenv("DTRAIN_ALGO", "bogus", 1);
   dt_status st = dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM);
   CHECK(st == DT_ERR_INVALID || (size > 1 && st == DT_ERR_ABORTED), "DTRAIN_ALGO=bogus gave %s", dt_strerror(st));
   CHECK(strstr(dt_last_error(), "bogus"), "message '%s' does not name the value", dt_last_error());

@@ -325,6 +325,7 @@ static int body(int rank, int size, void *arg) {
       if (g->large && a == 0 && nalgo > 1)
         continue; /* auto picks one of the forced ones */
       setenv("DTRAIN_ALGO", algos[a], 1);
+      dt__coll_algo_load(c); /* a communicator reads it when it is made */
       int ndt = k == DT_COLL_BARRIER ? 1 : DT_DTYPE_COUNT, nop = has_op((dt__coll)k) ? DT_OP_COUNT : 1;
       for (int t = 0; t < ndt; t++)
         for (int op = 0; op < nop; op++)

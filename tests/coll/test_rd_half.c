@@ -100,6 +100,7 @@ static int body(int rank, int size, void *arg) {
           if (pass == 1 && !(size == 2 && c->ops->allreduce))
             break;
           setenv("DTRAIN_ALGO", algo, 1);
+          dt__coll_algo_load(c); /* a communicator reads it when it is made */
           for (size_t i = 0; i < count; i++)
             in[i] = input(rank, i, (dt_dtype)t, (dt_op)op, salt);
           int inplace = (int)(ci + (size_t)op) % 2;

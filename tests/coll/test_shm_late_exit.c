@@ -12,7 +12,8 @@
  *   rank 0 finishes the call, waits until rank 2 is gone, then resumes rank 1,
  * and rank 1 must return DT_OK with the right result. Collectives that rank 2 can finish while
  * rank 1 is stopped, one per way of waiting: the shm barrier (counters), the flat allreduce
- * (slots), and a tree broadcast from rank 2 (sendrecv over the pairwise rings). */
+ * (slots), and a broadcast from rank 2 by the tree (sendrecv over the pairwise rings) and by the
+ * flat slots (rank 2's data in its slot, the others' empty ones). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@
 #include "common/mp.h"
 #include "coll/sweep.h"
 
-static const char *algos[] = {"barrier=shm", "flat", "broadcast=tree"};
+static const char *algos[] = {"barrier=shm", "flat", "broadcast=tree", "broadcast=flat"};
 static int which;
 
 static void sleep_ms(int ms) {
@@ -57,6 +58,7 @@ static int body(int rank, int size, void *arg) {
   int64_t mine = getpid(), pids[3];
   CHECK(dt_comm_allgather(c, &mine, pids, 1, DT_I64) == DT_OK, "pid allgather: %s", dt_last_error());
   setenv("DTRAIN_ALGO", algos[which], 1);
+  dt__coll_algo_load(c); /* a communicator reads it when it is made */
   size_t count = 1000;
   float *in = dt__alloc(count * sizeof *in), *out = dt__alloc(count * sizeof *out);
   CHECK(in && out, "out of memory");
@@ -66,7 +68,8 @@ static int body(int rank, int size, void *arg) {
     CHECK(kill((pid_t)pids[1], SIGSTOP) == 0, "stopping rank 1: %s", strerror(errno));
     sleep_ms(20);
   }
-  if (which == 2 && rank == 2)
+  int bcast = which >= 2;
+  if (bcast && rank == 2)
     memcpy(out, in, count * sizeof *out);
   dt_status st = which == 0   ? dt_comm_barrier(c)
                  : which == 1 ? dt_comm_allreduce(c, in, out, count, DT_F32, DT_SUM)
@@ -82,7 +85,7 @@ static int body(int rank, int size, void *arg) {
     for (size_t i = 0; i < count; i++)
       CHECK(sw_check_reduced(out, i, 7, size, i, DT_F32, DT_SUM), "%s: element %zu = %.9g is wrong", algos[which],
             i, out[i]);
-  if (which == 2) {
+  if (bcast) {
     sw_fill(in, count, 0, 7, 2, DT_F32, DT_SUM);
     CHECK(!memcmp(in, out, count * sizeof *out), "broadcast: data differs from rank 2's");
   }

@@ -87,8 +87,12 @@ dt_status dt__coll_exec(dt_comm *c, const dt__coll_call *call);
 dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                            dt_op op, int root, dt__coll_call *call);
 
-/* Checks DTRAIN_ALGO as dt__coll_exec would read it (DT_ERR_INVALID naming the bad item). */
+/* Checks DTRAIN_ALGO as dt__coll_algo_load would read it (DT_ERR_INVALID naming the bad item). */
 dt_status dt__coll_algo_validate(void);
+/* Reads DTRAIN_ALGO into c->algo / c->algo_bad: once per communicator, when it is made (a getenv
+ * per call cost ~17% of a 4-byte shared-memory allreduce); tests that switch algorithms on one
+ * communicator call it again after setenv. */
+void dt__coll_algo_load(dt_comm *c);
 
 /* progress.c: runs a prepared call in call order: inline on this thread when nothing is queued
  * (holding c->lock), else queued behind the pending nonblocking calls and waited for. */
