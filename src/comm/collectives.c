@@ -328,9 +328,16 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   dt__coll_call kk = *k;
   kk.sbuf = sb;
   k = &kk;
-  if (fp->flags & DT__FP_WINDOW)
+  if (fp->flags & DT__FP_WINDOW) {
+    /* DTRAIN_ALGO does not apply here, the automatic choice does: small calls take the flat
+     * rounds (2 ranks: 4 B 0.72 -> 0.33 us, 1 KiB 0.99 -> 0.66 against the window's own path,
+     * compare-peers-2026-11-26-xeon-quick-b.md), on any buffer; the fingerprint still carries
+     * the window offset, so ranks that disagree on it still fail */
+    if (choose(k->kind, n, bytes, dt__coll_wide(k->dtype, k->op), c->ops) == DT_ALGO_FLAT)
+      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     return c->ops->coll_window(c->tp, k->kind, (size_t)fp->root, k->count, k->dtype, k->op, fp,
                                deadline ? deadline : dt__comm_deadline(c));
+  }
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
     if (a == DT_ALGO_FLAT)
