@@ -130,9 +130,10 @@ dt_status dt_comm_barrier(dt_comm *c);
  * rank reduces its slice of the range straight from every rank's window and writes the result
  * into every rank's window (per rank, the range is read once and written once, against about
  * 4.5 times its size through the staging buffers). An in-place allreduce (sendbuf DT_IN_PLACE,
- * or equal to recvbuf) whose buffer lies inside the window takes that path, blocking or not;
- * every rank must then pass the same offset into its window (else DT_ERR_MISMATCH). DTRAIN_ALGO
- * does not apply to it. While such an allreduce runs, other ranks read and write its range of
+ * or equal to recvbuf) whose buffer lies inside the window takes that path, blocking or not
+ * (a few KiB or less: one round through small per-rank slots, which is faster there); every
+ * rank must then pass the same offset into its window (else DT_ERR_MISMATCH). DTRAIN_ALGO does
+ * not apply to it. While such an allreduce runs, other ranks read and write its range of
  * this rank's window; the rest of the window is the caller's. *out: this rank's part, zeroed,
  * 64-byte aligned, valid until dt_comm_destroy. Collective over c; at most one per
  * communicator; waits for the nonblocking calls in flight first. DT_ERR_UNSUPPORTED (on every
