@@ -136,8 +136,9 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     MiB. n=4: flat 8.2-9.7 us to 8 KiB against tree's 9.7-15 and shm's 12-16, 341 us at 1 MiB
  *     against shm 346 and tree 532 (level with shm from 128 KiB). n=8 (two runs, --iters 30): flat
  *     23-34 us to 8 KiB against tree's 33-63 and shm's 41-55, 65-69 / 950-1055 us at 64 KiB / 1
- *     MiB against shm's 75-85 / 786-825 and tree's 113-128 / 2012-2199: flat up to 1 MiB at n=2
- *     (its slots stay in L2, the rounds pipeline), up to 64 KiB above, then shm to 1 MiB.
+ *     MiB against shm's 75-85 / 786-825 and tree's 113-128 / 2012-2199: flat up to 1 MiB for up
+ *     to 4 ranks (its slots stay in L2, the rounds pipeline; bench/compare-peers at 4 ranks, 256
+ *     KiB: flat 71 us at 15:34 UTC, shm 86 at 16:15), up to 64 KiB above, then shm to 1 MiB.
  *     allgather: flat 0.70-0.85 us to 512 B against 1.0-1.2 (n=2), 28 / 30 us at 256 KiB, shm
  *     ahead from 1 MiB (134 / 169); n=4 flat level or ahead at every size: flat up to 128 KiB
  *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
@@ -163,7 +164,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n == 2 ? (512u << 10) : n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
-    if (ops->flat && bytes <= (n == 2 ? (1u << 20) : (64u << 10)))
+    if (ops->flat && bytes <= (n <= 4 ? (1u << 20) : (64u << 10)))
       return DT_ALGO_FLAT;
     if (ops->flat && has_fast(ops, k) && bytes <= (1u << 20))
       return DT_ALGO_SHM;
