@@ -329,20 +329,22 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   dt__coll_call kk = *k;
   kk.sbuf = sb;
   k = &kk;
-  if (fp->flags & DT__FP_WINDOW) {
-    /* DTRAIN_ALGO does not apply here, the automatic choice does: small calls take the flat
-     * rounds (2 ranks: 4 B 0.72 -> 0.33 us, 1 KiB 0.99 -> 0.66 against the window's own path,
-     * compare-peers-2026-11-26-xeon-quick-b.md), on any buffer; the fingerprint still carries
-     * the window offset, so ranks that disagree on it still fail */
-    if (choose(k->kind, n, bytes, dt__coll_wide(k->dtype, k->op), c->ops) == DT_ALGO_FLAT)
-      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
+  /* DTRAIN_ALGO does not apply to a call in the shared window, the automatic choice does: small
+   * calls take the flat rounds (2 ranks: 4 B 0.72 -> 0.33 us, 1 KiB 0.99 -> 0.66 against the
+   * window's own path, compare-peers-2026-11-26-xeon-quick-b.md), on any buffer; the fingerprint
+   * still carries the window offset, so ranks that disagree on it still fail */
+  const bool window = fp->flags & DT__FP_WINDOW;
+  if (window)
+    a = choose(k->kind, n, bytes, dt__coll_wide(k->dtype, k->op), c->ops);
+  /* flat: allreduce, broadcast (no sendbuf, its root), allgather, reduce_scatter; a broadcast's
+   * every rank's slot carries its call, so it needs no check round */
+  if (a == DT_ALGO_FLAT)
+    return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
+  if (window)
     return c->ops->coll_window(c->tp, k->kind, (size_t)fp->root, k->count, k->dtype, k->op, fp,
                                deadline ? deadline : dt__comm_deadline(c));
-  }
   switch (k->kind) {
   case DT_COLL_ALLREDUCE:
-    if (a == DT_ALGO_FLAT)
-      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->allreduce(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     if (!sb)
@@ -357,8 +359,6 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       DT_CHECK(dt__coll_check(c, fp, deadline));
     return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
   case DT_COLL_BROADCAST:
-    if (a == DT_ALGO_FLAT) /* every rank's slot carries its call: checked on the way */
-      return c->ops->flat(c->tp, k->kind, NULL, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
     if (n > 2 || a != DT_ALGO_TREE)
       DT_CHECK(dt__coll_check(c, fp, deadline));
     if (a == DT_ALGO_SHM)
@@ -367,14 +367,10 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       return dt__broadcast_chain(c, rb, bytes, k->root, fp, deadline);
     return dt__broadcast_tree(c, rb, bytes, k->root, fp, deadline);
   case DT_COLL_ALLGATHER:
-    if (a == DT_ALGO_FLAT)
-      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->allgather(c->tp, k->sbuf, rb, k->count, k->dtype, fp, deadline);
     return dt__allgather_ring(c, sb, rb, k->count, k->dtype, fp, deadline);
   case DT_COLL_REDUCE_SCATTER:
-    if (a == DT_ALGO_FLAT)
-      return c->ops->flat(c->tp, k->kind, k->sbuf, rb, k->count, k->dtype, k->op, -1, fp, deadline);
     if (a == DT_ALGO_SHM)
       return c->ops->reduce_scatter(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__reduce_scatter_ring(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, fp, deadline);

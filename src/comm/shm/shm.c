@@ -435,6 +435,16 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
   return DT_OK;
 }
 
+/* Whether a collective may start: DT_ERR_STATE after an earlier mismatch left the slots, rings
+ * and counters in an unknown state, the job's verdict once it was aborted. */
+static dt_status shm_usable(dt_transport *t) {
+  if (t->broken)
+    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  if (dt__comm_aborted(t->c))
+    return dt__comm_abort_status(t->c);
+  return DT_OK;
+}
+
 /* ---- setup ---- */
 
 static void shm_destroy(dt_transport *t) {
@@ -692,10 +702,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   dt_comm *c = t->c;
   if ((dst >= 0 && (dst >= t->n || dst == t->rank)) || (src >= 0 && (src >= t->n || src == t->rank)))
     return dt_set_error(DT_ERR_INVALID, "rank %d: shm sendrecv with dst %d src %d of %d ranks", t->rank, dst, src, t->n);
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(c))
-    return dt__comm_abort_status(c);
+  DT_CHECK(shm_usable(t));
   shm_board_set(t, fp);
   const uint64_t nslots = t->h->nslots, slot_bytes = t->h->slot_bytes;
   shm_ring *sr = dst >= 0 ? shm_ring_of(t, t->rank, dst) : NULL;
@@ -910,11 +917,7 @@ static dt_status shm_allreduce_prelude(dt_transport *t, const uint8_t *in, uint8
     dt__reduce_finish(out, count, dt, op, 1);
     return DT_OK;
   }
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(t->c))
-    return dt__comm_abort_status(t->c);
-  return DT_OK;
+  return shm_usable(t);
 }
 
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
@@ -1021,19 +1024,27 @@ static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, 
   return DT_OK;
 }
 
-/* Posts this rank's part of flat round g: the slot of g's parity gets the call's fingerprint,
- * then `bytes` from src (nothing when 0), then g (stored last, so the board reads the fingerprint
- * as a seqlock). */
-static void shm_flat_post(dt_transport *t, uint64_t g, const uint64_t *mine, const uint8_t *src, size_t bytes) {
+/* This rank's slot for flat round g, opened for writing: g = 0 (the board skips the slot while it
+ * is rewritten, a seqlock), then the call's fingerprint; the caller writes its data and
+ * publishes the round with shm_flat_close. */
+static shm_flat *shm_flat_open(dt_transport *t, uint64_t g, const uint64_t *mine) {
   shm_flat *own = shm_flat_of(t, t->rank, (int)(g & 1));
   /* g = 0 first (the release stores of the words order it before them), g = round last */
   atomic_store_explicit(&own->g, 0, memory_order_relaxed);
   for (int i = 0; i < 3; i++)
     atomic_store_explicit(&own->fp[i], mine[i], memory_order_release);
-  if (bytes)
-    shm_flat_copy(own->data, src, bytes);
+  return own;
+}
+static void shm_flat_close(dt_transport *t, shm_flat *own, uint64_t g) {
   atomic_store_explicit(&own->g, g, memory_order_release);
   shm_ring_bell(t);
+}
+/* Posts `bytes` from src (nothing when 0) as this rank's part of flat round g. */
+static void shm_flat_post(dt_transport *t, uint64_t g, const uint64_t *mine, const uint8_t *src, size_t bytes) {
+  shm_flat *own = shm_flat_open(t, g, mine);
+  if (bytes)
+    shm_flat_copy(own->data, src, bytes);
+  shm_flat_close(t, own, g);
 }
 
 /* Waits for every other rank's slot of round g (checking that each made the same call). */
@@ -1121,10 +1132,7 @@ typedef dt_status (*shm_consume_fn)(dt_transport *t, const shm_phase *p, size_t 
 
 static dt_status shm_two_phase(dt_transport *t, const shm_phase *p, size_t nchunks, shm_fill_fn fill,
                                shm_consume_fn consume, const dt__fp *fp, int64_t deadline) {
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(t->c))
-    return dt__comm_abort_status(t->c);
+  DT_CHECK(shm_usable(t));
   shm_board_set(t, fp);
   const uint64_t base = t->chunks;
   dt_status st = DT_OK;
@@ -1264,10 +1272,7 @@ static dt_status shm_reduce_scatter(dt_transport *t, const void *sbuf, void *rbu
  * everyone's consumption two chunks later). */
 static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf, void *rbuf, size_t count,
                                dt_dtype dt, dt_op op, int root, const dt__fp *fp, int64_t deadline) {
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
-  if (dt__comm_aborted(t->c))
-    return dt__comm_abort_status(t->c);
+  DT_CHECK(shm_usable(t));
   const size_t es = dt_dtype_size(dt), blk = count * es;
   const int n = t->n, me = t->rank;
   uint8_t *out = rbuf;
@@ -1291,12 +1296,11 @@ static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf,
     int p = (int)(g & 1);
     const size_t m = count ? DT_MIN(per, count - k * per) : 0, off = k * per * es;
     if (kind == DT_COLL_REDUCE_SCATTER) {
-      shm_flat *own = shm_flat_of(t, me, p);
-      atomic_store_explicit(&own->g, 0, memory_order_relaxed);
+      shm_flat *own = shm_flat_open(t, g, mine);
       for (int s = 0; s < n && m; s++)
         if (s != me)
           shm_flat_copy(own->data + (size_t)s * per * es, in + (size_t)s * blk + off, m * es);
-      shm_flat_post(t, g, mine, NULL, 0);
+      shm_flat_close(t, own, g);
     } else {
       bool sends = kind == DT_COLL_ALLGATHER || me == root;
       shm_flat_post(t, g, mine, in + off, sends ? m * es : 0);
@@ -1334,8 +1338,7 @@ static dt_status shm_flat_coll(dt_transport *t, dt__coll kind, const void *sbuf,
 static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
-  if (t->broken)
-    return dt_set_error(DT_ERR_STATE, "rank %d: shared-memory transport unusable after an earlier mismatch", t->rank);
+  DT_CHECK(shm_usable(t));
   shm_board_set(t, fp);
   uint64_t g = ++t->bars;
   int b = (int)(g & 1);
