@@ -42,7 +42,8 @@ dt_status dt_op_parse(const char *s, dt_op *out);
  * A sendbuf that is recvbuf itself is still read as a send buffer, so it works on every
  * collective: the same as DT_IN_PLACE for allreduce, reduce, reduce_scatter and alltoall, while
  * allgather's and gather's block is then recvbuf's first count elements (moved to the rank's slot
- * before anything arrives) and scatter's root takes its own block from its slot. */
+ * before anything arrives) and scatter's root takes its own block from its slot. Any other
+ * overlap of sendbuf and recvbuf is DT_ERR_INVALID (it would read what it had already written). */
 #define DT_IN_PLACE ((const void *)0)
 
 typedef struct dt_comm dt_comm;

@@ -422,6 +422,39 @@ static int32_t window_offset(const dt_comm *c, dt__coll kind, const void *sbuf, 
   return (int32_t)((r - w) / es);
 }
 
+/* Whether sbuf overlaps rbuf (on this rank, `bytes` per block) other than in the aliases comm.h
+ * allows (sendbuf == recvbuf; allgather's and the gather root's block anywhere in recvbuf, moved
+ * to its slot first; the scatter root's recvbuf at its own block of sendbuf): the call would
+ * read what it had already written, and return a wrong result as if it were right. */
+static bool bufs_clash(dt__coll kind, const void *sbuf, const void *rbuf, size_t bytes, int n, int r, bool is_root) {
+  if (!sbuf || !rbuf || sbuf == rbuf)
+    return false;
+  size_t sn = bytes, rn = bytes;
+  switch (kind) {
+  case DT_COLL_ALLREDUCE:
+    break;
+  case DT_COLL_REDUCE:
+    if (!is_root) /* recvbuf unused */
+      return false;
+    break;
+  case DT_COLL_REDUCE_SCATTER:
+    sn = bytes * (size_t)n;
+    break;
+  case DT_COLL_ALLTOALL:
+    sn = rn = bytes * (size_t)n;
+    break;
+  case DT_COLL_SCATTER:
+    if (!is_root || (const char *)rbuf == (const char *)sbuf + (size_t)r * bytes)
+      return false;
+    sn = bytes * (size_t)n;
+    break;
+  default: /* broadcast, barrier: no sendbuf; allgather, gather: see above */
+    return false;
+  }
+  uintptr_t a = (uintptr_t)sbuf, b = (uintptr_t)rbuf;
+  return a < b + rn && b < a + sn;
+}
+
 dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                            dt_op op, int root, dt__coll_call *k) {
   const char *name = dt__coll_name(kind);
@@ -488,6 +521,8 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
         bad = kind == DT_COLL_BROADCAST ? "buf is NULL" : "recvbuf is NULL";
       break;
     }
+    if (!bad && bufs_clash(kind, sbuf, rbuf, count * dt_dtype_size(t), c->size, c->rank, is_root))
+      bad = "sendbuf and recvbuf overlap without being the same buffer (DT_IN_PLACE works in place)";
   }
   if (!bad)
     return DT_OK;

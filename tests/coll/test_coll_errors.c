@@ -226,6 +226,21 @@ static int invalid_body(int rank, int size, void *arg) {
     dt_request *req = (dt_request *)1;
     CHECK(dt_comm_iallreduce(c, a, NULL, 4, DT_F32, DT_SUM, &req) == DT_ERR_INVALID && req == NULL,
           "nonblocking NULL recvbuf");
+    /* buffers that overlap without being the same one: refused, never a silently wrong result */
+    float o[64] = {0};
+    CHECK(dt_comm_allreduce(c, o, o + 1, 10, DT_F32, DT_SUM) == DT_ERR_INVALID && strstr(dt_last_error(), "overlap"),
+          "overlapping allreduce: '%s'", dt_last_error());
+    CHECK(dt_comm_reduce_scatter(c, o, o + 19, 10, DT_F32, DT_SUM) == DT_ERR_INVALID &&
+              strstr(dt_last_error(), "overlap"),
+          "overlapping reduce_scatter: '%s'", dt_last_error());
+    CHECK(dt_comm_alltoall(c, o + 4, o, 4, DT_F32) == DT_ERR_INVALID && strstr(dt_last_error(), "overlap"),
+          "overlapping alltoall: '%s'", dt_last_error());
+    CHECK(dt_comm_reduce(c, o + 2, o, 4, DT_F32, DT_MAX, 0) == DT_ERR_INVALID && strstr(dt_last_error(), "overlap"),
+          "overlapping reduce on the root: '%s'", dt_last_error());
+    CHECK(dt_comm_scatter(c, o, o + 2, 4, DT_F32, 0) == DT_ERR_INVALID && strstr(dt_last_error(), "overlap"),
+          "overlapping scatter on the root: '%s'", dt_last_error());
+    CHECK(dt_comm_iallreduce(c, o + 4, o, 8, DT_F32, DT_SUM, &req) == DT_ERR_INVALID && req == NULL,
+          "nonblocking overlapping allreduce");
   } else {
     /* rank 1 makes the right call and must not wait for rank 0 until the deadline */
     int64_t t0 = dt_now_ns();
