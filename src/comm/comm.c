@@ -285,10 +285,25 @@ static dt_status comm_wait_key(dt_comm *c, const char *key, void *buf, size_t ca
   }
 }
 
-static const char *comm_requested(const char *id) {
-  const char *p = strchr(id, '\n');
-  p = p ? strchr(p + 1, '\n') : NULL;
-  return p ? p + 1 : "";
+/* Line i (from 0) of a host record into out ("" when it has fewer lines). */
+static const char *comm_line(const char *id, int i, char *out, size_t n) {
+  for (; i > 0 && id; i--)
+    if ((id = strchr(id, '\n')) != NULL)
+      id++;
+  size_t len = id ? strcspn(id, "\n") : 0;
+  snprintf(out, n, "%.*s", (int)DT_MIN(len, n - 1), id ? id : "");
+  return out;
+}
+static const char *comm_requested(const char *id, char *out, size_t n) { return comm_line(id, 2, out, n); }
+
+/* The record's last line: the collective algorithms this rank's DTRAIN_ALGO chose, as one
+ * digit per collective (what the ranks must agree on), then the variable as given. */
+static void comm_algo_line(const dt_comm *c, char *out, size_t n) {
+  size_t u = 0;
+  for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER && u + 1 < n; k++)
+    out[u++] = (char)(c->algo_bad[0] ? '?' : 'a' + c->algo[k]);
+  const char *e = dt__env_str("DTRAIN_ALGO");
+  snprintf(out + u, n - u, " %.200s", e ? e : "");
 }
 
 /* What comm_hosts learns besides locality: this rank's host record and the first member that
@@ -297,13 +312,15 @@ typedef struct comm_peers {
   char mine[COMM_HOSTID_MAX];
   int other; /* a rank whose DTRAIN_TRANSPORT differs from ours, or -1 */
   char other_req[COMM_HOSTID_MAX];
+  int other_algo; /* a rank whose DTRAIN_ALGO chose other algorithms than ours, or -1 */
+  char other_algo_line[COMM_HOSTID_MAX];
 } comm_peers;
 
 /* Reads every member's host record (world rank map -> "<world prefix>host/<world rank>") and
  * derives same_host, local rank and local size. */
 static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
-  char key[64], id[COMM_HOSTID_MAX];
-  p->other = -1;
+  char key[64], id[COMM_HOSTID_MAX], a[COMM_HOSTID_MAX], b[COMM_HOSTID_MAX];
+  p->other = p->other_algo = -1;
   for (int i = -1; i < c->size; i++) {
     int r = i < 0 ? c->rank : i; /* our own record first, to compare the others with */
     size_t len = 0;
@@ -337,9 +354,16 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
     } else {
       c->same_host = false;
     }
-    if (p->other < 0 && strcmp(comm_requested(id), comm_requested(p->mine)) != 0) {
+    if (p->other < 0 && strcmp(comm_requested(id, a, sizeof a), comm_requested(p->mine, b, sizeof b)) != 0) {
       p->other = r;
-      snprintf(p->other_req, sizeof p->other_req, "%s", comm_requested(id));
+      snprintf(p->other_req, sizeof p->other_req, "%s", a);
+    }
+    comm_line(id, 3, a, sizeof a);
+    comm_line(p->mine, 3, b, sizeof b);
+    size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+    if (p->other_algo < 0 && (la != lb || strncmp(a, b, la) != 0)) {
+      p->other_algo = r;
+      snprintf(p->other_algo_line, sizeof p->other_algo_line, "%s", a);
     }
   }
   return DT_OK;
@@ -348,10 +372,22 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
 /* Chooses and connects the transport: the requested one (which every member must agree on),
  * else shm when all members share a host and tcp otherwise. */
 static dt_status comm_connect_transport(dt_comm *c, const comm_peers *p) {
-  const char *req = comm_requested(p->mine);
+  char req[COMM_HOSTID_MAX];
+  comm_requested(p->mine, req, sizeof req);
   if (p->other >= 0)
     return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT)",
                         p->other, p->other_req[0] ? p->other_req : "auto", c->rank, req[0] ? req : "auto");
+  /* Ranks running different algorithms for one collective wait for messages that never come:
+   * refused here, where every rank sees every record, instead of at the deadline. */
+  if (p->other_algo >= 0) {
+    char mine[COMM_HOSTID_MAX];
+    comm_line(p->mine, 3, mine, sizeof mine);
+    const char *t = strchr(p->other_algo_line, ' '), *m = strchr(mine, ' ');
+    return dt_set_error(DT_ERR_MISMATCH,
+                        "rank %d has DTRAIN_ALGO='%s' but rank %d has '%s': every rank must choose the same "
+                        "collective algorithms",
+                        p->other_algo, t ? t + 1 : "", c->rank, m ? m + 1 : "");
+  }
   const char *name = req[0] ? req : (c->same_host ? "shm" : "tcp");
   c->ops = comm_find_transport(name);
   if (!c->ops) {
@@ -586,8 +622,9 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     dt__comm_key(c, key, sizeof key, "store-host");
     DT_CHECK_GOTO(dt__store_set(c->store, key, r, strlen(r), deadline), st, fail);
   }
-  comm_host_id(me, sizeof me - 40);
-  snprintf(me + strlen(me), sizeof me - strlen(me), "\n%s", env.transport);
+  comm_host_id(me, sizeof me - 300);
+  snprintf(me + strlen(me), sizeof me - strlen(me), "\n%.32s\n", env.transport);
+  comm_algo_line(c, me + strlen(me), sizeof me - strlen(me));
   dt__comm_key(c, key, sizeof key, "host/%d", c->rank);
   DT_CHECK_GOTO(dt__store_set(c->store, key, me, strlen(me), deadline), st, fail);
   DT_CHECK_GOTO(comm_hosts(c, deadline, &peers), st, fail);

@@ -269,6 +269,30 @@ static int algo_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* DTRAIN_ALGO that chooses the same algorithms however spelled is fine; one that chooses
+ * another algorithm for any collective on one rank fails every rank's dt_comm_create at once,
+ * naming both values (not at the deadline of the first call whose messages never come). */
+static int algo_differs_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  setenv("DTRAIN_ALGO", rank == 0 ? "ring" : "allreduce=ring,broadcast=auto", 1);
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "the same algorithms spelled differently were refused");
+  float a[4] = {1, 2, 3, 4}, b[4];
+  CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK && b[3] == 8, "allreduce: %s", dt_last_error());
+  dt_comm_destroy(c);
+  setenv("DTRAIN_ALGO", rank == 0 ? "ring" : "ring,barrier=dissem", 1);
+  c = NULL;
+  int64_t t0 = dt_now_ns();
+  dt_status st = dt_comm_create(NULL, &c);
+  CHECK(st == DT_ERR_MISMATCH && !c, "different algorithms gave %s", dt_strerror(st));
+  CHECK(strstr(dt_last_error(), "DTRAIN_ALGO") && strstr(dt_last_error(), "'ring'") &&
+            strstr(dt_last_error(), "'ring,barrier=dissem'"),
+        "message '%s' does not name both values", dt_last_error());
+  CHECK(dt_now_ns() - t0 < 20 * 1000000000ll, "took until the deadline");
+  return 0;
+}
+
 /* A single-rank communicator (no job variables at all) accepts good calls. */
 static int single_rank_ok(void) {
   int rank = 0;
@@ -324,6 +348,11 @@ int main(void) {
     ran++;
     if (mp_run(2, algo_body, NULL, 60)) {
       fprintf(stderr, "FAIL: DTRAIN_ALGO on %s\n", tps[t]);
+      bad++;
+    }
+    ran++;
+    if (mp_run(2, algo_differs_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: DTRAIN_ALGO differing across ranks on %s\n", tps[t]);
       bad++;
     }
   }

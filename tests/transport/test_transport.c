@@ -490,7 +490,11 @@ static void host_record(char *rec, size_t cap) {
       boot[strcspn(boot, "\n")] = '\0';
     fclose(f);
   }
-  snprintf(rec, cap, "%s\n%s\ntcp", host, boot);
+  /* then the algorithms (comm.c's comm_algo_line): every collective automatic, no DTRAIN_ALGO */
+  char algo[DT_COLL_COUNT + 2] = "";
+  for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER; k++)
+    strcat(algo, "a");
+  snprintf(rec, cap, "%s\n%s\ntcp\n%s ", host, boot, algo);
 }
 
 static int case_stranger(int rank, int size, void *arg) {
