@@ -162,9 +162,14 @@ static int inspect_one(const char *path) {
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
     return inspect_dir(path);
   unsigned char m[9] = {0};
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
   if (fd < 0) {
     fprintf(stderr, "dtrain inspect: %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    fprintf(stderr, "dtrain inspect: %s: not a regular file\n", path);
+    close(fd);
     return 1;
   }
   ssize_t k = read(fd, m, sizeof m);

@@ -32,7 +32,9 @@ dt_status dt__mkdir_parents(const char *path) {
 dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n) {
   *buf = NULL;
   *n = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (forever), before
+   * the check below could refuse it; on a regular file it changes nothing */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return dt__errno(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s", path);
   struct stat st;

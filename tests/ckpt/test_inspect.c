@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -24,7 +25,7 @@ static int run(const char *args) {
   const char *bin = getenv("DTRAIN_BIN");
   assert_non_null(bin);
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' inspect %s 2>&1", bin, args);
+  snprintf(cmd, sizeof cmd, "timeout 60 '%s' inspect %s 2>&1", bin, args); /* 124: it hung */
   FILE *p = popen(cmd, "r");
   assert_non_null(p);
   size_t n = fread(out, 1, sizeof out - 1, p);
@@ -130,6 +131,21 @@ static void test_inspect(void **st) {
   assert_int_equal(run(args), 1);
   expect_out("dtrain inspect: ");
   expect_out("missing.dtc: No such file or directory");
+  /* A FIFO (alone, and as a checkpoint in a directory) is refused, not waited on for a writer. */
+  char fifo[512], fdir[400];
+  snprintf(fifo, sizeof fifo, "%s/pipe.dtc", tmpdir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  snprintf(args, sizeof args, "'%s'", fifo);
+  assert_int_equal(run(args), 1);
+  expect_out("pipe.dtc: not a regular file");
+  snprintf(fdir, sizeof fdir, "%s/fifodir", tmpdir);
+  assert_int_equal(mkdir(fdir, 0700), 0);
+  snprintf(fifo, sizeof fifo, "%s/ckpt-000000003.dtc", fdir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  snprintf(args, sizeof args, "'%s'", fdir);
+  assert_int_equal(run(args), 1);
+  expect_out("not a regular file");
+  expect_out("no valid checkpoint");
   assert_int_equal(run(""), 2);
   expect_out("no file given");
   expect_out("---> HINT");
