@@ -996,6 +996,17 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     } else if (c->resume && t->rank == 0) {
       note(t, "no checkpoint in %s: starting from step 0", c->checkpoint_dir);
     }
+    /* every rank has the same pos and total: all stop here alike */
+    if (pos.step > total) {
+      char why[64] = "";
+      if (c->max_steps > 0)
+        snprintf(why, sizeof why, ", --max-steps %lld", (long long)c->max_steps);
+      sum->failed_at_checkpoints = true;
+      return dt_set_error(DT_ERR_INVALID,
+                          "the checkpoint resumed is at step %lld, past this run's last step %lld (--epochs %d%s): "
+                          "its model would not be the one asked for",
+                          (long long)pos.step, (long long)total, c->epochs, why);
+    }
   }
 
   int64_t step = pos.step;

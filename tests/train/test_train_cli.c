@@ -381,6 +381,12 @@ static void group_resume(int adamw) {
              b, data, TINY_MODEL, dir, dir);
   CHECK(r.code == 2 && strstr(r.err, "--model"), "other model: exit %d: %s", r.code, r.err);
   tt_result_free(&r);
+  /* nor does a run whose last step comes before the checkpoint's go on from it */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 8 --checkpoint-dir %s/ck --resume --out %s/x", b, data,
+             common, dir, dir);
+  CHECK(r.code == 2 && strstr(r.err, "past this run's last step 8") && strstr(r.err, "--max-steps 8"),
+        "resume past --max-steps: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
 }
 
 /* The checkpoint directory is checked at start-up, not at the first checkpoint. */
