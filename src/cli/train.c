@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -353,6 +354,15 @@ int dt_cli_train(int argc, char **argv) {
     }
   char metrics_path[4096];
   snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
+  /* The model is written at the end, by renaming a temporary file over DIR/model.safetensors:
+   * a directory there would lose the whole run's work then (rename replaces anything else), so
+   * it is refused now. */
+  char model_path[4096];
+  struct stat mst;
+  snprintf(model_path, sizeof model_path, "%s/model.safetensors", out_dir);
+  if (rank == 0 && lstat(model_path, &mst) == 0 && S_ISDIR(mst.st_mode))
+    return dt_cli_usage_error(CMD, "choose another --out, or move it away",
+                              "%s is a directory: the trained model could not be written there", model_path);
   dt_monitor *mon = NULL;
   dt_train_observer obs = {0};
   /* Only rank 0 observes; the trainer calls observers on rank 0 only, but the file must not

@@ -411,6 +411,17 @@ static void group_ckdir(void) {
   snprintf(p, sizeof p, "%s/o2/metrics.jsonl", dir);
   double l[16];
   CHECK(tt_metrics_losses(p, l, 16) == 0, "steps were trained before the directory was checked");
+  /* so is a directory where the model will be written, before any step rather than after all */
+  snprintf(p, sizeof p, "%s/omodel", dir);
+  CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);
+  snprintf(p, sizeof p, "%s/omodel/model.safetensors", dir);
+  CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --out %s/omodel", b, data, common, dir);
+  CHECK(r.code == 2 && strstr(r.err, p) && strstr(r.err, "is a directory"), "model path a directory: exit %d: %s",
+        r.code, r.err);
+  tt_result_free(&r);
+  snprintf(p, sizeof p, "%s/omodel/metrics.jsonl", dir);
+  CHECK(tt_metrics_losses(p, l, 16) == 0, "steps were trained before the model path was checked");
   /* a fresh run into an earlier run's checkpoints is refused, naming the newest */
   r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --checkpoint-dir %s/ck --out %s/o3", b, data, common,
              dir, dir);
