@@ -598,6 +598,11 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
   uint64_t hl = 0;
   for (int i = 0; i < 8; i++)
     hl |= (uint64_t)u[i] << (8 * i);
+  if (len >= 8 && !memcmp(u, "DTRCKPT\n", 8)) { /* ckpt.c's magic: a checkpoint given for a model */
+    rc = dt_set_error(DT_ERR_CORRUPT, "%s is a dtrain checkpoint, not a safetensors model file (dtrain inspect "
+                      "shows what it holds; a run writes its model to --out DIR/model.safetensors)", name);
+    goto fail;
+  }
   if (hl > DT_ST_MAX_HEADER) {
     rc = dt_set_error(DT_ERR_CORRUPT, "%s: header length %llu exceeds the %llu-byte limit (not a "
                       "safetensors file?)", name, (unsigned long long)hl,

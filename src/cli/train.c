@@ -316,6 +316,9 @@ int dt_cli_train(int argc, char **argv) {
     return dt_cli_usage_error(CMD, "use auto, bar, lines or off", "unknown --progress '%s'", progress);
   if (cfg.resume && !cfg.checkpoint_dir)
     return dt_cli_usage_error(CMD, "add --checkpoint-dir D", "--resume needs --checkpoint-dir");
+  if ((cfg.checkpoint_every || cfg.keep) && !cfg.checkpoint_dir) /* else no checkpoint would be written */
+    return dt_cli_usage_error(CMD, "add --checkpoint-dir D", "%s needs --checkpoint-dir",
+                              cfg.checkpoint_every ? "--checkpoint-every" : "--keep");
   if (cfg.accumulate > cfg.global_batch)
     return dt_cli_usage_error(CMD, HELP_HINT, "--accumulate %d is larger than --batch %d",
                               cfg.accumulate, cfg.global_batch);
@@ -325,9 +328,12 @@ int dt_cli_train(int argc, char **argv) {
 
   /* Cheap checks first so a typo fails in milliseconds, not after loading the data. */
   dt_model *probe = NULL;
-  if (dt_model_create(cfg.model, 1, cfg.seed, &probe) != DT_OK)
+  if (dt_model_create(cfg.model, 1, cfg.seed, &probe) != DT_OK) {
+    if (strstr(dt_last_error(), "DTRAIN_GEMM")) /* the product the engine was told to use, not the spec */
+      return dt_cli_usage_error(CMD, "unset DTRAIN_GEMM, or set it to auto, own or blas", "%s", dt_last_error());
     return dt_cli_usage_error(CMD, "see the model specs in 'dtrain train --help'", "bad --model '%s': %s",
                               cfg.model, dt_last_error());
+  }
   dt_model_destroy(probe);
   dt_lr_schedule sched;
   if (dt_lr_schedule_parse(cfg.schedule ? cfg.schedule : "constant", cfg.lr, 1000, &sched) != DT_OK)

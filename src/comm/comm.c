@@ -215,7 +215,9 @@ int dt_comm_local_size(const dt_comm *c) { return c ? c->local_size : 0; }
 const char *dt_comm_transport(const dt_comm *c) { return c && c->ops ? c->ops->name : ""; }
 
 dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms) {
-  if (!c || timeout_ms <= 0)
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_set_timeout: communicator is NULL");
+  if (timeout_ms <= 0)
     return dt_set_error(DT_ERR_INVALID, "dt_comm_set_timeout: timeout %d ms must be > 0", timeout_ms);
   c->timeout_ms = timeout_ms;
   return DT_OK;

@@ -212,7 +212,10 @@ dt_status dt__comm_env_resolve(const dt_comm_config *cfg, dt__comm_env *env) {
   if (tp && *tp && strcmp(tp, "auto") != 0) {
     if (strcmp(tp, "shm") && strcmp(tp, "tcp") && strcmp(tp, "mpi"))
       return dt_set_error(DT_ERR_INVALID, "%s '%s' is not a transport (use shm, tcp or mpi)",
-                          cfg->transport ? "config transport" : "DTRAIN_TRANSPORT", tp);
+                          cfg->transport                    ? "config transport"
+                          : dt__env_str("DTRAIN_TRANSPORT") ? "DTRAIN_TRANSPORT"
+                                                            : "DTRAIN_BACKEND",
+                          tp);
     cfg_copy(env->transport, sizeof env->transport, tp);
   }
   const char *bind = cfg->bind_addr;

@@ -98,6 +98,10 @@ static void group_usage(void) {
   }
   expect_usage("resume without dir", tt_run(dir, 30, "%s train --data %s --resume", b, data),
                "--checkpoint-dir");
+  expect_usage("checkpoint-every without dir", tt_run(dir, 30, "%s train --data %s --checkpoint-every 2", b, data),
+               "--checkpoint-every needs --checkpoint-dir");
+  expect_usage("keep without dir", tt_run(dir, 30, "%s train --data %s --keep 1", b, data),
+               "--keep needs --checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
   expect_usage("eval missing file", tt_run(dir, 30, "%s eval --model-file %s/none.safetensors", b, dir),
                "none.safetensors");
@@ -416,7 +420,8 @@ static void group_ckdir(void) {
   CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);
   snprintf(p, sizeof p, "%s/omodel/model.safetensors", dir);
   CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);
-  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --out %s/omodel", b, data, common, dir);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 10 --checkpoint-dir %s/ckm --out %s/omodel", b, data,
+             common, dir, dir);
   CHECK(r.code == 2 && strstr(r.err, p) && strstr(r.err, "is a directory"), "model path a directory: exit %d: %s",
         r.code, r.err);
   tt_result_free(&r);
