@@ -504,6 +504,10 @@ static void comm_free(dt_comm *c) {
   bool aborted = dt__comm_aborted(c);
   if (c->health)
     dt__health_release(c->health);
+  if (c->server && c->server_users && atomic_fetch_sub(c->server_users, 1) > 1)
+    c->server = NULL; /* another communicator of this process (a split, or its world) still uses it */
+  else
+    dt__free((void *)c->server_users);
   if (c->server) {
     int ms = aborted ? DT_MIN(c->timeout_ms, c->env.fault_timeout_ms + 2000) : c->timeout_ms;
     int live = dt__store_server_drain(c->server, dt__deadline_after_ms(ms));
@@ -619,6 +623,11 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
    * everybody else. */
   char me[COMM_HOSTID_MAX], key[64];
   if (c->server) {
+    if (!(c->server_users = dt__calloc(sizeof *c->server_users))) {
+      st = dt_set_error(DT_ERR_NOMEM, "rank %d: store user count", c->rank);
+      goto fail;
+    }
+    atomic_store(c->server_users, 1);
     char r[16];
     snprintf(r, sizeof r, "%d", c->rank);
     dt__comm_key(c, key, sizeof key, "store-host");
@@ -752,6 +761,11 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   n->host_cpus = c->host_cpus;
   n->health = c->health;
   dt__health_retain(c->health);
+  if (c->server && c->server_users) { /* the store stays up while the split is alive */
+    n->server = c->server;
+    n->server_users = c->server_users;
+    atomic_fetch_add(n->server_users, 1);
+  }
   for (int i = 0; i < m; i++) {
     n->world_ranks[i] = c->world_ranks[all[i].rank];
     if (all[i].rank == c->rank)

@@ -83,7 +83,10 @@ struct dt_comm {
                          * the shm transport compares the ranks on the host against) */
   dt__comm_env env;     /* how the world was joined (store address, secret, knobs) */
   dt__store *store;     /* this communicator's own store connection (application thread) */
-  dt__store_server *server; /* non-NULL on the rank hosting the store (world only) */
+  dt__store_server *server; /* non-NULL on the rank hosting the store: the world's, shared with
+                             * its splits (a split may outlive the world communicator) */
+  _Atomic int *server_users; /* with server: this process's communicators using it; the last
+                              * one destroyed drains and stops it */
   dt__health *health;   /* shared with splits */
   char prefix[64];      /* store key prefix of this communicator: "w/", "w/3.1/", ... */
   const dt_transport_ops *ops;
