@@ -549,7 +549,7 @@ static uint64_t fbits(float f) {
   return u;
 }
 
-typedef enum { FP_INT, FP_FLOAT, FP_HASH } fp_kind;
+typedef enum { FP_INT, FP_FLOAT, FP_HASH, FP_OPTIMIZER, FP_ZERO_MODE } fp_kind;
 typedef struct fp_field {
   const char *name;
   fp_kind kind;
@@ -557,15 +557,16 @@ typedef struct fp_field {
 
 static const fp_field fp_fields[] = {
     {"--model (canonical spec)", FP_HASH}, {"--batch (global)", FP_INT}, {"--seed", FP_INT},
-    {"training set size", FP_INT}, {"test set size", FP_INT}, {"--optimizer", FP_INT},
+    {"training set size", FP_INT}, {"test set size", FP_INT}, {"--optimizer", FP_OPTIMIZER},
     {"--lr", FP_FLOAT}, {"--momentum", FP_FLOAT}, {"--nesterov", FP_INT},
     {"--weight-decay", FP_FLOAT}, {"--accumulate", FP_INT}, {"--epochs", FP_INT},
     {"--max-steps", FP_INT}, {"--clip", FP_FLOAT}, {"--schedule", FP_HASH},
     {"--eval-batch", FP_INT}, {"--checkpoint-every", FP_INT}, {"--resume", FP_INT},
     {"--bucket-size", FP_INT}, {"parameter count", FP_INT}, {"--checkpoint-dir", FP_HASH},
-    {"--zero", FP_INT},
+    {"--zero", FP_ZERO_MODE},
 };
 #define FP_N (sizeof fp_fields / sizeof fp_fields[0])
+#define FP_TEXT 200 /* bytes of a hashed setting's text shown in the mismatch message */
 
 static void fp_fill(const trainer *t, uint64_t *v) {
   const dt_train_config *c = t->cfg;
@@ -580,9 +581,22 @@ static void fp_fill(const trainer *t, uint64_t *v) {
   memcpy(v, x, sizeof x);
 }
 
+/* The text behind field i's hash (FP_HASH), for the message when the ranks' hashes differ. */
+static const char *fp_text(const trainer *t, size_t i) {
+  const dt_train_config *c = t->cfg;
+  const char *n = fp_fields[i].name;
+  return !strcmp(n, "--schedule")         ? (c->schedule ? c->schedule : "constant")
+         : !strcmp(n, "--checkpoint-dir") ? (c->checkpoint_dir ? c->checkpoint_dir : "")
+                                          : dt_model_spec(t->model);
+}
+
 static void fp_value(char *buf, size_t cap, fp_kind k, uint64_t v) {
   if (k == FP_INT) {
     snprintf(buf, cap, "%llu", (unsigned long long)v);
+  } else if (k == FP_OPTIMIZER) {
+    snprintf(buf, cap, "%s", v == DT_OPTIM_SGD ? "sgd" : v == DT_OPTIM_ADAMW ? "adamw" : "?");
+  } else if (k == FP_ZERO_MODE) {
+    snprintf(buf, cap, "%s", (int64_t)v == DT_TRAIN_ZERO_AUTO ? "auto" : v ? "1" : "0");
   } else if (k == FP_FLOAT) {
     uint32_t u = (uint32_t)v;
     float f;
@@ -613,10 +627,21 @@ static dt_status check_settings(trainer *t) {
       uint64_t a = all[i], b = all[(size_t)r * FP_N + i];
       if (a == b)
         continue;
-      char va[64], vb[64];
+      char va[FP_TEXT + 8], vb[FP_TEXT + 8];
       fp_value(va, sizeof va, fp_fields[i].kind, a);
       fp_value(vb, sizeof vb, fp_fields[i].kind, b);
       dt__free(all);
+      /* a hash names nothing: every rank reached this same field, so all trade the text */
+      char *txt = fp_fields[i].kind == FP_HASH ? dt__calloc((size_t)t->world * FP_TEXT) : NULL;
+      if (txt) {
+        char own[FP_TEXT] = "";
+        snprintf(own, sizeof own, "%s", fp_text(t, i));
+        if (dt_comm_allgather(t->comm, own, txt, FP_TEXT, DT_U8) == DT_OK) {
+          snprintf(va, sizeof va, "'%.*s'", FP_TEXT - 1, txt);
+          snprintf(vb, sizeof vb, "'%.*s'", FP_TEXT - 1, txt + (size_t)r * FP_TEXT);
+        }
+        dt__free(txt);
+      }
       return dt_set_error(DT_ERR_MISMATCH,
                           "%srank %d was started with a different %s: %s on rank %d, %s on rank 0 "
                           "(every rank must get the same settings)",

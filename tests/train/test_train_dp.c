@@ -186,6 +186,18 @@ static void group_mismatch(void) {
   CHECK(r.code == 2, "exit %d, want 2: %s", r.code, r.err);
   CHECK(strstr(r.err, "rank 2") && strstr(r.err, "training set size"), "error: %s", r.err);
   tt_result_free(&r);
+
+  /* a different schedule on rank 1: the message shows both, not their hashes */
+  f = fopen(script, "w");
+  CHECK(f, "create %s", script);
+  fprintf(f, "#!/bin/sh\ns=constant\nif [ \"$DTRAIN_RANK\" = 1 ]; then s=cosine:2; fi\n"
+             "exec '%s' train --data '%s' " COMMON " --max-steps 3 --schedule $s --out '%s/mm'\n",
+          tt_bin(), data, dir);
+  fclose(f);
+  r = tt_run(dir, 300, "%s run -n 2 -- %s", tt_bin(), script);
+  CHECK(r.code == 2 && strstr(r.err, "different --schedule: 'cosine:2' on rank 1, 'constant' on rank 0"),
+        "schedule mismatch: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
 }
 
 static void group_resume(void) {
