@@ -12,7 +12,7 @@
  * meta keys step, optim_steps, sampler_seed, sampler_epoch, sampler_pos, epoch, model_spec,
  * global_batch, world_size, seed, optimizer, accumulate, param_count, dropout_rng, and the
  * settings a resume compares (momentum: refused when it differs; lr, schedule, weight_decay,
- * epochs, nesterov: a warning; files without them are read as before). Dropout masks are a
+ * epochs, nesterov, clip: a warning; files without them are read as before). Dropout masks are a
  * pure function of (seed, step, the sample's position in the global batch, layer) (see
  * train_internal.h), so no RNG stream needs saving: "dropout_rng" records that rule.
  *
@@ -247,9 +247,10 @@ static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "a
 
 /* Settings a resume may change (the run goes on, but not as the uninterrupted one would):
  * stored, and compared with a warning. */
-enum { SOFT_N = 5 };
-static const char *const soft_key[SOFT_N] = {"lr", "schedule", "weight_decay", "epochs", "nesterov"};
-static const char *const soft_flag[SOFT_N] = {"--lr", "--schedule", "--weight-decay", "--epochs", "--nesterov"};
+enum { SOFT_N = 6 };
+static const char *const soft_key[SOFT_N] = {"lr", "schedule", "weight_decay", "epochs", "nesterov", "clip"};
+static const char *const soft_flag[SOFT_N] = {"--lr",     "--schedule", "--weight-decay",
+                                              "--epochs", "--nesterov", "--clip"};
 
 static void soft_values(const dt_train_config *cfg, char v[SOFT_N][64]) {
   snprintf(v[0], 64, "%g", cfg->lr);
@@ -257,6 +258,7 @@ static void soft_values(const dt_train_config *cfg, char v[SOFT_N][64]) {
   snprintf(v[2], 64, "%g", cfg->optim.weight_decay);
   snprintf(v[3], 64, "%d", cfg->epochs);
   snprintf(v[4], 64, "%s", cfg->optim.nesterov ? "on" : "off");
+  snprintf(v[5], 64, "%g", cfg->clip > 0 ? cfg->clip : 0.0f); /* 0: off */
 }
 
 static float run_momentum(const dt_train_config *cfg) {
@@ -295,6 +297,7 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
       {"dropout_rng", DT__TRAIN_DROPOUT_RULE},
       {"momentum", mom},      {"lr", sv[0]},          {"schedule", sv[1]},
       {"weight_decay", sv[2]}, {"epochs", sv[3]},     {"nesterov", sv[4]},
+      {"clip", sv[5]},
   };
   return dt_ckpt_save(cfg->checkpoint_dir, (uint64_t)pos->step, sec, ns, meta, DT_ARRAY_LEN(meta),
                       cfg->keep, path_out, cap);

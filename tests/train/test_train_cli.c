@@ -448,6 +448,11 @@ static void group_ckdir(void) {
   CHECK(r.code == 0 && strstr(r.err, "resuming with --lr 0.1; the checkpoint was written with 0.05") &&
         strstr(r.out, "resumed from step 10") && strstr(r.out, "steps 11-12 in"), "lr: exit %d: %s%s", r.code, r.out, r.err);
   tt_result_free(&r);
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 14 --lr 0.1 --clip 2 --progress off --checkpoint-dir %s/ck "
+             "--resume --out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 0 && strstr(r.err, "resuming with --clip 2; the checkpoint was written with 0"), "clip: exit %d: %s",
+        r.code, r.err);
+  tt_result_free(&r);
   /* a second job on a locked directory is refused */
   r = tt_run(dir, 120, "flock %s/ck/dtrain.lock %s train --data %s %s --max-steps 12 --checkpoint-dir %s/ck --resume "
              "--out %s/o5", dir, b, data, common, dir, dir);
