@@ -187,6 +187,13 @@ static void group_mismatch(void) {
   CHECK(strstr(r.err, "rank 2") && strstr(r.err, "training set size"), "error: %s", r.err);
   tt_result_free(&r);
 
+  /* the same sizes but other samples on rank 2 (another copy of the files, changed) */
+  tt_make_split(data2, "train", 600, 7);
+  r = tt_run(dir, 300, "%s run -n 3 -- %s", tt_bin(), script);
+  CHECK(r.code == 2 && strstr(r.err, "rank 2 was started with a different training set (CRC32C"),
+        "other training data: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+
   /* a different schedule on rank 1: the message shows both, not their hashes */
   f = fopen(script, "w");
   CHECK(f, "create %s", script);
