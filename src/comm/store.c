@@ -1108,6 +1108,8 @@ struct dt__store {
   char what[300];
 };
 
+#define STORE_QUIET_MS 10000
+
 dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len, int rank,
                             int64_t deadline, dt__store **out) {
   *out = NULL;
@@ -1123,8 +1125,20 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
     dt__free(st);
     return rc;
   }
+  /* Nothing listening yet is normal for a while (the store's host may start later); after
+   * STORE_QUIET_MS it is said once, so a job whose store never comes is not silent until the
+   * deadline (e.g. DTRAIN_HOST_STORE=0 and no `dtrain store` running). */
+  int64_t said_at = dt__deadline_after_ms(STORE_QUIET_MS);
   for (;;) {
-    rc = dt__sock_connect(host, port, deadline, &st->fd);
+    rc = dt__sock_connect(host, port, said_at && said_at < deadline ? said_at : deadline, &st->fd);
+    if (rc == DT_ERR_TIMEOUT && said_at && said_at < deadline && !dt__expired(deadline)) {
+      DT_LOG_WARN("rank %d: nothing answers at %s:%d yet (%d s); trying until the deadline, %d s from now (the "
+                  "store runs on the rank that hosts it, rank 0 unless DTRAIN_HOST_STORE says otherwise, or as "
+                  "`dtrain store`)",
+                  rank, host, port, STORE_QUIET_MS / 1000, dt__ms_left(deadline) / 1000);
+      said_at = 0;
+      continue;
+    }
     if (rc == DT_OK) {
       /* A store says HELLO as soon as it accepts: one that stays silent for the handshake
        * timeout is not a store, or a stuck one. Each attempt gets that long, not the deadline. */
