@@ -156,7 +156,10 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 void *dt_comm_window_part(const dt_comm *c, int rank);
 
 /* Point to point. Not collective: the peer must make the matching call with the same count,
- * dtype and tag, in the same order. */
+ * dtype and tag, in the same order, and before the next collective between the two (a send
+ * may not cross a collective as MPI's eager ones may: over tcp the collective then fails as a
+ * mismatch). A message never received is lost when the communicator is destroyed; over shm
+ * the receiver's dt_comm_destroy warns about it. */
 dt_status dt_comm_send(dt_comm *c, const void *buf, size_t count, dt_dtype t, int peer, int tag);
 dt_status dt_comm_recv(dt_comm *c, void *buf, size_t count, dt_dtype t, int peer, int tag);
 

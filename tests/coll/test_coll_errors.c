@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/check.h"
 #include "common/mp.h"
@@ -293,6 +294,41 @@ static int algo_differs_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* A send nobody receives is lost with the communicator: over shm the receiver's destroy says so
+ * (its stderr, captured here). */
+static int lost_send_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  float a[4] = {1, 2, 3, 4};
+  if (rank == 0)
+    CHECK(dt_comm_send(c, a, 4, DT_F32, 1, 0) == DT_OK, "send: %s", dt_last_error());
+  CHECK(dt_comm_barrier(c) == DT_OK, "barrier: %s", dt_last_error());
+  if (rank != 1) {
+    dt_comm_destroy(c);
+    return 0;
+  }
+  char path[] = "/tmp/dt_lost_send_XXXXXX";
+  int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO);
+  dup2(fd, STDERR_FILENO);
+  dt_comm_destroy(c);
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  char log[4096] = "";
+  ssize_t n = pread(fd, log, sizeof log - 1, 0);
+  close(fd);
+  unlink(path);
+  log[n > 0 ? n : 0] = '\0';
+  CHECK(strstr(log, "what rank 0 sent were never received"), "destroy did not say a message was lost: '%s'", log);
+  return 0;
+}
+
 /* A single-rank communicator (no job variables at all) accepts good calls. */
 static int single_rank_ok(void) {
   int rank = 0;
@@ -349,6 +385,13 @@ int main(void) {
     if (mp_run(2, algo_body, NULL, 60)) {
       fprintf(stderr, "FAIL: DTRAIN_ALGO on %s\n", tps[t]);
       bad++;
+    }
+    if (t == 0) {
+      ran++;
+      if (mp_run(2, lost_send_body, NULL, 60)) {
+        fprintf(stderr, "FAIL: a send never received on %s\n", tps[t]);
+        bad++;
+      }
     }
     ran++;
     if (mp_run(2, algo_differs_body, NULL, 60)) {

@@ -450,6 +450,17 @@ static dt_status shm_usable(dt_transport *t) {
 static void shm_destroy(dt_transport *t) {
   if (!t)
     return;
+  /* What peers sent us that nothing received is lost with the segment: say so (a send whose
+   * recv never came). Not after a failure, which leaves pieces of the failed call behind. */
+  for (int r = 0; t->base && t->ranks && r < t->n && !t->broken && !dt__comm_aborted(t->c); r++) {
+    if (r == t->rank)
+      continue;
+    shm_ring *ring = shm_ring_of(t, r, t->rank);
+    uint64_t left = atomic_load(&ring->head) - atomic_load(&ring->tail);
+    if (left)
+      DT_LOG_WARN("rank %d: %llu piece(s) of what rank %d sent were never received and are lost (a dt_comm_send "
+                  "without its dt_comm_recv?)", t->rank, (unsigned long long)left, r);
+  }
   if (t->base)
     munmap(t->base, t->size);
   if (t->win_base)
