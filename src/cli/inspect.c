@@ -15,6 +15,8 @@
 #include "dtrain/ckpt.h"
 #include "dtrain/core.h"
 #include "dtrain/data.h"
+#include "dtrain/nn.h"
+#include "dtrain/train.h"
 
 static void help(FILE *f) {
   fprintf(f,
@@ -105,8 +107,21 @@ static int inspect_st(const char *path) {
     printf("  %-32s %-7s %-20s %12llu bytes\n", t->name, dt_st_dtype_name(t->dtype), shape,
            (unsigned long long)t->nbytes);
   }
+  /* A model file dtrain wrote names its model: check that it loads as that model, as eval and
+   * --init would load it (a spec that does not parse, or tensors of other shapes). */
+  int bad = 0;
+  if (dt_safetensors_meta_get(f, "dtrain.model_spec")) {
+    dt_model *m = NULL;
+    if (dt_train_model_load(path, 1, &m) != DT_OK) {
+      fprintf(stderr, "dtrain inspect: %s: does not load as the dtrain model it names: %s\n", path, dt_last_error());
+      bad = 1;
+    } else {
+      printf("model: %s, %zu parameters; loads\n", dt_model_spec(m), dt_model_param_count(m));
+      dt_model_destroy(m);
+    }
+  }
   dt_safetensors_destroy(f);
-  return 0;
+  return bad;
 }
 
 static int inspect_idx(const char *path) {

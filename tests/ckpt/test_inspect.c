@@ -131,6 +131,16 @@ static void test_inspect(void **st) {
   assert_int_equal(run(args), 1);
   expect_out("dtrain inspect: ");
   expect_out("missing.dtc: No such file or directory");
+  /* A model file naming a dtrain model its tensors do not match: the file is sound, the model
+   * does not load (as eval would find). */
+  char mf[400];
+  snprintf(mf, sizeof mf, "%s/other.safetensors", tmpdir);
+  dt_kv mm[2] = {{"format", "pt"}, {"dtrain.model_spec", "in=3,linear:2"}};
+  assert_int_equal(dt_safetensors_write(mf, &t, 1, mm, 2), DT_OK);
+  snprintf(args, sizeof args, "'%s'", mf);
+  assert_int_equal(run(args), 1);
+  expect_out("valid");
+  expect_out("does not load as the dtrain model it names");
   /* A FIFO (alone, and as a checkpoint in a directory) is refused, not waited on for a writer. */
   char fifo[512], fdir[400];
   snprintf(fifo, sizeof fifo, "%s/pipe.dtc", tmpdir);
