@@ -18,6 +18,8 @@ static int level_from_env(void) {
   if (!strcmp(s, "warn")) return DT_LOG_WARN;
   if (!strcmp(s, "info")) return DT_LOG_INFO;
   if (!strcmp(s, "debug")) return DT_LOG_DEBUG;
+  /* said once (level_from_env runs until the level is stored; a race says it twice at most) */
+  fprintf(stderr, "[dtrain] warn: DTRAIN_LOG=%.40s is not a level (error, warn, info, debug): using warn\n", s);
   return DT_LOG_WARN;
 }
 
