@@ -336,8 +336,13 @@ void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world
   int n = snprintf(line, sizeof line, "{\"event\":\"%s\",\"node\":%d,\"gen\":%d,\"t_ns\":%lld,\"world\":%d,\"what\":\"%s\"}\n",
                    event, node, gen, (long long)t_ns, world, w);
   int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0)
+  if (fd < 0) {
+    static bool said; /* the agent's own thread only */
+    if (!said)
+      fprintf(stderr, "dtrain run: DTRAIN_RUN_EVENTS=%s: %s: no events will be written\n", path, strerror(errno));
+    said = true;
     return;
+  }
   ssize_t r = write(fd, line, (size_t)DT_MIN(n, (int)sizeof line - 1)); /* one write: lines of agents do not mix */
   (void)r;
   close(fd);
