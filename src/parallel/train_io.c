@@ -107,6 +107,16 @@ dt_status dt_train_model_load(const char *path, int max_batch, dt_model **out) {
     }
     memcpy(p + t->offset, v->data, t->count * sizeof(float));
   }
+  /* every model tensor was found above (names are unique): more in the file is another model's */
+  if (dt_safetensors_count(f) > dt_model_tensor_count(m)) {
+    const char *extra = "?";
+    for (size_t i = 0; i < dt_safetensors_count(f); i++)
+      if (!dt_model_find_tensor(m, dt_safetensors_tensor(f, i)->name))
+        extra = dt_safetensors_tensor(f, i)->name;
+    rc = dt_set_error(DT_ERR_CORRUPT, "%s: tensor %s is not in the model spec of the metadata (%zu tensors, the "
+                      "model has %zu)", path, extra, dt_safetensors_count(f), dt_model_tensor_count(m));
+    goto fail;
+  }
   dt_safetensors_destroy(f);
   *out = m;
   return DT_OK;

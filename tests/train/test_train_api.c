@@ -99,6 +99,24 @@ int main(void) {
     const char *e = dt_last_error();
     CHECK((strstr(e, "F32 32x64") && strstr(e, "F32 16x64")) || (strstr(e, "F32 4x32") && strstr(e, "F32 4x16")),
           "message does not name both shapes: %s", e);
+    /* the model's tensors and one more (another model's file): refused, naming it */
+    CHECK(dt_safetensors_open(s.model_file, &f) == DT_OK, "open: %s", dt_last_error());
+    const dt_kv *own = NULL;
+    for (size_t i = 0; i < dt_safetensors_meta_count(f); i++)
+      if (!strcmp(dt_safetensors_meta(f, i)->key, "dtrain.model_spec"))
+        own = dt_safetensors_meta(f, i);
+    CHECK(own && nv < 8, "model file without its spec");
+    for (size_t i = 0; i < nv; i++) /* the views of the file open now */
+      views[i] = *dt_safetensors_tensor(f, i);
+    dt_kv same = *own;
+    views[nv] = t;
+    views[nv].name = "head.extra";
+    char more[4096];
+    snprintf(more, sizeof more, "%s/more.safetensors", dir);
+    CHECK(dt_safetensors_write(more, views, nv + 1, &same, 1) == DT_OK, "write: %s", dt_last_error());
+    dt_safetensors_destroy(f);
+    CHECK(dt_train_model_load(more, 8, &m) == DT_ERR_CORRUPT && m == NULL, "extra tensor accepted");
+    CHECK(strstr(dt_last_error(), "head.extra"), "message does not name the extra tensor: %s", dt_last_error());
   }
 
   /* bad configurations fail cleanly */
