@@ -107,8 +107,8 @@ static int inspect_st(const char *path) {
     printf("  %-32s %-7s %-20s %12llu bytes\n", t->name, dt_st_dtype_name(t->dtype), shape,
            (unsigned long long)t->nbytes);
   }
-  /* A model file dtrain wrote names its model: check that it loads as that model, as eval and
-   * --init would load it (a spec that does not parse, or tensors of other shapes). */
+  /* A model file dtrain wrote names its model: check that it loads as that model, as dtrain eval
+   * loads it (a spec that does not parse, tensors of other shapes, or more of them). */
   int bad = 0;
   if (dt_safetensors_meta_get(f, "dtrain.model_spec")) {
     dt_model *m = NULL;

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -16,6 +15,7 @@
 #include "dtrain/monitor.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
+#include "nn/nn.h" /* dt__nn_gemm_check */
 
 #define CMD "train"
 #define HELP_HINT "see 'dtrain train --help'"
@@ -328,12 +328,11 @@ int dt_cli_train(int argc, char **argv) {
 
   /* Cheap checks first so a typo fails in milliseconds, not after loading the data. */
   dt_model *probe = NULL;
-  if (dt_model_create(cfg.model, 1, cfg.seed, &probe) != DT_OK) {
-    if (strstr(dt_last_error(), "DTRAIN_GEMM")) /* the product the engine was told to use, not the spec */
-      return dt_cli_usage_error(CMD, "unset DTRAIN_GEMM, or set it to auto, own or blas", "%s", dt_last_error());
+  if (dt__nn_gemm_check() != DT_OK) /* the product the engine was told to use, before the spec */
+    return dt_cli_usage_error(CMD, "unset DTRAIN_GEMM, or set it to auto, own or blas", "%s", dt_last_error());
+  if (dt_model_create(cfg.model, 1, cfg.seed, &probe) != DT_OK)
     return dt_cli_usage_error(CMD, "see the model specs in 'dtrain train --help'", "bad --model '%s': %s",
                               cfg.model, dt_last_error());
-  }
   dt_model_destroy(probe);
   dt_lr_schedule sched;
   if (dt_lr_schedule_parse(cfg.schedule ? cfg.schedule : "constant", cfg.lr, 1000, &sched) != DT_OK)
@@ -360,15 +359,6 @@ int dt_cli_train(int argc, char **argv) {
     }
   char metrics_path[4096];
   snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
-  /* The model is written at the end, by renaming a temporary file over DIR/model.safetensors:
-   * a directory there would lose the whole run's work then (rename replaces anything else), so
-   * it is refused now. */
-  char model_path[4096];
-  struct stat mst;
-  snprintf(model_path, sizeof model_path, "%s/model.safetensors", out_dir);
-  if (rank == 0 && lstat(model_path, &mst) == 0 && S_ISDIR(mst.st_mode))
-    return dt_cli_usage_error(CMD, "choose another --out, or move it away",
-                              "%s is a directory: the trained model could not be written there", model_path);
   dt_monitor *mon = NULL;
   dt_train_observer obs = {0};
   /* Only rank 0 observes; the trainer calls observers on rank 0 only, but the file must not

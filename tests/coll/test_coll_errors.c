@@ -343,7 +343,16 @@ static int single_rank_ok(void) {
   CHECK(dt_comm_allreduce(c, a, b, 3, DT_I32, DT_SUM) == DT_OK && b[2] == 3, "single-rank allreduce");
   CHECK(dt_comm_allreduce(c, NULL, NULL, 0, DT_I32, DT_SUM) == DT_OK, "count 0 with NULL buffers");
   CHECK(dt_comm_allreduce(NULL, a, b, 3, DT_I32, DT_SUM) == DT_ERR_INVALID, "NULL communicator");
+  CHECK(dt_comm_set_timeout(NULL, 5) == DT_ERR_INVALID && strstr(dt_last_error(), "communicator is NULL"),
+        "set_timeout(NULL): '%s'", dt_last_error());
   dt_comm_destroy(c);
+  /* DTRAIN_BACKEND (dtrain run --backend's spelling) is named when it is the one that is wrong */
+  setenv("DTRAIN_BACKEND", "garbage", 1);
+  unsetenv("DTRAIN_TRANSPORT");
+  c = NULL;
+  CHECK(dt_comm_create(NULL, &c) == DT_ERR_INVALID && !c && strstr(dt_last_error(), "DTRAIN_BACKEND 'garbage'"),
+        "DTRAIN_BACKEND=garbage: '%s'", dt_last_error());
+  unsetenv("DTRAIN_BACKEND");
   return 0;
 }
 

@@ -103,6 +103,20 @@ static void group_usage(void) {
   expect_usage("keep without dir", tt_run(dir, 30, "%s train --data %s --keep 1", b, data),
                "--keep needs --checkpoint-dir");
   expect_usage("eval without file", tt_run(dir, 30, "%s eval", b), "--model-file");
+  /* settings from the environment are named as such, not blamed on a flag, nor ignored */
+  expect_usage("DTRAIN_GEMM", tt_run(dir, 30, "env DTRAIN_GEMM=garbage %s train --data %s --max-steps 1", b, data),
+               "DTRAIN_GEMM=\"garbage\": expected auto, own or blas");
+  {
+    tt_result r = tt_run(dir, 30, "env DTRAIN_RUN_EVENTS=%s/nowhere/events %s run -n 1 -- true", dir, b);
+    CHECK(r.code == 0 && strstr(r.err, "DTRAIN_RUN_EVENTS=") && strstr(r.err, "no events will be written"),
+          "unusable DTRAIN_RUN_EVENTS: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+    r = tt_run(dir, 60, "env DTRAIN_LOG=loud %s run -n 2 -- %s train --data %s --model 'in=1x8x8,linear:4' --batch 30 "
+               "--max-steps 1 --progress off --out %s/log", b, b, data, dir);
+    CHECK(r.code == 0 && strstr(r.err, "DTRAIN_LOG=loud is not a level"), "DTRAIN_LOG=loud: exit %d: %s", r.code,
+          r.err);
+    tt_result_free(&r);
+  }
   expect_usage("eval missing file", tt_run(dir, 30, "%s eval --model-file %s/none.safetensors", b, dir),
                "none.safetensors");
 }
@@ -384,6 +398,11 @@ static void group_resume(int adamw) {
   r = tt_run(dir, 120, "%s train --data %s --model '%s' --batch 40 --checkpoint-dir %s/ck --resume --out %s/x",
              b, data, TINY_MODEL, dir, dir);
   CHECK(r.code == 2 && strstr(r.err, "--model"), "other model: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  /* a checkpoint is not a model file, and eval says which it is */
+  r = tt_run(dir, 60, "%s eval --data %s --model-file \"$(ls %s/ck/*.dtc | head -n 1)\"", b, data, dir);
+  CHECK(r.code != 0 && strstr(r.err, "is a dtrain checkpoint, not a safetensors model file"),
+        "checkpoint as a model: exit %d: %s", r.code, r.err);
   tt_result_free(&r);
   /* nor does a run whose last step comes before the checkpoint's go on from it */
   r = tt_run(dir, 120, "%s train --data %s %s --max-steps 8 --checkpoint-dir %s/ck --resume --out %s/x", b, data,
