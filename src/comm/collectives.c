@@ -144,7 +144,7 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
  *     KiB; n=4: flat ahead to 8 KiB (11-13 against 12-14 us), behind from 32 KiB (18 / 17, 31 /
  *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2). */
-static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops) {
+static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops, size_t single) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
   switch (k) {
@@ -164,6 +164,8 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return bytes <= (32u << 10) ? DT_ALGO_RD : DT_ALGO_RHD;
     return bytes <= (n == 2 ? (512u << 10) : n <= 4 ? (128u << 10) : (32u << 10)) ? DT_ALGO_RD : DT_ALGO_RING;
   case DT_COLL_BROADCAST:
+    if (single && bytes >= single && has_fast(ops, k))
+      return DT_ALGO_SHM;
     if (ops->flat && bytes <= (n <= 4 ? (1u << 20) : (64u << 10)))
       return DT_ALGO_FLAT;
     if (ops->flat && has_fast(ops, k) && bytes <= (1u << 20))
@@ -252,6 +254,8 @@ void dt__coll_algo_load(dt_comm *c) {
   }
 }
 
+static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->single_copy(c->tp) : 0; }
+
 static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *st) {
   *st = DT_OK;
   if (c->algo_bad[0]) {
@@ -264,7 +268,7 @@ static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *
                        algo_names[a], dt__coll_name(k), c->ops->name);
     return DT_ALGO_AUTO;
   }
-  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, wide, c->ops);
+  return a != DT_ALGO_AUTO ? a : choose(k, c->size, bytes, wide, c->ops, single_copy(c));
 }
 
 /* Single rank: the result is the input. */
@@ -335,7 +339,7 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
    * still carries the window offset, so ranks that disagree on it still fail */
   const bool window = fp->flags & DT__FP_WINDOW;
   if (window)
-    a = choose(k->kind, n, bytes, dt__coll_wide(k->dtype, k->op), c->ops);
+    a = choose(k->kind, n, bytes, dt__coll_wide(k->dtype, k->op), c->ops, single_copy(c));
   /* flat: allreduce, broadcast (no sendbuf, its root), allgather, reduce_scatter; a broadcast's
    * every rank's slot carries its call, so it needs no check round */
   if (a == DT_ALGO_FLAT)
@@ -359,7 +363,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
       DT_CHECK(dt__coll_check(c, fp, deadline));
     return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
   case DT_COLL_BROADCAST:
-    if (n > 2 || a != DT_ALGO_TREE)
+    /* the shm path compares every rank's fingerprint before anything moves: no check round */
+    if ((n > 2 || a != DT_ALGO_TREE) && a != DT_ALGO_SHM)
       DT_CHECK(dt__coll_check(c, fp, deadline));
     if (a == DT_ALGO_SHM)
       return c->ops->broadcast(c->tp, rb, k->count, k->dtype, k->root, fp, deadline);

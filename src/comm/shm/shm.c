@@ -15,9 +15,9 @@
  * it watches the job's abort state, the deadline, and every ~50 ms whether the awaited ranks'
  * processes still exist.
  *
- * Not here: single-copy transfers. On the 2-core KVM guest, process_vm_readv of 64 MiB from a
- * forked child ran at 0.6 GB/s against 4 GB/s for memcpy of the same buffer in the same run, so
- * the two-copy rings and staging buffers stay. */
+ * From SHM_DEFAULT_CMA bytes the allreduce, allgather and broadcast copy once, straight between
+ * the ranks' own buffers (process_vm_readv/writev, "cross-memory attach"), instead of through the
+ * staging buffers, when rank 0 found at setup that it may (same user, no ptrace restriction). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,6 +53,10 @@
 /* Flat allreduce slot: the largest piece one round moves (per rank, two slots by parity).
  * DTRAIN_SHM_FLAT overrides; choose() in collectives.c says up to where flat is used. */
 #define SHM_DEFAULT_FLAT (32u << 10)
+/* Single-copy collectives (process_vm_readv/writev) from this many bytes per rank's buffer; below,
+ * the staging buffers (the two system calls per piece cost more than the copy they save).
+ * DTRAIN_SHM_CMA=B or off overrides. Chosen by measurement: see shm_allreduce_cma. */
+#define SHM_DEFAULT_CMA (64u << 10)
 /* Waiting: spin (pause) for a while, then yield for a while, then sleep on a futex bell.
  * How long depends on whether this host runs more ranks than the CPUs we may use:
  *   - not oversubscribed: every rank has a core, so spinning costs nobody and a peer that is
@@ -91,8 +96,10 @@ typedef struct shm_hdr {
   uint64_t slot_bytes, chunk_bytes;
   uint64_t off_ranks, off_rings, off_stage, ring_bytes;
   uint64_t off_flat, flat_bytes, flat_stride;
+  uint64_t cma_min; /* single-copy collectives from this many bytes; 0: never */
   alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t sleepers;
+  alignas(SHM_LINE) _Atomic uint32_t cma; /* rank 0's verdict: 0 not yet, 1 may copy once, 2 may not */
 } shm_hdr;
 
 /* One rank's record; each counter on its own line since different ranks poll them. */
@@ -117,6 +124,9 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t win_in;
   dt__fp win_fp;
   alignas(SHM_LINE) _Atomic uint64_t win_out;
+  /* Single-copy collectives: the call's buffers as addresses in this rank's process, written
+   * before in_seq is published for the call and read by the others after they saw it. */
+  alignas(SHM_LINE) uint64_t cma_in, cma_out;
 } shm_rank;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
@@ -179,6 +189,8 @@ struct dt_transport {
   size_t win_size, win_stride;
   uint64_t wins;      /* window collectives done (same on every rank) */
   unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
+  size_t cma_min;     /* single-copy collectives from this many bytes (0: never), as rank 0 set */
+  uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -467,6 +479,7 @@ static void shm_destroy(dt_transport *t) {
     munmap(t->win_base, t->win_size);
   dt__free(t->srcs);
   dt__free(t->wide);
+  dt__free(t->cma_buf);
   dt__free(t);
 }
 
@@ -553,6 +566,12 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   DT_CHECK(shm_env_size("DTRAIN_SHM_CHUNK", SHM_DEFAULT_CHUNK, 4096, 256u << 20, &chunk));
   uint64_t flat;
   DT_CHECK(shm_env_size("DTRAIN_SHM_FLAT", SHM_DEFAULT_FLAT, 64, 16u << 20, &flat));
+  const char *ce = dt__env_str("DTRAIN_SHM_CMA");
+  uint64_t cma = 0;
+  if (!(ce && !strcmp(ce, "off")))
+    DT_CHECK(dt__env_size("DTRAIN_SHM_CMA", SHM_DEFAULT_CMA, &cma));
+  if (!(ce && !strcmp(ce, "off")) && cma == 0)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) or off");
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
    * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
@@ -573,7 +592,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   *t->h = (shm_hdr){.magic = SHM_MAGIC, .size = size, .n = (uint32_t)n, .nslots = (uint32_t)nslots,
                     .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
                     .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
-                    .flat_bytes = flat, .flat_stride = flat_stride};
+                    .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma};
+  atomic_store(&t->h->cma, cma ? 0u : 2u);
   return DT_OK;
 }
 
@@ -607,6 +627,39 @@ static dt_status shm_map(dt_transport *t, const char *name) {
   t->h = p;
   if (t->h->magic != SHM_MAGIC || t->h->size != size || t->h->n != (uint32_t)t->n)
     return dt_set_error(DT_ERR_PROTOCOL, "shared memory %s does not belong to this communicator", name);
+  return DT_OK;
+}
+
+/* Rank 0, once every rank mapped the segment: may this process read and write the others'
+ * memory (process_vm_readv/writev need ptrace access: the same user, and neither Yama's
+ * ptrace_scope nor a seccomp filter in the way)? Reads each rank's view of the header, given as
+ * "<pid> <address>" in its shm/mapped key, and compares the magic. */
+static bool shm_cma_probe(dt_transport *t, int r, const char *val) {
+  int pid = 0;
+  unsigned long long addr = 0;
+  uint64_t magic = 0;
+  if (sscanf(val, "%d %llx", &pid, &addr) != 2 || pid <= 0 || !addr)
+    return false;
+  struct iovec l = {&magic, sizeof magic}, rv = {(void *)(uintptr_t)addr, sizeof magic};
+  if (process_vm_readv(pid, &l, 1, &rv, 1, 0) == (ssize_t)sizeof magic && magic == SHM_MAGIC)
+    return true;
+  DT_LOG_INFO("shared memory: collectives copy through staging buffers: reading rank %d's memory (pid %d): %s", r, pid,
+              magic ? "unexpected contents" : strerror(errno));
+  return false;
+}
+
+/* Other ranks: waits for rank 0's verdict on single-copy collectives (it is the same for all). */
+static dt_status shm_cma_verdict(dt_transport *t, int64_t deadline) {
+  while (!atomic_load(&t->h->cma)) {
+    int pid;
+    if (dt_now_ns() >= deadline)
+      return dt_set_error(DT_ERR_TIMEOUT, "deadline (%d ms) passed waiting for rank 0 to set up the shared memory",
+                          t->c->timeout_ms);
+    if (!shm_alive(t, 0, &pid))
+      return shm_dead(t, 0, pid);
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
   return DT_OK;
 }
 
@@ -671,21 +724,31 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   if (owner) {
     /* Unlink once everybody mapped: from then on the segment lives exactly as long as the last
      * mapping, whatever happens to the processes. */
+    /* With more ranks than CPUs the one-copy paths' two rounds of waiting for every rank cost more
+     * than the copy they save (4 ranks on 2 cores: 64 KiB allreduce 66-71 us against 36-39), so
+     * they are used there only when DTRAIN_SHM_CMA asks. */
+    bool cma = t->h->cma_min != 0 && (!t->oversubscribed || dt__env_str("DTRAIN_SHM_CMA"));
     for (int r = 1; r < t->n; r++) {
-      char k2[128], v[8];
+      char k2[128], v[64];
       dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", r);
-      st = dt__store_wait(c->store, k2, v, sizeof v, &len, deadline);
+      st = dt__store_wait(c->store, k2, v, sizeof v - 1, &len, deadline);
       if (st != DT_OK) {
         dt__error_prefix(st, "waiting for rank %d to map the shared memory", r);
         goto fail_unlink;
       }
+      v[len] = '\0';
+      cma = cma && shm_cma_probe(t, r, v);
     }
     shm_unlink(name);
+    atomic_store(&t->h->cma, cma ? 1u : 2u);
   } else {
-    char k2[128];
+    char k2[128], v[64];
     dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", t->rank);
-    DT_CHECK_GOTO(dt__store_set(c->store, k2, "1", 1, deadline), st, fail);
+    snprintf(v, sizeof v, "%d %llx", (int)getpid(), (unsigned long long)(uintptr_t)t->h);
+    DT_CHECK_GOTO(dt__store_set(c->store, k2, v, strlen(v), deadline), st, fail);
+    DT_CHECK_GOTO(shm_cma_verdict(t, deadline), st, fail);
   }
+  t->cma_min = atomic_load(&t->h->cma) == 1 ? t->h->cma_min : 0;
   *out = t;
   return DT_OK;
 fail_unlink:
@@ -931,6 +994,134 @@ static dt_status shm_allreduce_prelude(dt_transport *t, const uint8_t *in, uint8
   return shm_usable(t);
 }
 
+/* ---- single-copy collectives ----
+ * Between the ranks' own buffers with process_vm_readv/writev: every rank publishes its buffers'
+ * addresses (cma_in, cma_out) with in_seq = g and waits until every rank did (the fingerprints
+ * compared as for the staged paths), then reads from or writes into the others' buffers, then
+ * publishes out_seq = g and waits until every rank did, so that no rank leaves while another may
+ * still touch its buffers. g takes one chunk number of the staged paths' sequence. */
+
+static bool shm_cma_use(dt_transport *t, size_t bytes) { return t->cma_min && bytes >= t->cma_min; }
+static size_t shm_single_copy(dt_transport *t) { return t->cma_min; }
+
+/* Copies `bytes` between `mine` and address `theirs` in rank r's process: from it (write false)
+ * or into it (write true). */
+static dt_status shm_cma_move(dt_transport *t, int r, bool write, void *mine, uint64_t theirs, size_t bytes) {
+  int pid = atomic_load_explicit(&t->ranks[r].pid, memory_order_relaxed);
+  struct iovec l = {mine, bytes}, rv = {(void *)(uintptr_t)theirs, bytes};
+  ssize_t got = write ? process_vm_writev(pid, &l, 1, &rv, 1, 0) : process_vm_readv(pid, &l, 1, &rv, 1, 0);
+  if (got == (ssize_t)bytes)
+    return DT_OK;
+  int e = got < 0 ? errno : 0;
+  if (e == ESRCH)
+    return shm_dead(t, r, pid);
+  char pn[64];
+  dt__comm_peer_name(t->c, r, pn, sizeof pn);
+  return dt_set_error(DT_ERR_SYSTEM, "%s %zu bytes %s %s (pid %d): %s (DTRAIN_SHM_CMA=off copies through shared memory)",
+                      write ? "process_vm_writev of" : "process_vm_readv of", bytes, write ? "to" : "from", pn, pid,
+                      e ? strerror(e) : "partial copy");
+}
+
+static dt_status shm_cma_begin(dt_transport *t, const void *in, void *out, const dt__fp *fp, int64_t deadline) {
+  DT_CHECK(shm_usable(t));
+  shm_board_set(t, fp);
+  shm_rank *me = &t->ranks[t->rank];
+  me->cma_in = (uint64_t)(uintptr_t)in;
+  me->cma_out = (uint64_t)(uintptr_t)out;
+  uint64_t g = t->chunks + 1;
+  /* only this call's parity: a rank still in call g - 1 may be reading the other one */
+  me->fp[g & 1] = *fp;
+  shm_publish(t, offsetof(shm_rank, in_seq), g);
+  dt_status st = shm_wait_all(t, offsetof(shm_rank, in_seq), g, offsetof(shm_rank, fp), (int)(g & 1), fp, deadline);
+  if (st != DT_OK)
+    t->broken = true;
+  return st;
+}
+
+/* st: how the call went here; on failure the others are not waited for (they see a mismatch,
+ * an abort or this rank gone). */
+static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, int64_t deadline) {
+  uint64_t g = t->chunks + 1;
+  if (st == DT_OK) {
+    shm_publish(t, offsetof(shm_rank, out_seq), g);
+    st = shm_wait_all(t, offsetof(shm_rank, out_seq), g, 0, 0, fp, deadline);
+  }
+  if (st != DT_OK)
+    t->broken = true;
+  else
+    t->chunks = g;
+  return st;
+}
+
+/* Allreduce, one copy: per chunk of the staged path's size, rank s reads slice s of the chunk from
+ * every other rank's input into a cache-sized buffer, reduces it with its own (own first, then
+ * the others in rank order, as the staged path) into its output, and writes the result from
+ * there, still in cache, into every other rank's output. Nobody waits for anybody between the
+ * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
+ * output; in place, slice s of rank r's buffer is read by rank s before rank s overwrites it.
+ * Per rank the memory traffic is its input read once and its output written once, against the
+ * staged path's extra copy-in and copy-out through the staging buffers. */
+static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
+                                   dt_op op, const dt__fp *fp, int64_t deadline) {
+  const size_t es = dt_dtype_size(dt), ce = t->h->chunk_bytes / es;
+  if (!t->cma_buf && !(t->cma_buf = dt__alloc(t->h->chunk_bytes)))
+    return DT_ERR_NOMEM;
+  dt_status st = shm_cma_begin(t, in, out, fp, deadline);
+  for (size_t k = 0; st == DT_OK && k * ce < count; k++) {
+    size_t len = DT_MIN(count - k * ce, ce), lo, hi;
+    shm_slice(len, es, t->n, t->rank, &lo, &hi);
+    size_t off = (k * ce + lo) * es, m = (hi - lo) * es;
+    if (!m)
+      continue;
+    int j = 0;
+    t->srcs[j++] = in + off;
+    for (int r = 0; r < t->n && st == DT_OK; r++)
+      if (r != t->rank) {
+        uint8_t *dst = t->cma_buf + (size_t)(j - 1) * m;
+        st = shm_cma_move(t, r, false, dst, t->ranks[r].cma_in + off, m);
+        t->srcs[j++] = dst;
+      }
+    if (st != DT_OK)
+      break;
+    dt__reduce_many(out + off, t->srcs, j, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
+    for (int r = 0; r < t->n && st == DT_OK; r++)
+      if (r != t->rank)
+        st = shm_cma_move(t, r, true, out + off, t->ranks[r].cma_out + off, m);
+  }
+  return shm_cma_end(t, st, fp, deadline);
+}
+
+/* Allgather, one copy: every rank writes its block into every other rank's output. */
+static dt_status shm_allgather_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t bytes, const dt__fp *fp,
+                                   int64_t deadline) {
+  uint8_t *own = out + (size_t)t->rank * bytes;
+  if (in != own)
+    memcpy(own, in, bytes);
+  dt_status st = shm_cma_begin(t, own, out, fp, deadline);
+  for (int i = 1; i < t->n && st == DT_OK; i++) { /* rank + 1 first, so that no rank is everybody's first */
+    int r = (t->rank + i) % t->n;
+    st = shm_cma_move(t, r, true, own, t->ranks[r].cma_out + (size_t)t->rank * bytes, bytes);
+  }
+  return shm_cma_end(t, st, fp, deadline);
+}
+
+/* Broadcast, one copy, by both ends at once: the root writes the first 1/n of its buffer (whole
+ * cache lines) into every other rank's, and every other rank reads the rest. (Only the readers
+ * copying: 64 MiB at 2 ranks took 17-18 ms against the staged path's 12, whose two copies run on
+ * both cores at once; `dtrain bench broadcast -n 2 --transport shm --algo shm`.) */
+static dt_status shm_broadcast_cma(dt_transport *t, uint8_t *buf, size_t bytes, int root, const dt__fp *fp,
+                                   int64_t deadline) {
+  size_t head = DT_MIN(bytes, shm_align(bytes / (size_t)t->n, SHM_LINE));
+  dt_status st = shm_cma_begin(t, buf, buf, fp, deadline);
+  for (int i = 1; i < t->n && st == DT_OK && t->rank == root && head; i++) {
+    int r = (root + i) % t->n;
+    st = shm_cma_move(t, r, true, buf, t->ranks[r].cma_out, head);
+  }
+  if (st == DT_OK && t->rank != root && bytes > head)
+    st = shm_cma_move(t, root, false, buf + head, t->ranks[root].cma_in + head, bytes - head);
+  return shm_cma_end(t, st, fp, deadline);
+}
+
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
  * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
  * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
@@ -947,6 +1138,8 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
   if (pre != DT_OK || done)
     return pre;
+  if (shm_cma_use(t, count * es))
+    return shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
   shm_board_set(t, fp);
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
@@ -1188,6 +1381,8 @@ static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtyp
                                int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
+  if (shm_cma_use(t, count * dt_dtype_size(dt)))
+    return shm_broadcast_cma(t, buf, count * dt_dtype_size(dt), root, fp, deadline);
   shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
   p.per = t->h->chunk_bytes / p.es;
   size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
@@ -1223,6 +1418,8 @@ static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
       memmove(out, in, count * es);
     return DT_OK;
   }
+  if (shm_cma_use(t, count * es))
+    return shm_allgather_cma(t, in, out, count * es, fp, deadline);
   shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
   p.per = t->h->chunk_bytes / es;
   size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
@@ -1560,6 +1757,7 @@ const dt_transport_ops dt__transport_shm = {
     .allgather = shm_allgather,
     .reduce_scatter = shm_reduce_scatter,
     .barrier = shm_barrier,
+    .single_copy = shm_single_copy,
     .window = shm_window,
     .window_part = shm_window_part,
     .coll_window = shm_coll_window,

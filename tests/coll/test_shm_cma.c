@@ -1,0 +1,123 @@
+/* test_shm_cma.c - the shm transport's single-copy collectives (process_vm_readv/writev between
+ * the ranks' own buffers) where they can go wrong, on real processes:
+ *   - a rank SIGKILLed while the others are in large single-copy allreduces: every survivor
+ *     returns an error naming the dead rank within seconds (never a hang, a crash or DT_OK with
+ *     a half-written result);
+ *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
+ *     abort) naming both calls, before either touches the other's buffers;
+ *   - a bad DTRAIN_SHM_CMA: dt_comm_create fails naming the variable.
+ * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/check.h"
+#include "common/mp.h"
+#include "coll/sweep.h"
+
+#define BIG (4u << 20) /* floats: 16 MiB, a few ms per call here */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Rank 2 of 3 has a child kill it 300 ms into the loop, most likely while a copy into or out of
+ * its buffers is under way; ranks 0 and 1 loop for at most 20 s. */
+static int kill_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  float *buf = calloc(BIG, sizeof *buf), *out = calloc(BIG, sizeof *out);
+  CHECK(buf && out, "out of memory");
+  CHECK(dt_comm_allreduce(c, buf, out, BIG, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  if (rank == 2) {
+    pid_t me = getpid(), k = fork();
+    if (k == 0) {
+      usleep(300000);
+      kill(me, SIGKILL);
+      _exit(0);
+    }
+  }
+  double t0 = now_s(), seen = 0;
+  dt_status st = DT_OK;
+  for (int i = 0; i < 100000 && st == DT_OK && now_s() - t0 < 20; i++)
+    st = dt_comm_allreduce(c, i % 2 ? DT_IN_PLACE : buf, out, BIG, DT_F32, DT_SUM);
+  seen = now_s() - t0;
+  CHECK(rank != 2, "rank 2 survived its own SIGKILL");
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "allreduce with rank 2 killed returned %s: %s", dt_strerror(st),
+        dt_last_error());
+  CHECK(strstr(dt_last_error(), "rank 2"), "the error does not name rank 2: %s", dt_last_error());
+  CHECK(seen < 10, "noticed rank 2's death only after %.1f s", seen);
+  dt_comm_destroy(c);
+  free(buf);
+  free(out);
+  return 0;
+}
+
+static int mismatch_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  static float a[1 << 18], b[1 << 18];
+  CHECK(dt_comm_allreduce(c, a, b, 1 << 17, DT_F32, DT_SUM) == DT_OK, "warm-up: %s", dt_last_error());
+  size_t count = rank == 1 ? 200000 : 1 << 17;
+  dt_status st = dt_comm_allreduce(c, a, b, count, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED, "mismatched allreduce returned %s", dt_strerror(st));
+  CHECK(strstr(dt_last_error(), "allreduce #2 with 200000 x f32 sum") &&
+            strstr(dt_last_error(), "allreduce #2 with 131072 x f32 sum"),
+        "the error does not name both calls: %s", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+static int bad_env_body(int rank, int size, void *arg) {
+  (void)size;
+  setenv("DTRAIN_SHM_CMA", arg, 1);
+  dt_comm *c = NULL;
+  dt_status st = dt_comm_create(NULL, &c);
+  if (rank > 0) { /* only rank 0 reads it (it sets the segment up); the others see rank 0 fail */
+    CHECK(st != DT_OK, "create succeeded although rank 0's failed");
+    return 0;
+  }
+  CHECK(st == DT_ERR_INVALID, "DTRAIN_SHM_CMA=%s: create returned %s", (const char *)arg, dt_strerror(st));
+  CHECK(strstr(dt_last_error(), "DTRAIN_SHM_CMA"), "the error does not name DTRAIN_SHM_CMA: %s", dt_last_error());
+  return 0;
+}
+
+int main(void) {
+  setenv("DTRAIN_TRANSPORT", "shm", 1);
+  int bad = 0, ran = 0;
+  setenv("DTRAIN_SHM_CMA", "64K", 1); /* single copies also with 3 ranks on 2 cores */
+  ran++;
+  int codes[3] = {0};
+  mp_run_codes(3, kill_body, NULL, 60, codes);
+  if (codes[0] || codes[1] || codes[2] != 128 + SIGKILL) {
+    fprintf(stderr, "FAIL: a rank killed during single-copy allreduces (exit codes %d %d %d)\n", codes[0], codes[1],
+            codes[2]);
+    bad++;
+  }
+  ran++;
+  if (mp_run(2, mismatch_body, NULL, 60)) {
+    fprintf(stderr, "FAIL: mismatched single-copy allreduces\n");
+    bad++;
+  }
+  const char *bads[] = {"0", "lots", "-5"};
+  for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
+    ran++;
+    if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {
+      fprintf(stderr, "FAIL: DTRAIN_SHM_CMA=%s\n", bads[i]);
+      bad++;
+    }
+  }
+  printf("%d passed, %d failed\n", ran - bad, bad);
+  return bad ? 1 : 0;
+}
