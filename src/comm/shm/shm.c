@@ -54,8 +54,15 @@
  * DTRAIN_SHM_FLAT overrides; choose() in collectives.c says up to where flat is used. */
 #define SHM_DEFAULT_FLAT (32u << 10)
 /* Single-copy collectives (process_vm_readv/writev) from this many bytes per rank's buffer; below,
- * the staging buffers (the two system calls per piece cost more than the copy they save).
- * DTRAIN_SHM_CMA=B or off overrides. Chosen by measurement: see shm_allreduce_cma. */
+ * the staging buffers or the flat slots. Measured 2026-11-27 on the Xeon guest, 2 ranks, `dtrain
+ * bench <coll> -n 2 --transport shm --algo {shm,flat} --sizes 4K:256K --iters 100` with
+ * DTRAIN_SHM_CMA=1 or off, three runs (bench/results/cma-2026-11-27-xeon.txt): allreduce single
+ * 9.2-9.3 us at 64 KiB against the staged 10.1-10.2, level at 32 KiB, behind below (3.7 against
+ * 1.7-1.8 at 4 KiB: two waits for every rank and the system calls); broadcast 5.8-7.8 at 64 KiB
+ * against flat's 7.2-7.7, 4.2-5.3 against 5.1-5.5 at 32 KiB; allgather ahead from 128 KiB blocks
+ * (below that the flat slots take it anyway). From 64 KiB to 64 MiB: allreduce 1.2-1.5x faster
+ * at 128 KiB-4 MiB, 1.1x at 64 MiB; allgather 1.2-1.7x at 128 KiB-2 MiB, level to 1.1x above.
+ * DTRAIN_SHM_CMA=B or off overrides. */
 #define SHM_DEFAULT_CMA (64u << 10)
 /* Waiting: spin (pause) for a while, then yield for a while, then sleep on a futex bell.
  * How long depends on whether this host runs more ranks than the CPUs we may use:
