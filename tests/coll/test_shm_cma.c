@@ -5,13 +5,19 @@
  *     a half-written result);
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
- *   - a bad DTRAIN_SHM_CMA: dt_comm_create fails naming the variable.
+ *   - a bad DTRAIN_SHM_CMA: dt_comm_create fails naming the variable;
+ *   - ranks that may not read each other's memory (run as an unprivileged user, one of them
+ *     PR_SET_DUMPABLE 0: rank 0 itself, or another): every rank takes the staged paths, with
+ *     correct results; all of them dumpable, the single copies are on (the probe is real).
+ *     Needs root to become that user; skipped otherwise.
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +25,7 @@
 #include "common/check.h"
 #include "common/mp.h"
 #include "coll/sweep.h"
+#include "comm/comm.h"
 
 #define BIG (4u << 20) /* floats: 16 MiB, a few ms per call here */
 
@@ -93,6 +100,33 @@ static int bad_env_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* arg: the rank made non-dumpable, or -1 for none. */
+static int nodump_body(int rank, int size, void *arg) {
+  int which = *(const int *)arg;
+  CHECK(setgroups(0, NULL) == 0 && setgid(65534) == 0 && setuid(65534) == 0, "becoming nobody: %s", strerror(errno));
+  CHECK(prctl(PR_SET_DUMPABLE, rank == which ? 0 : 1) == 0, "prctl: %s", strerror(errno));
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  size_t single = c->ops->single_copy ? c->ops->single_copy(c->tp) : 0;
+  if (which >= 0)
+    CHECK(single == 0, "single copies on although rank %d may not be read", which);
+  else
+    CHECK(single == 64 << 10, "single copies from %zu bytes, expected 65536 (every rank dumpable)", single);
+  enum { N = 1 << 18 };
+  static float in[N], out[N];
+  for (int i = 0; i < N; i++)
+    in[i] = (float)(rank + 1) * (float)(i % 1000);
+  CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+  float k = (float)size * (float)(size + 1) / 2;
+  for (int i = 0; i < N; i++)
+    CHECK(out[i] == k * (float)(i % 1000), "element %d: %g, expected %g", i, out[i], k * (float)(i % 1000));
+  CHECK(dt_comm_broadcast(c, in, N, DT_F32, size - 1) == DT_OK, "broadcast: %s", dt_last_error());
+  for (int i = 0; i < N; i++)
+    CHECK(in[i] == (float)size * (float)(i % 1000), "broadcast element %d: %g", i, in[i]);
+  dt_comm_destroy(c);
+  return 0;
+}
+
 int main(void) {
   setenv("DTRAIN_TRANSPORT", "shm", 1);
   int bad = 0, ran = 0;
@@ -117,6 +151,18 @@ int main(void) {
       fprintf(stderr, "FAIL: DTRAIN_SHM_CMA=%s\n", bads[i]);
       bad++;
     }
+  }
+  if (geteuid() == 0) {
+    int whiches[] = {-1, 0, 1};
+    for (int i = 0; i < 3; i++) {
+      ran++;
+      if (mp_run(3, nodump_body, &whiches[i], 60)) {
+        fprintf(stderr, "FAIL: unprivileged ranks, rank %d not dumpable\n", whiches[i]);
+        bad++;
+      }
+    }
+  } else {
+    printf("skipped: unprivileged ranks (needs root to become nobody)\n");
   }
   printf("%d passed, %d failed\n", ran - bad, bad);
   return bad ? 1 : 0;

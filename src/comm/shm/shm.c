@@ -104,6 +104,8 @@ typedef struct shm_hdr {
   uint64_t off_ranks, off_rings, off_stage, ring_bytes;
   uint64_t off_flat, flat_bytes, flat_stride;
   uint64_t cma_min; /* single-copy collectives from this many bytes; 0: never */
+  uint64_t owner_addr; /* where rank 0 maps this header, and its pid: the others' probe */
+  int32_t owner_pid;
   alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t sleepers;
   alignas(SHM_LINE) _Atomic uint32_t cma; /* rank 0's verdict: 0 not yet, 1 may copy once, 2 may not */
@@ -599,7 +601,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   *t->h = (shm_hdr){.magic = SHM_MAGIC, .size = size, .n = (uint32_t)n, .nslots = (uint32_t)nslots,
                     .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
                     .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
-                    .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma};
+                    .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma,
+                    .owner_addr = (uint64_t)(uintptr_t)p, .owner_pid = (int32_t)getpid()};
   atomic_store(&t->h->cma, cma ? 0u : 2u);
   return DT_OK;
 }
@@ -637,22 +640,31 @@ static dt_status shm_map(dt_transport *t, const char *name) {
   return DT_OK;
 }
 
-/* Rank 0, once every rank mapped the segment: may this process read and write the others'
- * memory (process_vm_readv/writev need ptrace access: the same user, and neither Yama's
- * ptrace_scope nor a seccomp filter in the way)? Reads each rank's view of the header, given as
- * "<pid> <address>" in its shm/mapped key, and compares the magic. */
-static bool shm_cma_probe(dt_transport *t, int r, const char *val) {
-  int pid = 0;
-  unsigned long long addr = 0;
+/* Whether this process may read another's memory (process_vm_readv/writev need ptrace access:
+ * the same user, and neither Yama's ptrace_scope, a seccomp filter nor the target's
+ * PR_SET_DUMPABLE = 0 in the way): reads the segment's header at `addr` in process `pid` (where
+ * that process maps it) and compares the magic. Every rank probes rank 0 and rank 0 probes every
+ * rank; rank 0 decides for all. */
+static bool shm_cma_probe(int r, int pid, uint64_t addr) {
   uint64_t magic = 0;
-  if (sscanf(val, "%d %llx", &pid, &addr) != 2 || pid <= 0 || !addr)
-    return false;
   struct iovec l = {&magic, sizeof magic}, rv = {(void *)(uintptr_t)addr, sizeof magic};
-  if (process_vm_readv(pid, &l, 1, &rv, 1, 0) == (ssize_t)sizeof magic && magic == SHM_MAGIC)
+  if (pid > 0 && addr && process_vm_readv(pid, &l, 1, &rv, 1, 0) == (ssize_t)sizeof magic && magic == SHM_MAGIC)
     return true;
   DT_LOG_INFO("shared memory: collectives copy through staging buffers: reading rank %d's memory (pid %d): %s", r, pid,
               magic ? "unexpected contents" : strerror(errno));
   return false;
+}
+
+/* Rank 0: rank r's answer in its shm/mapped key, "<pid> <header address> <1 if it could read
+ * rank 0's memory>", and whether rank 0 can read rank r's. */
+static bool shm_cma_answer(int r, const char *val) {
+  int pid = 0, ok = 0;
+  unsigned long long addr = 0;
+  if (sscanf(val, "%d %llx %d", &pid, &addr, &ok) != 3)
+    return false;
+  if (!ok)
+    DT_LOG_INFO("shared memory: collectives copy through staging buffers: rank %d may not read rank 0's memory", r);
+  return ok && shm_cma_probe(r, pid, addr);
 }
 
 /* Other ranks: waits for rank 0's verdict on single-copy collectives (it is the same for all). */
@@ -744,14 +756,15 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
         goto fail_unlink;
       }
       v[len] = '\0';
-      cma = cma && shm_cma_probe(t, r, v);
+      cma = cma && shm_cma_answer(r, v);
     }
     shm_unlink(name);
     atomic_store(&t->h->cma, cma ? 1u : 2u);
   } else {
     char k2[128], v[64];
     dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", t->rank);
-    snprintf(v, sizeof v, "%d %llx", (int)getpid(), (unsigned long long)(uintptr_t)t->h);
+    bool ok = t->h->cma_min && shm_cma_probe(0, t->h->owner_pid, t->h->owner_addr);
+    snprintf(v, sizeof v, "%d %llx %d", (int)getpid(), (unsigned long long)(uintptr_t)t->h, ok);
     DT_CHECK_GOTO(dt__store_set(c->store, k2, v, strlen(v), deadline), st, fail);
     DT_CHECK_GOTO(shm_cma_verdict(t, deadline), st, fail);
   }
