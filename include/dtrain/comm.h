@@ -42,8 +42,10 @@ dt_status dt_op_parse(const char *s, dt_op *out);
  * A sendbuf that is recvbuf itself is still read as a send buffer, so it works on every
  * collective: the same as DT_IN_PLACE for allreduce, reduce, reduce_scatter and alltoall, while
  * allgather's and gather's block is then recvbuf's first count elements (moved to the rank's slot
- * before anything arrives) and scatter's root takes its own block from its slot. Any other
- * overlap of sendbuf and recvbuf is DT_ERR_INVALID (it would read what it had already written). */
+ * before anything arrives) and scatter's root takes its own block from its slot. An allgather's or
+ * gather root's sendbuf that overlaps recvbuf anywhere is moved to the rank's slot first, so it
+ * works too. Any other overlap of sendbuf and recvbuf is DT_ERR_INVALID (it would read what it had
+ * already written). */
 #define DT_IN_PLACE ((const void *)0)
 
 typedef struct dt_comm dt_comm;
@@ -90,7 +92,10 @@ void dt_comm_config_init(dt_comm_config *cfg);
  * of a running member is refused (DT_ERR_STATE, "rank R is already in this job") and the job goes
  * on; a world size above DT_COMM_WORLD_MAX is DT_ERR_INVALID. */
 dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out);
-/* Leaves the job; not collective, never blocks long. Accepts NULL. */
+/* Leaves the job; not collective. Never blocks long, except on the rank hosting the rendezvous
+ * store (rank 0 unless configured otherwise), which keeps serving until every other rank left or
+ * was declared failed: at most the communicator's timeout, or about one fault timeout after a
+ * failure. Accepts NULL. */
 void dt_comm_destroy(dt_comm *c);
 
 int dt_comm_rank(const dt_comm *c);

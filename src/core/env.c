@@ -1,4 +1,5 @@
 /* env.c - environment knobs with validation: a malformed value is an error, never ignored. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 
@@ -27,7 +28,7 @@ dt_status dt__env_int(const char *name, int64_t def, int64_t *out) {
 dt_status dt__parse_size(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
-  if (!s || *s == '-')
+  if (!s || *s == '-' || *s == '+' || isspace((unsigned char)*s)) /* strtoull would take " -5" as 2^64 - 5 */
     return dt_set_error(DT_ERR_INVALID, "size '%s' is not a non-negative number", s ? s : "");
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || end == s)

@@ -6,6 +6,9 @@
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
  *   - a bad DTRAIN_SHM_CMA: dt_comm_create fails naming the variable;
+ *   - 12 ranks with 4 KiB chunks (slices of 6 lines from 11 peers: more than one chunk's worth);
+ *   - a buffer that is not writable, or shorter than the call's count: an error naming the rank
+ *     whose buffer it is (not a crash, not the peer blamed);
  *   - ranks that may not read each other's memory (run as an unprivileged user, one of them
  *     PR_SET_DUMPABLE 0: rank 0 itself, or another): every rank takes the staged paths, with
  *     correct results; all of them dumpable, the single copies are on (the probe is real).
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -100,6 +104,53 @@ static int bad_env_body(int rank, int size, void *arg) {
   return 0;
 }
 
+static int many_body(int rank, int size, void *arg) {
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  enum { N = 1 << 16 };
+  static float in[N], out[N];
+  for (int i = 0; i < N; i++)
+    in[i] = (float)(rank + 1) * (float)(i % 100);
+  for (int rep = 0; rep < 3; rep++) {
+    CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+    float k = (float)size * (float)(size + 1) / 2;
+    for (int i = 0; i < N; i++)
+      CHECK(out[i] == k * (float)(i % 100), "element %d: %g, expected %g", i, out[i], k * (float)(i % 100));
+  }
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* arg 0: rank 1's broadcast buffer is read-only; 1: the root's buffer ends (PROT_NONE) halfway
+ * through the call's count. */
+static int badbuf_body(int rank, int size, void *arg) {
+  (void)size;
+  int kind = *(const int *)arg;
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  size_t bytes = 128 << 10;
+  float *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(buf != MAP_FAILED, "mmap: %s", strerror(errno));
+  if (kind == 0 && rank == 1)
+    CHECK(mprotect(buf, bytes, PROT_READ) == 0, "mprotect: %s", strerror(errno));
+  if (kind == 1 && rank == 0)
+    CHECK(mprotect((char *)buf + bytes / 2, bytes / 2, PROT_NONE) == 0, "mprotect: %s", strerror(errno));
+  dt_status st = dt_comm_broadcast(c, buf, bytes / sizeof(float), DT_F32, 0);
+  const char *e = dt_last_error();
+  CHECK(st != DT_OK, "broadcast into a bad buffer returned DT_OK");
+  if (kind == 0) /* both sides name rank 1's buffer (the root as the one it could not write) */
+    CHECK(strstr(e, rank == 1 ? "its own buffer is not writable" : "rank 1's buffer is not writable"),
+          "unexpected error: %s", e);
+  else if (rank == 1)
+    CHECK(strstr(e, "rank 0's buffer is not readable"), "unexpected error: %s", e);
+  else
+    CHECK(st == DT_ERR_ABORTED || strstr(e, "rank 0"), "unexpected error: %s", e);
+  dt_comm_destroy(c);
+  munmap(buf, bytes);
+  return 0;
+}
+
 /* arg: the rank made non-dumpable, or -1 for none. */
 static int nodump_body(int rank, int size, void *arg) {
   int which = *(const int *)arg;
@@ -144,7 +195,21 @@ int main(void) {
     fprintf(stderr, "FAIL: mismatched single-copy allreduces\n");
     bad++;
   }
-  const char *bads[] = {"0", "lots", "-5"};
+  setenv("DTRAIN_SHM_CHUNK", "4096", 1);
+  ran++;
+  if (mp_run(12, many_body, NULL, 120)) {
+    fprintf(stderr, "FAIL: 12 ranks with 4 KiB chunks\n");
+    bad++;
+  }
+  unsetenv("DTRAIN_SHM_CHUNK");
+  for (int kind = 0; kind < 2; kind++) {
+    ran++;
+    if (mp_run(2, badbuf_body, &kind, 60)) {
+      fprintf(stderr, "FAIL: bad buffer %d\n", kind);
+      bad++;
+    }
+  }
+  const char *bads[] = {"0", "lots", "-5", " -5"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {

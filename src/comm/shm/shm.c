@@ -1024,22 +1024,54 @@ static dt_status shm_allreduce_prelude(dt_transport *t, const uint8_t *in, uint8
 static bool shm_cma_use(dt_transport *t, size_t bytes) { return t->cma_min && bytes >= t->cma_min; }
 static size_t shm_single_copy(dt_transport *t) { return t->cma_min; }
 
+/* Whether [p, p + n) lies in mappings of this process that are readable (and writable). Only
+ * used to word an error, so reading /proc/self/maps is fine. */
+static bool shm_range_mapped(const void *p, size_t n, bool write) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f)
+    return true; /* cannot tell: do not blame our own buffer */
+  uintptr_t at = (uintptr_t)p, end = at + n;
+  unsigned long lo, hi;
+  char perm[8];
+  while (at < end && fscanf(f, "%lx-%lx %7s%*[^\n]", &lo, &hi, perm) == 3)
+    if (lo <= at && at < hi && perm[0] == 'r' && (!write || perm[1] == 'w'))
+      at = hi;
+  fclose(f);
+  return at >= end;
+}
+
 /* Copies `bytes` between `mine` and address `theirs` in rank r's process: from it (write false)
- * or into it (write true). */
+ * or into it (write true). One system call moves at most about 2 GiB (the kernel's MAX_RW_COUNT):
+ * the rest follows in further calls. */
 static dt_status shm_cma_move(dt_transport *t, int r, bool write, void *mine, uint64_t theirs, size_t bytes) {
   int pid = atomic_load_explicit(&t->ranks[r].pid, memory_order_relaxed);
-  struct iovec l = {mine, bytes}, rv = {(void *)(uintptr_t)theirs, bytes};
-  ssize_t got = write ? process_vm_writev(pid, &l, 1, &rv, 1, 0) : process_vm_readv(pid, &l, 1, &rv, 1, 0);
-  if (got == (ssize_t)bytes)
+  size_t done = 0;
+  ssize_t got = 0;
+  while (done < bytes) {
+    struct iovec l = {(uint8_t *)mine + done, bytes - done}, rv = {(void *)(uintptr_t)(theirs + done), bytes - done};
+    got = write ? process_vm_writev(pid, &l, 1, &rv, 1, 0) : process_vm_readv(pid, &l, 1, &rv, 1, 0);
+    if (got <= 0)
+      break;
+    done += (size_t)got;
+  }
+  if (done == bytes)
     return DT_OK;
-  int e = got < 0 ? errno : 0;
+  int e = got < 0 ? errno : EFAULT; /* a copy that stops short met an unmapped page */
   if (e == ESRCH)
     return shm_dead(t, r, pid);
-  char pn[64];
+  char pn[64], me[64];
   dt__comm_peer_name(t->c, r, pn, sizeof pn);
-  return dt_set_error(DT_ERR_SYSTEM, "%s %zu bytes %s %s (pid %d): %s (DTRAIN_SHM_CMA=off copies through shared memory)",
-                      write ? "process_vm_writev of" : "process_vm_readv of", bytes, write ? "to" : "from", pn, pid,
-                      e ? strerror(e) : "partial copy");
+  dt__comm_peer_name(t->c, t->rank, me, sizeof me);
+  if (e == EFAULT && !shm_range_mapped((uint8_t *)mine + done, bytes - done, !write))
+    return dt_set_error(DT_ERR_INVALID, "%s: its own buffer is not %s memory from byte %zu of the %zu this call moves "
+                        "there (a buffer shorter than the call's count?)", me, write ? "readable" : "writable", done, bytes);
+  if (e == EFAULT)
+    return dt_set_error(DT_ERR_INVALID, "%s: %s's buffer is not %s memory in its process from byte %zu of the %zu this "
+                        "call moves there (a buffer shorter than the call's count on %s?)", me, pn,
+                        write ? "writable" : "readable", done, bytes, pn);
+  return dt_set_error(DT_ERR_SYSTEM, "%s: %s %zu bytes %s %s (pid %d): %s (DTRAIN_SHM_CMA=off copies through shared "
+                      "memory instead)", me, write ? "process_vm_writev of" : "process_vm_readv of", bytes,
+                      write ? "to" : "from", pn, pid, strerror(e));
 }
 
 static dt_status shm_cma_begin(dt_transport *t, const void *in, void *out, const dt__fp *fp, int64_t deadline) {
@@ -1084,7 +1116,9 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
 static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
                                    dt_op op, const dt__fp *fp, int64_t deadline) {
   const size_t es = dt_dtype_size(dt), ce = t->h->chunk_bytes / es;
-  if (!t->cma_buf && !(t->cma_buf = dt__alloc(t->h->chunk_bytes)))
+  /* a slice is at most ceil(lines / n) whole lines of a chunk (shm_slice); n - 1 of them */
+  const size_t lines = t->h->chunk_bytes / SHM_LINE, most = (lines + (size_t)t->n - 1) / (size_t)t->n * SHM_LINE;
+  if (!t->cma_buf && !(t->cma_buf = dt__alloc((size_t)(t->n - 1) * most)))
     return DT_ERR_NOMEM;
   dt_status st = shm_cma_begin(t, in, out, fp, deadline);
   for (size_t k = 0; st == DT_OK && k * ce < count; k++) {
