@@ -97,6 +97,11 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out);
  * was declared failed: at most the communicator's timeout, or about one fault timeout after a
  * failure. Accepts NULL. */
 void dt_comm_destroy(dt_comm *c);
+/* Stops the job because of a failure on this rank that the other ranks cannot see (a file that
+ * could not be written, bad data): every rank's current or next call fails with DT_ERR_ABORTED,
+ * its message naming this rank and `reason`, instead of waiting for this rank until the deadline.
+ * Returns DT_ERR_ABORTED (with the job's verdict; the first failure raised wins). Not collective. */
+dt_status dt_comm_abort(dt_comm *c, const char *reason);
 
 int dt_comm_rank(const dt_comm *c);
 int dt_comm_size(const dt_comm *c);

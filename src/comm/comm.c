@@ -689,6 +689,17 @@ void dt_comm_destroy(dt_comm *c) {
   comm_free(c);
 }
 
+dt_status dt_comm_abort(dt_comm *c, const char *reason) {
+  if (!c)
+    return dt_set_error(DT_ERR_INVALID, "dt_comm_abort: the communicator is NULL");
+  if (dt__comm_aborted(c))
+    return dt__comm_abort_status(c);
+  dt_set_error(DT_ERR_ABORTED, "rank %d: %s", c->world_ranks ? c->world_ranks[c->rank] : c->rank,
+               reason && reason[0] ? reason : "aborted by the application");
+  dt__comm_fail(c, DT_ERR_STATE); /* any status but OK, ABORTED, PEER: publishes the message as the verdict */
+  return dt__comm_abort_status(c);
+}
+
 /* ---- split ---- */
 
 typedef struct comm_member {

@@ -114,6 +114,7 @@ typedef struct shm_hdr {
 /* One rank's record; each counter on its own line since different ranks poll them. */
 typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic int32_t pid;
+  _Atomic int32_t left; /* 1 once this rank destroyed its communicator: it publishes nothing more */
   alignas(SHM_LINE) _Atomic uint64_t in_seq;  /* allreduce chunks copied into staging */
   alignas(SHM_LINE) _Atomic uint64_t red_seq; /* allreduce chunks whose slice is reduced */
   alignas(SHM_LINE) _Atomic uint64_t out_seq; /* allreduce chunks copied out */
@@ -276,13 +277,20 @@ static void shm_unarm(dt_transport *t, shm_wait *w) {
 static dt_status shm_dead(dt_transport *t, int peer, int pid) {
   char pn[64];
   dt__comm_peer_name(t->c, peer, pn, sizeof pn);
+  if (atomic_load(&t->ranks[peer].left))
+    return dt_set_error(DT_ERR_PEER, "%s (pid %d) left: it destroyed its communicator without joining this call",
+                        pn, pid);
   return dt_set_error(DT_ERR_PEER, "%s (pid %d) exited or was killed", pn, pid);
 }
 
-/* Checks that a rank's process still exists (kill(pid, 0); a zombie counts as gone). */
+/* Checks that a rank's process still exists (kill(pid, 0); a zombie counts as gone) and has not
+ * destroyed its communicator (a process that fails for its own reasons, a full disk say, and
+ * destroys it lives on; the rank hosting the store even waits there for the others to leave). */
 static bool shm_alive(dt_transport *t, int peer, int *pid_out) {
   int pid = atomic_load_explicit(&t->ranks[peer].pid, memory_order_relaxed);
   *pid_out = pid;
+  if (atomic_load(&t->ranks[peer].left))
+    return false;
   if (pid <= 0)
     return true;
   if (kill(pid, 0) != 0 && errno == ESRCH)
@@ -481,6 +489,10 @@ static void shm_destroy(dt_transport *t) {
     if (left)
       DT_LOG_WARN("rank %d: %llu piece(s) of what rank %d sent were never received and are lost (a dt_comm_send "
                   "without its dt_comm_recv?)", t->rank, (unsigned long long)left, r);
+  }
+  if (t->base && t->ranks) {
+    atomic_store(&t->ranks[t->rank].left, 1);
+    shm_ring_bell(t); /* a rank asleep waiting for us looks again */
   }
   if (t->base)
     munmap(t->base, t->size);
