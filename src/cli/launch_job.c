@@ -106,6 +106,7 @@ static void job_child(const dt_job *job, int i, pid_t parent, int out_w, int err
     signal(stop_signals[k], SIG_DFL);
   signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE, SIG_DFL);
+  signal(SIGXFSZ, SIG_DFL); /* dtrain ignores it (main.c); the worker's program decides for itself */
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL); /* workers start with no signal blocked */

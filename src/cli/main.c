@@ -105,6 +105,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* Past a file-size limit (ulimit -f) a write then fails with EFBIG, which the command reports
+   * naming the file (and a checkpoint's temporary file is removed), instead of SIGXFSZ ending the
+   * process without a word and leaving the partial file behind. */
+  signal(SIGXFSZ, SIG_IGN);
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return finish(argc < 2 ? 2 : 0);

@@ -1343,9 +1343,10 @@ static int64_t job_world_size(void) {
   for (size_t i = 0; i < DT_ARRAY_LEN(conv); i++) {
     if (!dt__env_str(conv[i][0]))
       continue;
-    int64_t n = 1;
-    /* a malformed value goes to dt_comm_create, which reports it */
-    if (dt__env_int(conv[i][1], 2, &n) != DT_OK)
+    int64_t n = 1, r = 0;
+    /* a malformed or inconsistent value (a size below 1, a rank outside the size) goes to
+     * dt_comm_create, which reports it */
+    if (dt__env_int(conv[i][1], 2, &n) != DT_OK || dt__env_int(conv[i][0], 0, &r) != DT_OK || n < 1 || r != 0)
       return 2;
     return n;
   }

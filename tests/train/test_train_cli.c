@@ -106,6 +106,11 @@ static void group_usage(void) {
   /* settings from the environment are named as such, not blamed on a flag, nor ignored */
   expect_usage("DTRAIN_GEMM", tt_run(dir, 30, "env DTRAIN_GEMM=garbage %s train --data %s --max-steps 1", b, data),
                "DTRAIN_GEMM=\"garbage\": expected auto, own or blas");
+  /* a rank or world size that cannot be (it used to train alone, and rank 1 wrote no metrics) */
+  expect_usage("RANK=1 WORLD_SIZE=1", tt_run(dir, 30, "env RANK=1 WORLD_SIZE=1 %s train --data %s --max-steps 1", b, data),
+               "rank 1 is not below world size 1");
+  expect_usage("WORLD_SIZE=0", tt_run(dir, 30, "env RANK=0 WORLD_SIZE=0 %s train --data %s --max-steps 1", b, data),
+               "WORLD_SIZE=0 is out of range");
   {
     tt_result r = tt_run(dir, 30, "env DTRAIN_RUN_EVENTS=%s/nowhere/events %s run -n 1 -- true", dir, b);
     CHECK(r.code == 0 && strstr(r.err, "DTRAIN_RUN_EVENTS=") && strstr(r.err, "no events will be written"),
@@ -434,6 +439,16 @@ static void group_ckdir(void) {
   snprintf(p, sizeof p, "%s/o2/metrics.jsonl", dir);
   double l[16];
   CHECK(tt_metrics_losses(p, l, 16) == 0, "steps were trained before the directory was checked");
+  /* a file-size limit hit while writing a checkpoint: reported naming the file, the temporary
+   * file removed (SIGXFSZ used to end the process without a word and leave it) */
+  r = tt_run(dir, 120, "prlimit --fsize=8192 %s train --data %s %s --max-steps 10 --checkpoint-dir %s/ckf --out %s/of", b, data,
+             common, dir, dir);
+  CHECK(r.code == 1 && strstr(r.err, "ckpt-000000005.dtc") && strstr(r.err, "File too large"),
+        "file-size limit: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  r = tt_run(dir, 30, "ls -A %s/ckf", dir);
+  CHECK(r.code == 0 && !strstr(r.out, ".tmp"), "temporary file left: %s", r.out);
+  tt_result_free(&r);
   /* so is a directory where the model will be written, before any step rather than after all */
   snprintf(p, sizeof p, "%s/omodel", dir);
   CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);

@@ -565,7 +565,8 @@ static dt_status shm_alloc(const char *name, size_t size, void **out) {
     close(fd);
     shm_unlink(name);
     errno = e;
-    return dt__errno(DT_ERR_SYSTEM, "sizing shared memory %s to %zu bytes (is /dev/shm large enough?)", name, size);
+    return dt__errno(DT_ERR_SYSTEM, "sizing shared memory %s to %zu bytes (%s)", name, size,
+                     e == EFBIG ? "a file-size limit, ulimit -f?" : "is /dev/shm large enough?");
   }
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
