@@ -38,6 +38,7 @@
  * while the store moves (each agent tries each candidate once per window). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -89,6 +90,7 @@ typedef struct elastic {
   int grow_node;     /* >= 0: the running generation was stopped for this host to join */
   char claim[128];   /* agent/<me>'s value: "<addr> <pid> <nonce>", this agent and no other */
   bool duplicate;    /* refused: another live agent holds this node rank */
+  int64_t env_timeout_ms; /* DTRAIN_TIMEOUT_MS as the workers read it (300 s unset) */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -214,9 +216,7 @@ static void el_key(char *buf, size_t n, int gen, const char *what) { snprintf(bu
 static int64_t el_first_wait_ms(const elastic *e) {
   if (e->base->timeout_ms > 0)
     return e->base->timeout_ms;
-  const char *v = dt__env_str("DTRAIN_TIMEOUT_MS");
-  long long ms = v ? atoll(v) : 0;
-  return ms > 0 ? ms : 300000;
+  return e->env_timeout_ms;
 }
 
 /* Every 10 s of waiting (a quarter of a shorter wait, at least 1 s): one line saying for whom
@@ -602,6 +602,11 @@ int dt__run_elastic(dt_launch_opts *base) {
   e.store_lost_node = -1;
   int64_t fault_ms = base->fault_timeout_ms > 0 ? base->fault_timeout_ms : 10000;
   e.window_ms = fault_ms + base->kill_after_ms + 1000;
+  /* the workers refuse a bad value at start; the agent must not wait by a misread one first */
+  bool parsed = dt__env_int("DTRAIN_TIMEOUT_MS", 300000, &e.env_timeout_ms) == DT_OK;
+  if (!parsed || e.env_timeout_ms < 1 || e.env_timeout_ms > INT_MAX)
+    return dt_cli_usage_error("run", "DTRAIN_TIMEOUT_MS is the workers' deadline in milliseconds, 1..2147483647",
+                              "%s", parsed ? "DTRAIN_TIMEOUT_MS is out of range" : dt_last_error());
   if (dt__secret_load(NULL, e.secret, sizeof e.secret, &e.secret_len) != DT_OK)
     return dt_cli_fail("run", "job secret");
   if (el_local_addr(base->master_addr, base->master_port, e.my_addr, sizeof e.my_addr) != DT_OK)

@@ -356,6 +356,26 @@ static void test_env_secret_passthrough(void **state) {
   free(err);
 }
 
+/* The elastic agent reads DTRAIN_TIMEOUT_MS as the workers do: "5s" is not 5 ms, garbage is
+ * not 300 s; either is refused before anything starts. */
+static void test_elastic_bad_timeout(void **state) {
+  (void)state;
+  setenv("DTRAIN_JOB_SECRET", "00112233445566778899aabbccddeeff", 1);
+  const char *vals[] = {"5s", "abc", "0"};
+  for (int i = 0; i < 3; i++) {
+    setenv("DTRAIN_TIMEOUT_MS", vals[i], 1);
+    const char *args[] = {"run", "--nnodes", "2", "--node-rank", "0", "--master", "127.0.0.1:29557", "-n", "1",
+                          "--max-restarts", "1", "--", "true", NULL};
+    int rc = run_dtrain(30000, args);
+    unsetenv("DTRAIN_TIMEOUT_MS");
+    assert_int_equal(rc, 2);
+    char *err = slurp(pathf("err"));
+    assert_non_null(strstr(err, "DTRAIN_TIMEOUT_MS"));
+    free(err);
+  }
+  unsetenv("DTRAIN_JOB_SECRET");
+}
+
 static void test_env_multi_node(void **state) {
   /* Two agents of one job on this machine, as two hosts would run them. */
   setenv("DTRAIN_JOB_SECRET", "00112233445566778899aabbccddeeff", 1);
@@ -917,6 +937,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_env_port_held, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_env_secret_passthrough, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_env_multi_node, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_elastic_bad_timeout, setup_dir, teardown_dir),
   };
   const struct CMUnitTest output[] = {
       cmocka_unit_test_setup_teardown(test_output_prefix, setup_dir, teardown_dir),
