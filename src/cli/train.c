@@ -366,7 +366,8 @@ int dt_cli_train(int argc, char **argv) {
   dt_monitor_opts mo = {.metrics_path = rank == 0 ? metrics_path : NULL, .append = cfg.resume,
                         .progress = pm};
   if (dt_monitor_create(&mo, &mon) != DT_OK)
-    return dt_cli_fail(CMD, "metrics file");
+    return dt_cli_usage_error(CMD, "--out DIR takes this run's metrics.jsonl and model: a directory this run may write "
+                              "and no other run uses", "%s", dt_last_error());
   obs = dt_monitor_observer(mon);
 
   dt_train_summary s;

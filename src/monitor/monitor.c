@@ -3,9 +3,11 @@
  * does no I/O other than one formatted write per event. Deliberately no locking: the trainer
  * calls observers from one thread. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,7 +43,30 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
       dt__free(m);
       return rc;
     }
-    m->metrics = fopen(o.metrics_path, o.append ? "a" : "w");
+    /* Locked for as long as the run writes it, taken before the file is truncated: a second run
+     * with the same --out is refused at start instead of interleaving its records with ours. */
+    int fd = open(o.metrics_path, O_WRONLY | O_CREAT | O_CLOEXEC | (o.append ? O_APPEND : 0), 0644);
+    if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      int e = errno;
+      close(fd);
+      if (e == EWOULDBLOCK) {
+        dt__free(m);
+        return dt_set_error(DT_ERR_INVALID, "metrics file %s is being written by another run (give each run its own "
+                            "--out)", o.metrics_path);
+      }
+      errno = e;
+      fd = -1;
+    }
+    struct stat fst;
+    if (fd >= 0 && !o.append && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && ftruncate(fd, 0) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      fd = -1;
+    }
+    m->metrics = fd >= 0 ? fdopen(fd, o.append ? "a" : "w") : NULL;
+    if (fd >= 0 && !m->metrics)
+      close(fd);
     m->metrics_path = dt__strdup(o.metrics_path);
     if (!m->metrics || !m->metrics_path) {
       dt_status st = dt__errno(DT_ERR_IO, "opening metrics file %s", o.metrics_path);

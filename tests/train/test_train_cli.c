@@ -449,6 +449,25 @@ static void group_ckdir(void) {
   r = tt_run(dir, 30, "ls -A %s/ckf", dir);
   CHECK(r.code == 0 && !strstr(r.out, ".tmp"), "temporary file left: %s", r.out);
   tt_result_free(&r);
+  /* a second run with the same --out is refused at start (it used to interleave its metrics
+   * records with the first's, NUL bytes between them) */
+  {
+    char cmd[16384], pidf[1200], mf[1200];
+    snprintf(pidf, sizeof pidf, "%s/lk.pid", dir);
+    snprintf(mf, sizeof mf, "%s/lk/metrics.jsonl", dir);
+    snprintf(cmd, sizeof cmd, "timeout 120 %s train --data %s %s --epochs 1000000 --max-steps 100000000 --progress off "
+             "--checkpoint-dir %s/lkck --out %s/lk >/dev/null 2>&1 & echo $! > %s", b, data, common, dir, dir, pidf);
+    CHECK(system(cmd) == 0, "starting %s", cmd);
+    for (int i = 0; i < 200 && access(mf, F_OK) != 0; i++)
+      usleep(50000);
+    r = tt_run(dir, 60, "%s train --data %s --model '" TINY_MODEL "' --max-steps 1 --out %s/lk", b, data, dir);
+    snprintf(cmd, sizeof cmd, "kill $(cat %s)", pidf);
+    if (system(cmd) != 0)
+      fprintf(stderr, "could not stop the first run\n");
+    CHECK(r.code == 2 && strstr(r.err, "is being written by another run"), "same --out twice: exit %d: %s", r.code,
+          r.err);
+    tt_result_free(&r);
+  }
   /* so is a directory where the model will be written, before any step rather than after all */
   snprintf(p, sizeof p, "%s/omodel", dir);
   CHECK(mkdir(p, 0700) == 0, "mkdir %s", p);
