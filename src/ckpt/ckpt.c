@@ -480,7 +480,7 @@ static dt_status scan_dir(const char *dir, ck_file **files, size_t *n) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
         if (unlink(p) == 0)
-          DT_LOG_INFO("removed stray checkpoint temp file %s (writer pid %ld is gone)", p, pid);
+          DT_LOG_WARN("removed %s: a checkpoint write that never finished (its writer, pid %ld, is gone)", p, pid);
       }
     }
   }

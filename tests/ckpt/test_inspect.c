@@ -91,10 +91,23 @@ static void test_inspect(void **st) {
   char ck2[400];
   snprintf(ck2, sizeof ck2, "%s/ckpt-000000009.dtc", tmpdir);
   assert_int_equal(dt_ckpt_write(ck2, 9, secs, 2, meta, 2), DT_OK);
+  /* a write that never finished (its writer gone): said, and removed */
+  char stray[400];
+  pid_t gone = fork();
+  if (gone == 0)
+    _exit(0);
+  waitpid(gone, NULL, 0);
+  snprintf(stray, sizeof stray, "%s/.ckpt-000000011.dtc.tmp.%ld", tmpdir, (long)gone);
+  FILE *sf2 = fopen(stray, "w");
+  assert_non_null(sf2);
+  fputs("half a checkpoint", sf2);
+  fclose(sf2);
   snprintf(args, sizeof args, "'%s'", tmpdir);
   assert_int_equal(run(args), 0);
   expect_out("2 checkpoint files");
   expect_out("a resume would use step 9");
+  expect_out("a checkpoint write that never finished");
+  assert_int_not_equal(access(stray, F_OK), 0);
   /* The newest corrupted (torn): reported, and the resume falls back to step 7. */
   assert_int_equal(truncate(ck2, 100), 0);
   assert_int_equal(run(args), 1);
