@@ -247,12 +247,14 @@ static const dt_transport_ops *comm_find_transport(const char *name) {
 }
 
 /* Lists the ranks (of `size`, world ranks through map if non-NULL) whose key "<fmt % rank>"
- * is absent from the store, into buf: "2, 5", or "2, 5, ... and 37 more" when buf is full. */
-static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, char *buf, size_t n) {
+ * is absent from the store, into buf: "2, 5", or "2, 5, ... and 37 more" when buf is full.
+ * Looks for at most 2 s, and not past `by` (0: no such bound). */
+static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, char *buf, size_t n,
+                         int64_t by) {
   size_t used = 0;
   int more = 0, r;
   buf[0] = '\0';
-  int64_t dl = dt__deadline_after_ms(2000);
+  int64_t dl = by ? DT_MIN(by, dt__deadline_after_ms(2000)) : dt__deadline_after_ms(2000);
   for (r = 0; r < size && !dt__expired(dl); r++) {
     char key[128], tmp[8];
     size_t len = 0;
@@ -272,6 +274,8 @@ static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, 
   else if (more)
     snprintf(buf + used, n - used, " and %d more", more);
 }
+
+#define COMM_JOIN_SAY_MS 10000
 
 /* Waits for key while checking the job's health every COMM_POLL_MS. */
 static dt_status comm_wait_key(dt_comm *c, const char *key, void *buf, size_t cap, size_t *len, int64_t deadline) {
@@ -327,11 +331,25 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
     int r = i < 0 ? c->rank : i; /* our own record first, to compare the others with */
     size_t len = 0;
     snprintf(key, sizeof key, "%shost/%d", c->env.world_prefix, c->world_ranks[r]);
-    dt_status st = comm_wait_key(c, key, id, sizeof id - 1, &len, deadline);
+    dt_status st;
+    /* Rank 0 says every COMM_JOIN_SAY_MS (a quarter of a shorter timeout, at least 1 s) who has
+     * not joined yet, so a job whose other host never starts is not silent until the deadline. */
+    for (;;) {
+      int say_ms = DT_MIN(COMM_JOIN_SAY_MS, DT_MAX(1000, c->timeout_ms / 4));
+      int64_t say = c->rank == 0 ? DT_MIN(deadline, dt__deadline_after_ms(say_ms)) : deadline;
+      st = comm_wait_key(c, key, id, sizeof id - 1, &len, say);
+      if (st != DT_ERR_TIMEOUT || dt__expired(deadline))
+        break;
+      char fmt[64], miss[400];
+      snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
+      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss, deadline);
+      DT_LOG_WARN("rank 0: waiting for %s to join (world of %d, store %s:%d); giving up in %d s", miss, c->size,
+                  c->env.store_host, c->env.store_port, dt__ms_left(deadline) / 1000);
+    }
     if (st == DT_ERR_TIMEOUT) {
       char fmt[64], miss[400];
       snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
-      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss);
+      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss, 0);
       return dt_set_error(DT_ERR_TIMEOUT, "rank %d waited %d ms but these never joined: %s (world of %d; store %s:%d)", c->rank,
                           c->timeout_ms, miss, c->size, c->env.store_host, c->env.store_port);
     }
@@ -742,7 +760,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
     if (st == DT_ERR_TIMEOUT) {
       char fmt[128], miss[256];
       snprintf(fmt, sizeof fmt, "%ssplit/%llu/%%d", c->prefix, (unsigned long long)id);
-      comm_missing(c, fmt, NULL, c->size, miss, sizeof miss);
+      comm_missing(c, fmt, NULL, c->size, miss, sizeof miss, 0);
       st = dt_set_error(DT_ERR_TIMEOUT, "rank %d: split #%llu: waited %d ms but these never called split: %s", c->rank,
                         (unsigned long long)id, c->timeout_ms, miss);
       goto done;

@@ -4,12 +4,16 @@
  * serves the others); a second process with a running rank's number is refused without
  * disturbing the job; an absurd world size is refused at once, and a job missing most of its
  * ranks says how many it did not name. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cmocka.h>
@@ -155,6 +159,49 @@ static void test_world_size(void **unused) {
   assert_int_equal(dt_comm_create(NULL, &c), DT_ERR_INVALID);
   assert_true(dt_now_ns() - t0 < 1000000000LL);
   assert_non_null(strstr(dt_last_error(), "DTRAIN_WORLD_SIZE=10000000 is out of range 1..1048576"));
+
+  /* A rank that never comes: rank 0 says whom it waits for while it waits (every second with
+   * this short timeout), not only at the deadline. */
+  mp_set_env(0, 2, port, "life-late");
+  setenv("DTRAIN_TIMEOUT_MS", "2500", 1);
+  char logp[64];
+  snprintf(logp, sizeof logp, "/tmp/dtrain-life-log-%d", (int)getpid());
+  fflush(stderr);
+  int saved = dup(2), lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(saved >= 0 && lf >= 0);
+  dup2(lf, 2);
+  dt_status late = dt_comm_create(NULL, &c);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(lf);
+  assert_int_equal(late, DT_ERR_TIMEOUT);
+  FILE *lg = fopen(logp, "r");
+  assert_non_null(lg);
+  char said[4096];
+  size_t got = fread(said, 1, sizeof said - 1, lg);
+  said[got] = '\0';
+  fclose(lg);
+  unlink(logp);
+  if (!strstr(said, "rank 0: waiting for rank 1 to join (world of 2"))
+    fail_msg("no word while waiting: %s", said);
+  setenv("DTRAIN_TIMEOUT_MS", "1500", 1);
+
+  /* The store's port already listened on (two hosts both told to host the store, say): the
+   * error suggests why, not just "Address already in use". */
+  {
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t ll = sizeof la;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&la, sizeof la), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&la, &ll), 0);
+    mp_set_env(0, 2, ntohs(la.sin_port), "life-busy");
+    assert_int_not_equal(dt_comm_create(NULL, &c), DT_OK);
+    if (!strstr(dt_last_error(), "same --node-rank"))
+      fail_msg("port in use: %s", dt_last_error());
+    close(lfd);
+  }
 
   /* 99 missing ranks: the message names some and counts the rest. */
   mp_set_env(0, 100, port, "life-missing");
