@@ -1136,10 +1136,15 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
   for (;;) {
     rc = dt__sock_connect(host, port, said_at && said_at < deadline ? said_at : deadline, &st->fd);
     if (rc == DT_ERR_TIMEOUT && said_at && said_at < deadline && !dt__expired(deadline)) {
-      DT_LOG_WARN("rank %d: nothing answers at %s:%d yet (%d s); trying until the deadline, %d s from now (the "
-                  "store runs on the rank that hosts it, rank 0 unless DTRAIN_HOST_STORE says otherwise, or as "
-                  "`dtrain store`)",
-                  rank, host, port, STORE_QUIET_MS / 1000, dt__ms_left(deadline) / 1000);
+      if (silent)
+        DT_LOG_WARN("rank %d: something at %s:%d accepts connections but does not answer as a dtrain store (%d s; "
+                    "another program on this port?); trying until the deadline, %d s from now",
+                    rank, host, port, STORE_QUIET_MS / 1000, dt__ms_left(deadline) / 1000);
+      else
+        DT_LOG_WARN("rank %d: nothing answers at %s:%d yet (%d s); trying until the deadline, %d s from now (the "
+                    "store runs on the rank that hosts it, rank 0 unless DTRAIN_HOST_STORE says otherwise, or as "
+                    "`dtrain store`)",
+                    rank, host, port, STORE_QUIET_MS / 1000, dt__ms_left(deadline) / 1000);
       said_at = 0;
       continue;
     }
@@ -1161,8 +1166,9 @@ dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, s
     dt__sleep_ns(DT_MIN(20 * 1000000LL, (int64_t)dt__ms_left(deadline) * 1000000LL));
   }
   if (rc && silent)
-    dt_set_error(rc, "something at %s:%d accepted the connection but did not answer the dtrain handshake within %d ms "
-                 "(%d attempt%s; not a dtrain store?)", host, port, hs_ms, silent, silent == 1 ? "" : "s");
+    dt_set_error(rc, "something at %s:%d accepted the connection but did not answer the dtrain handshake (%d "
+                 "attempt%s of up to %d ms each, until the deadline; not a dtrain store?)", host, port, silent,
+                 silent == 1 ? "" : "s", hs_ms);
   if (rc) {
     dt__error_prefix(rc, "rank %d: connecting to %s", rank, st->what);
     if (st->fd >= 0)

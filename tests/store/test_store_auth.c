@@ -303,8 +303,8 @@ static void test_silent_listener(void **unused) {
   unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
   assert_int_equal(st, DT_ERR_TIMEOUT);
   assert_null(c);
-  assert_non_null(strstr(dt_last_error(), "accepted the connection but did not answer the dtrain handshake within 300 ms"));
-  assert_non_null(strstr(dt_last_error(), "attempts; not a dtrain store?"));
+  assert_non_null(strstr(dt_last_error(), "accepted the connection but did not answer the dtrain handshake"));
+  assert_non_null(strstr(dt_last_error(), "attempts of up to 300 ms each, until the deadline; not a dtrain store?"));
   assert_true(ms >= 1400 && ms < 2500);
   close(lfd);
 }

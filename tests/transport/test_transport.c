@@ -626,7 +626,7 @@ static int case_silent(int rank, int size, void *arg) {
     snprintf(key, sizeof key, "connecting to rank 0 at 127.0.0.1:%d: ", lport);
     CHECK(rc == DT_ERR_TIMEOUT, "status %s", dt_strerror(rc));
     CHECK(strstr(msg, key), "message does not name rank 0 and its address (%s): %s", key, msg);
-    CHECK(strstr(msg, "accepted the connection but did not answer the dtrain handshake within 300 ms"), "message: %s",
+    CHECK(strstr(msg, "accepted the connection but did not answer the dtrain handshake"), "message: %s",
           msg);
     CHECK(ms >= 2900 && ms < 5000, "took %lld ms, the deadline is 3000", (long long)ms);
   }
