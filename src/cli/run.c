@@ -621,6 +621,11 @@ int dt_cli_run(int argc, char **argv) {
   if (faults[0] && dt_fault_validate(faults, o.nnodes * o.nproc) != DT_OK)
     return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "--inject-fault: %s",
                               dt_last_error());
+  /* the same check for a plan given in the environment (a rank=R beyond the world never fires) */
+  const char *env_faults = dt__env_str("DTRAIN_FAULTS");
+  if (!faults[0] && env_faults && dt_fault_validate(env_faults, o.nnodes * o.nproc) != DT_OK)
+    return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "DTRAIN_FAULTS: %s",
+                              dt_last_error());
   if (faults[0])
     setenv("DTRAIN_FAULTS", faults, 1);
   if (o.fault_timeout_ms > 0) {

@@ -191,6 +191,17 @@ static void test_parse_run_refuses_bad_spec(void **state) {
   char *err = slurp(pathf("%s/err", dir));
   assert_non_null(strstr(err, "rank=2 must be 'any' or 0..1"));
   free(err);
+  /* the same plan in the environment: refused too (it used to be accepted and never fire) */
+  const char *argv2[] = {bin, "run", "-n", "2", "--", "/bin/true", NULL};
+  const char *env2[] = {"DTRAIN_FAULTS=kill:rank=9,step=1", NULL};
+  p = spawn(argv2, env2, pathf("%s/out", dir), pathf("%s/err", dir));
+  st = wait_bounded(p, 10000);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 2);
+  err = slurp(pathf("%s/err", dir));
+  assert_non_null(strstr(err, "DTRAIN_FAULTS"));
+  assert_non_null(strstr(err, "rank=9 must be 'any' or 0..1"));
+  free(err);
 }
 
 /* ---------------------------------------------------------------- direct */
