@@ -24,21 +24,26 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static dt_comm *join(int rank) {
+/* Joins with a 60 s timeout, allocates the BIG buffer and runs one allreduce on it; NULL (with
+ * the reason on stderr) if any of it fails. */
+static dt_comm *start(int rank, float **a) {
   dt_comm *c = sw_join(rank);
+  *a = c ? calloc(BIG, sizeof **a) : NULL;
   if (c)
     dt_comm_set_timeout(c, 60000);
+  if (!c || !*a || dt_comm_allreduce(c, DT_IN_PLACE, *a, BIG, DT_F32, DT_SUM) != DT_OK) {
+    fprintf(stderr, "rank %d: setting up: %s\n", rank, c && *a ? dt_last_error() : "create or calloc failed");
+    return NULL;
+  }
   return c;
 }
 
 static int abort_body(int rank, int size, void *arg) {
   (void)size;
   (void)arg;
-  dt_comm *c = join(rank);
-  CHECK(c, "create: %s", dt_last_error());
-  float *a = calloc(BIG, sizeof *a);
-  CHECK(a, "out of memory");
-  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, a, BIG, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+  float *a;
+  dt_comm *c = start(rank, &a);
+  CHECK(c, "setting up failed");
   double t0 = now_s();
   if (rank == 1) {
     usleep(200000);
@@ -65,11 +70,9 @@ static int abort_body(int rank, int size, void *arg) {
 static int leave_body(int rank, int size, void *arg) {
   (void)size;
   int leaver = *(const int *)arg;
-  dt_comm *c = join(rank);
-  CHECK(c, "create: %s", dt_last_error());
-  float *a = calloc(BIG, sizeof *a);
-  CHECK(a, "out of memory");
-  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, a, BIG, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+  float *a;
+  dt_comm *c = start(rank, &a);
+  CHECK(c, "setting up failed");
   double t0 = now_s();
   if (rank == leaver) {
     usleep(200000);
