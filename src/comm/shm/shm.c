@@ -17,7 +17,8 @@
  *
  * From SHM_DEFAULT_CMA bytes the allreduce, allgather and broadcast copy once, straight between
  * the ranks' own buffers (process_vm_readv/writev, "cross-memory attach"), instead of through the
- * staging buffers, when rank 0 found at setup that it may (same user, no ptrace restriction). */
+ * staging buffers, when rank 0 found at setup that it may (same user, no ptrace restriction) and
+ * that it is fast here (shm_cma_fast). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
