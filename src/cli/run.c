@@ -618,14 +618,12 @@ int dt_cli_run(int argc, char **argv) {
     return dt_cli_usage_error("run", "use --min-nodes <= --nnodes <= --max-nodes",
                               "--min-nodes %d / --max-nodes %d do not bracket --nnodes %d", o.min_nodes,
                               o.max_nodes, o.nnodes);
-  if (faults[0] && dt_fault_validate(faults, o.nnodes * o.nproc) != DT_OK)
-    return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "--inject-fault: %s",
-                              dt_last_error());
-  /* the same check for a plan given in the environment (a rank=R beyond the world never fires) */
-  const char *env_faults = dt__env_str("DTRAIN_FAULTS");
-  if (!faults[0] && env_faults && dt_fault_validate(env_faults, o.nnodes * o.nproc) != DT_OK)
-    return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "DTRAIN_FAULTS: %s",
-                              dt_last_error());
+  /* the plan of --inject-fault, else one given in the environment (a rank=R beyond the world
+   * would never fire) */
+  const char *plan = faults[0] ? faults : dt__env_str("DTRAIN_FAULTS");
+  if (plan && dt_fault_validate(plan, o.nnodes * o.nproc) != DT_OK)
+    return dt_cli_usage_error("run", "see 'dtrain run --help' and include/dtrain/fault.h", "%s: %s",
+                              faults[0] ? "--inject-fault" : "DTRAIN_FAULTS", dt_last_error());
   if (faults[0])
     setenv("DTRAIN_FAULTS", faults, 1);
   if (o.fault_timeout_ms > 0) {

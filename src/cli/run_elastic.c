@@ -603,10 +603,9 @@ int dt__run_elastic(dt_launch_opts *base) {
   int64_t fault_ms = base->fault_timeout_ms > 0 ? base->fault_timeout_ms : 10000;
   e.window_ms = fault_ms + base->kill_after_ms + 1000;
   /* the workers refuse a bad value at start; the agent must not wait by a misread one first */
-  bool parsed = dt__env_int("DTRAIN_TIMEOUT_MS", 300000, &e.env_timeout_ms) == DT_OK;
-  if (!parsed || e.env_timeout_ms < 1 || e.env_timeout_ms > INT_MAX)
-    return dt_cli_usage_error("run", "DTRAIN_TIMEOUT_MS is the workers' deadline in milliseconds, 1..2147483647",
-                              "%s", parsed ? "DTRAIN_TIMEOUT_MS is out of range" : dt_last_error());
+  if (dt__env_int_range("DTRAIN_TIMEOUT_MS", 300000, 1, INT_MAX, &e.env_timeout_ms) != DT_OK)
+    return dt_cli_usage_error("run", "DTRAIN_TIMEOUT_MS is the workers' deadline in milliseconds", "%s",
+                              dt_last_error());
   if (dt__secret_load(NULL, e.secret, sizeof e.secret, &e.secret_len) != DT_OK)
     return dt_cli_fail("run", "job secret");
   if (el_local_addr(base->master_addr, base->master_port, e.my_addr, sizeof e.my_addr) != DT_OK)

@@ -277,6 +277,13 @@ static void comm_missing(dt_comm *c, const char *fmt, const int *map, int size, 
 
 #define COMM_JOIN_SAY_MS 10000
 
+/* The members whose host record is not in the store yet (comm_missing). */
+static void comm_missing_hosts(dt_comm *c, char *buf, size_t n, int64_t by) {
+  char fmt[64];
+  snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
+  comm_missing(c, fmt, c->world_ranks, c->size, buf, n, by);
+}
+
 /* Waits for key while checking the job's health every COMM_POLL_MS. */
 static dt_status comm_wait_key(dt_comm *c, const char *key, void *buf, size_t cap, size_t *len, int64_t deadline) {
   for (;;) {
@@ -340,16 +347,14 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
       st = comm_wait_key(c, key, id, sizeof id - 1, &len, say);
       if (st != DT_ERR_TIMEOUT || dt__expired(deadline))
         break;
-      char fmt[64], miss[400];
-      snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
-      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss, deadline);
+      char miss[400];
+      comm_missing_hosts(c, miss, sizeof miss, deadline);
       DT_LOG_WARN("rank 0: waiting for %s to join (world of %d, store %s:%d); giving up in %d s", miss, c->size,
                   c->env.store_host, c->env.store_port, dt__ms_left(deadline) / 1000);
     }
     if (st == DT_ERR_TIMEOUT) {
-      char fmt[64], miss[400];
-      snprintf(fmt, sizeof fmt, "%shost/%%d", c->env.world_prefix);
-      comm_missing(c, fmt, c->world_ranks, c->size, miss, sizeof miss, 0);
+      char miss[400];
+      comm_missing_hosts(c, miss, sizeof miss, 0);
       return dt_set_error(DT_ERR_TIMEOUT, "rank %d waited %d ms but these never joined: %s (world of %d; store %s:%d)", c->rank,
                           c->timeout_ms, miss, c->size, c->env.store_host, c->env.store_port);
     }

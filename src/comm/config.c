@@ -37,13 +37,7 @@ static const cfg_convention cfg_conventions[] = {
 /* An integer variable in [lo, hi]; unset leaves *out = def. */
 static dt_status cfg_int(const char *name, int def, int lo, int hi, int *out) {
   int64_t v;
-  DT_CHECK(dt__env_int(name, def, &v));
-  if (!dt__env_str(name)) {
-    *out = def;
-    return DT_OK;
-  }
-  if (v < lo || v > hi)
-    return dt_set_error(DT_ERR_INVALID, "%s=%s is out of range %d..%d", name, dt__env_str(name), lo, hi);
+  DT_CHECK(dt__env_int_range(name, def, lo, hi, &v));
   *out = (int)v;
   return DT_OK;
 }

@@ -1002,7 +1002,7 @@ dt_status dt__store_server_start(const char *addr, int port, const uint8_t *secr
   int bound;
   st = dt__sock_listen(addr, port, &s->lfd, &bound);
   if (st) {
-    if (strstr(dt_last_error(), strerror(EADDRINUSE))) /* usually two hosts both told to host the store */
+    if (errno == EADDRINUSE) /* usually two hosts both told to host the store */
       st = dt_set_error(st, "store server: %s (is another job's store or another agent with the same --node-rank, or "
                         "a rank 0 of another job, using this port?)", dt_last_error());
     else

@@ -226,16 +226,19 @@ dt_status dt__sock_listen(const char *addr, int port, int *fd_out, int *port_out
   struct addrinfo *res;
   DT_CHECK(wire_resolve(addr, port, 1, &res));
   dt_status st = DT_ERR_SYSTEM;
+  int err = 0; /* errno of the last failure, left in errno on return */
   /* With addr NULL getaddrinfo lists the IPv4 wildcard first on Linux; take the first that binds. */
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
+      err = errno;
       st = dt__errno(DT_ERR_SYSTEM, "socket");
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+      err = errno;
       st = dt__errno(DT_ERR_SYSTEM, "listen on %s:%d", addr ? addr : "*", port);
       close(fd);
       continue;
@@ -250,6 +253,8 @@ dt_status dt__sock_listen(const char *addr, int port, int *fd_out, int *port_out
     break;
   }
   freeaddrinfo(res);
+  if (st != DT_OK)
+    errno = err;
   return st;
 }
 

@@ -89,7 +89,8 @@ void dt__sock_tune(int fd, int bufsize);
  * returned socket is nonblocking (the read/write helpers above poll) and tuned. */
 dt_status dt__sock_connect(const char *host, int port, int64_t deadline, int *fd_out);
 /* Listen on addr:port (port 0 = ephemeral; addr NULL = all interfaces); returns fd and port.
- * The listening socket is nonblocking and close-on-exec: accept after poll(2). */
+ * The listening socket is nonblocking and close-on-exec: accept after poll(2). When a socket,
+ * bind or listen failed, errno is left as the last of them set it (EADDRINUSE: port taken). */
 dt_status dt__sock_listen(const char *addr, int port, int *fd_out, int *port_out);
 
 /* Job secret: from cfg_secret if non-NULL, else DTRAIN_JOB_SECRET, else the file named by

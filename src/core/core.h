@@ -40,6 +40,8 @@ void dt__sleep_ns(int64_t ns);
 /* Environment knobs. Return def when unset; a malformed value is a DT_ERR_INVALID naming it. */
 const char *dt__env_str(const char *name);              /* NULL if unset or empty */
 dt_status dt__env_int(const char *name, int64_t def, int64_t *out);
+/* dt__env_int, and a value outside lo..hi is DT_ERR_INVALID "NAME=V is out of range lo..hi". */
+dt_status dt__env_int_range(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
 /* Sizes accept suffixes K, M, G (powers of 1024): "4M". */
 dt_status dt__parse_size(const char *s, uint64_t *out);
 dt_status dt__env_size(const char *name, uint64_t def, uint64_t *out);

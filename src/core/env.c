@@ -25,6 +25,14 @@ dt_status dt__env_int(const char *name, int64_t def, int64_t *out) {
   return DT_OK;
 }
 
+dt_status dt__env_int_range(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+  DT_CHECK(dt__env_int(name, def, out));
+  if (dt__env_str(name) && (*out < lo || *out > hi))
+    return dt_set_error(DT_ERR_INVALID, "%s=%s is out of range %lld..%lld", name, dt__env_str(name), (long long)lo,
+                        (long long)hi);
+  return DT_OK;
+}
+
 dt_status dt__parse_size(const char *s, uint64_t *out) {
   char *end;
   errno = 0;

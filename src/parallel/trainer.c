@@ -1408,15 +1408,15 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   }
   rc = train(&t, sum);
   if (rc != DT_OK && t.world > 1) {
-    dt__error_prefix(rc, "rank %d", t.rank);
     /* A failure only this rank saw (a checkpoint that could not be written): stop the others now,
      * with this message, instead of leaving them to wait for us until the deadline. */
     if (!dt__comm_aborted(t.comm)) {
       char msg[1024];
       snprintf(msg, sizeof msg, "%s", dt__comm_skip_self(t.comm, dt_last_error()));
-      dt_comm_abort(t.comm, msg);
-      dt_set_error(rc, "rank %d: %s", t.rank, msg);
+      dt_comm_abort(t.comm, msg); /* sets its own message */
+      dt_set_error(rc, "%s", msg);
     }
+    dt__error_prefix(rc, "rank %d", t.rank);
   }
   dt_loader_destroy(t.loader);
   dt_loader_destroy(t.eval_loader);

@@ -5,7 +5,7 @@
  *     a half-written result);
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
- *   - a bad DTRAIN_SHM_CMA: dt_comm_create fails naming the variable;
+ *   - a bad DTRAIN_SHM_CMA (or waiting knob): dt_comm_create fails naming the variable;
  *   - 12 ranks with 4 KiB chunks (slices of 6 lines from 11 peers: more than one chunk's worth);
  *   - a buffer that is not writable, or shorter than the call's count: an error naming the rank
  *     whose buffer it is (not a crash, not the peer blamed);
@@ -90,17 +90,21 @@ static int mismatch_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* arg: "NAME=VALUE", set on every rank. */
 static int bad_env_body(int rank, int size, void *arg) {
   (void)size;
-  setenv("DTRAIN_SHM_CMA", arg, 1);
+  char name[64];
+  const char *eq = strchr(arg, '=');
+  snprintf(name, sizeof name, "%.*s", (int)(eq - (const char *)arg), (const char *)arg);
+  setenv(name, eq + 1, 1);
   dt_comm *c = NULL;
   dt_status st = dt_comm_create(NULL, &c);
-  if (rank > 0) { /* only rank 0 reads it (it sets the segment up); the others see rank 0 fail */
+  if (rank > 0) { /* DTRAIN_SHM_CMA: only rank 0 reads it (it sets the segment up); the others see it fail */
     CHECK(st != DT_OK, "create succeeded although rank 0's failed");
     return 0;
   }
-  CHECK(st == DT_ERR_INVALID, "DTRAIN_SHM_CMA=%s: create returned %s", (const char *)arg, dt_strerror(st));
-  CHECK(strstr(dt_last_error(), "DTRAIN_SHM_CMA"), "the error does not name DTRAIN_SHM_CMA: %s", dt_last_error());
+  CHECK(st == DT_ERR_INVALID, "%s: create returned %s", (const char *)arg, dt_strerror(st));
+  CHECK(strstr(dt_last_error(), name), "the error does not name %s: %s", name, dt_last_error());
   return 0;
 }
 
@@ -209,11 +213,13 @@ int main(void) {
       bad++;
     }
   }
-  const char *bads[] = {"0", "lots", "-5", " -5"};
+  /* (the waiting knobs used to be clamped silently) */
+  const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
+                        "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {
-      fprintf(stderr, "FAIL: DTRAIN_SHM_CMA=%s\n", bads[i]);
+      fprintf(stderr, "FAIL: %s\n", bads[i]);
       bad++;
     }
   }

@@ -449,6 +449,20 @@ static void group_ckdir(void) {
   r = tt_run(dir, 30, "ls -A %s/ckf", dir);
   CHECK(r.code == 0 && !strstr(r.out, ".tmp"), "temporary file left: %s", r.out);
   tt_result_free(&r);
+  /* the same with two workers: the other rank stops at once with rank 0's reason (dt_comm_abort),
+   * not a bare "closed the connection" or, on shm, a wait for the deadline */
+  r = tt_run(dir, 120, "env DTRAIN_TRANSPORT=tcp prlimit --fsize=8192 %s run -n 2 -- %s train --data %s %s --max-steps 10 "
+             "--progress off --checkpoint-dir %s/ckf2 --out %s/of2", b, b, data, common, dir, dir);
+  CHECK(r.code == 1 && strstr(r.err, "[rank 1] dtrain train: training failed: rank 1:") &&
+            strstr(r.err, "job failed: rank 0: ") && strstr(r.err, "ckpt-000000005.dtc: write at offset 8192: File too large"),
+        "file-size limit, 2 workers: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  /* on shm the limit already stops the shared memory from being sized, and says so */
+  r = tt_run(dir, 120, "prlimit --fsize=65536 %s run -n 2 -- %s train --data %s %s --max-steps 10 --progress off "
+             "--checkpoint-dir %s/ckf3 --out %s/of3", b, b, data, common, dir, dir);
+  CHECK(r.code == 1 && strstr(r.err, "a file-size limit, ulimit -f?"), "file-size limit, shm: exit %d: %s", r.code,
+        r.err);
+  tt_result_free(&r);
   /* a second run with the same --out is refused at start (it used to interleave its metrics
    * records with the first's, NUL bytes between them) */
   {

@@ -590,11 +590,13 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   uint64_t flat;
   DT_CHECK(shm_env_size("DTRAIN_SHM_FLAT", SHM_DEFAULT_FLAT, 64, 16u << 20, &flat));
   const char *ce = dt__env_str("DTRAIN_SHM_CMA");
-  uint64_t cma = 0;
-  if (!(ce && !strcmp(ce, "off")))
+  uint64_t cma = 0; /* stays 0 ("never") for off */
+  if (!(ce && !strcmp(ce, "off"))) {
     DT_CHECK(dt__env_size("DTRAIN_SHM_CMA", SHM_DEFAULT_CMA, &cma));
-  if (!(ce && !strcmp(ce, "off")) && cma == 0)
-    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) or off");
+    if (cma == 0)
+      return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
+                          "or off");
+  }
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
    * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
@@ -671,46 +673,47 @@ static bool shm_cma_probe(int r, int pid, uint64_t addr) {
 
 /* Rank 0: rank r's answer in its shm/mapped key, "<pid> <header address> <1 if it could read
  * rank 0's memory>", and whether rank 0 can read rank r's. */
-static bool shm_cma_answer(int r, const char *val, int *pid_out, uint64_t *addr_out) {
+static bool shm_cma_answer(int r, const char *val) {
   int pid = 0, ok = 0;
   unsigned long long addr = 0;
   if (sscanf(val, "%d %llx %d", &pid, &addr, &ok) != 3)
     return false;
   if (!ok)
     DT_LOG_INFO("shared memory: collectives copy through staging buffers: rank %d may not read rank 0's memory", r);
-  *pid_out = pid;
-  *addr_out = addr;
   return ok && shm_cma_probe(r, pid, addr);
 }
 
-/* Rank 0: whether single copies are fast here. Reading another process's memory pins its pages
- * one by one; on this project's Xeon guest that runs at 10-13 GB/s for half a megabyte, but an
+/* Rank 0: whether single copies are fast here. process_vm_readv pins the pages it copies one by
+ * one; on this project's Xeon guest it moves about 12 GB/s for a quarter megabyte in cache, but an
  * earlier AMD EPYC guest moved only 0.6 GB/s this way (against 4 GB/s for memcpy), where the
- * staged paths' two copies win. So rank 0 times reading rank 1's view of its staging buffers
- * (the best of three, after one read that maps them) and keeps single copies from SHM_CMA_MIN_GBS
- * (about 0.1 ms here; not when DTRAIN_SHM_CMA asks for them). */
+ * staged paths' two copies win. So rank 0 times three such reads of a buffer of its own (the same
+ * pinning as from another process, without first faulting in pages nobody touched) and keeps
+ * single copies from SHM_CMA_MIN_GBS for the best (not when DTRAIN_SHM_CMA asks for them). The
+ * rate and the time the probe took are logged at debug level. */
 #define SHM_CMA_MIN_GBS 2.0
-static bool shm_cma_fast(dt_transport *t, int pid, uint64_t addr) {
-  size_t bytes = DT_MIN((size_t)t->h->chunk_bytes * 2, (size_t)1 << 20);
-  uint8_t *buf = dt__alloc(bytes);
+#define SHM_CMA_PROBE_BYTES (256u << 10)
+static bool shm_cma_fast(void) {
+  uint8_t *buf = dt__alloc(2 * SHM_CMA_PROBE_BYTES);
   if (!buf)
     return false;
-  int64_t best = INT64_MAX;
-  for (int i = 0; i < 4; i++) {
-    struct iovec l = {buf, bytes}, rv = {(void *)(uintptr_t)(addr + t->h->off_stage), bytes};
+  memset(buf, 1, 2 * SHM_CMA_PROBE_BYTES);
+  int64_t best = INT64_MAX, t_all = dt_now_ns();
+  for (int i = 0; i < 3; i++) {
+    struct iovec l = {buf + SHM_CMA_PROBE_BYTES, SHM_CMA_PROBE_BYTES}, rv = {buf, SHM_CMA_PROBE_BYTES};
     int64_t t0 = dt_now_ns();
-    if (process_vm_readv(pid, &l, 1, &rv, 1, 0) != (ssize_t)bytes) {
+    if (process_vm_readv(getpid(), &l, 1, &rv, 1, 0) != (ssize_t)SHM_CMA_PROBE_BYTES) {
       best = INT64_MAX;
       break;
     }
-    if (i > 0)
-      best = DT_MIN(best, dt_now_ns() - t0);
+    best = DT_MIN(best, dt_now_ns() - t0);
   }
   dt__free(buf);
-  double gbs = best == INT64_MAX ? 0 : (double)bytes / (double)DT_MAX(best, 1);
+  double gbs = best == INT64_MAX ? 0 : (double)SHM_CMA_PROBE_BYTES / (double)DT_MAX(best, 1);
+  DT_LOG_DEBUG("shared memory: process_vm_readv moves %.2f GB/s here (%u bytes; the probe took %.0f us)", gbs,
+               SHM_CMA_PROBE_BYTES, (double)(dt_now_ns() - t_all) / 1e3);
   if (gbs < SHM_CMA_MIN_GBS)
-    DT_LOG_INFO("shared memory: collectives copy through staging buffers: reading another process's memory moves "
-                "%.2f GB/s here (single copies need %.1f)", gbs, SHM_CMA_MIN_GBS);
+    DT_LOG_INFO("shared memory: collectives copy through staging buffers: process_vm_readv moves %.2f GB/s here "
+                "(single copies need %.1f)", gbs, SHM_CMA_MIN_GBS);
   return gbs >= SHM_CMA_MIN_GBS;
 }
 
@@ -749,14 +752,16 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
   int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
   t->oversubscribed = ncpu > 0 && on_host > ncpu;
-  int64_t spin_us, yield_us;
-  if (dt__env_int("DTRAIN_SHM_SPIN_US", (t->oversubscribed ? SHM_SPIN_OVER_NS : SHM_SPIN_NS) / 1000, &spin_us) != DT_OK ||
-      dt__env_int("DTRAIN_SHM_YIELD_US", (t->oversubscribed ? SHM_YIELD_OVER_NS : SHM_YIELD_NS) / 1000, &yield_us) != DT_OK) {
+  int64_t spin_us, yield_us; /* up to 10 s each */
+  if (dt__env_int_range("DTRAIN_SHM_SPIN_US", (t->oversubscribed ? SHM_SPIN_OVER_NS : SHM_SPIN_NS) / 1000, 0, 10000000,
+                        &spin_us) != DT_OK ||
+      dt__env_int_range("DTRAIN_SHM_YIELD_US", (t->oversubscribed ? SHM_YIELD_OVER_NS : SHM_YIELD_NS) / 1000, 0,
+                        10000000, &yield_us) != DT_OK) {
     shm_destroy(t);
     return DT_ERR_INVALID;
   }
-  t->spin_ns = DT_MIN(DT_MAX(spin_us, 0), 10000000) * 1000;
-  t->yield_ns = DT_MIN(DT_MAX(yield_us, 0), 10000000) * 1000;
+  t->spin_ns = spin_us * 1000;
+  t->yield_ns = yield_us * 1000;
   if (t->n == 1) {
     *out = t;
     return DT_OK;
@@ -803,12 +808,10 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
         goto fail_unlink;
       }
       v[len] = '\0';
-      int pid = 0;
-      uint64_t addr = 0;
-      cma = cma && shm_cma_answer(r, v, &pid, &addr);
-      if (cma && r == 1 && !dt__env_str("DTRAIN_SHM_CMA")) /* asked for: used whatever the rate */
-        cma = shm_cma_fast(t, pid, addr);
+      cma = cma && shm_cma_answer(r, v);
     }
+    if (cma && !dt__env_str("DTRAIN_SHM_CMA")) /* asked for: used whatever the rate */
+      cma = shm_cma_fast();
     shm_unlink(name);
     atomic_store(&t->h->cma, cma ? 1u : 2u);
   } else {
