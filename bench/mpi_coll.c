@@ -16,13 +16,17 @@
  * is left to the command line (--mca ...), as a user would do.
  *
  * Usage: mpirun -np N mpi_coll --coll allreduce --sizes 4,16,1048576 [--iters I] [--warmup W]
- *   (sizes in bytes; a size that is not a whole number of f32 elements per rank is skipped) */
+ *          [--hugepages]
+ *   (sizes in bytes; a size that is not a whole number of f32 elements per rank is skipped;
+ *   --hugepages: the buffers 2 MiB aligned and advised onto transparent huge pages before first
+ *   use, as `dtrain bench --hugepages` allocates its own) */
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
 
@@ -102,13 +106,24 @@ static long long check(int coll, int rank, int n, const float *recv, size_t coun
   return wrong;
 }
 
+/* 64-byte aligned, or with `huge` 2 MiB aligned, whole huge pages and advised onto them. */
+static void *alloc_buf(size_t n, int huge) {
+  const size_t h = 2u << 20;
+  void *p = NULL;
+  if (posix_memalign(&p, huge ? h : 64, huge ? (n + h - 1) / h * h : n))
+    return NULL;
+  if (huge)
+    (void)madvise(p, (n + h - 1) / h * h, MADV_HUGEPAGE);
+  return p;
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
 
-  int coll = -1, iters = 20, warmup = -1;
+  int coll = -1, iters = 20, warmup = -1, huge = 0;
   const char *sizes_arg = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--coll") && i + 1 < argc) {
@@ -124,9 +139,11 @@ int main(int argc, char **argv) {
       iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
       warmup = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--hugepages"))
+      huge = 1;
     else
       return die("usage: mpi_coll --coll allreduce|allgather|reduce_scatter|broadcast --sizes B1,B2,... "
-                 "[--iters I] [--warmup W]");
+                 "[--iters I] [--warmup W] [--hugepages]");
   }
   if (coll < 0)
     return die("--coll must be allreduce, allgather, reduce_scatter or broadcast");
@@ -155,8 +172,7 @@ int main(int argc, char **argv) {
    * timed (Open MPI's own temporaries are its business and are timed, as a user sees them). */
   size_t elems = max_bytes / sizeof(float) + 16;
   float *send = NULL, *recv = NULL;
-  if (posix_memalign((void **)&send, 64, elems * sizeof(float)) ||
-      posix_memalign((void **)&recv, 64, elems * sizeof(float)))
+  if (!(send = alloc_buf(elems * sizeof(float), huge)) || !(recv = alloc_buf(elems * sizeof(float), huge)))
     return die("cannot allocate the buffers");
   memset(send, 0, elems * sizeof(float));
   memset(recv, 0, elems * sizeof(float));

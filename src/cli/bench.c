@@ -23,6 +23,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <limits.h>
 #include <math.h>
@@ -38,7 +39,7 @@
 #include "core/core.h"
 #include "dtrain/comm.h"
 
-#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--json]"
+#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--hugepages] [--json]"
 
 typedef enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCE_SCATTER, B_BROADCAST, B_ALLTOALL, B_COUNT } bench_coll;
 static const char *coll_names[B_COUNT] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
@@ -53,6 +54,7 @@ typedef struct bench_opts {
   dt_op op;
   int json;
   int window; /* buffers in the communicator's shared window, calls in place (dt_comm_window) */
+  int hugepages; /* buffers on transparent huge pages */
   int timeout_s;
 } bench_opts;
 
@@ -73,6 +75,39 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 }
 
 /* Parses argv (argv[0] = "bench"); returns 0, or the exit code 2 after printing the error. */
+#define BENCH_THP "/sys/kernel/mm/transparent_hugepage/enabled"
+/* Whether transparent huge pages may back an advised range: "[always]" or "[madvise]". */
+static int bench_thp_on(void) {
+  char line[128] = "";
+  FILE *f = fopen(BENCH_THP, "r");
+  if (f) {
+    if (!fgets(line, sizeof line, f))
+      line[0] = '\0';
+    fclose(f);
+  }
+  return strstr(line, "[always]") || strstr(line, "[madvise]");
+}
+
+/* KiB of huge pages backing the mappings that hold [a, a + n) or [b, b + n) (/proc/self/smaps). */
+static unsigned long bench_huge_kib(const void *a, const void *b, size_t n) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f)
+    return 0;
+  char line[256];
+  unsigned long lo = 0, hi = 0, kib, total = 0;
+  int in = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+      in = (x < hi && x + n > lo) || (b && y < hi && y + n > lo);
+    } else if (in && sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) {
+      total += kib;
+    }
+  }
+  fclose(f);
+  return total;
+}
+
 static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   memset(o, 0, sizeof *o);
   o->nproc = 2;
@@ -110,7 +145,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n"
              "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
              "communicator's shared window (dt_comm_window) and calls in place, so the collective\n"
-             "copies nothing in or out; the input is rewritten before every call, untimed.\n",
+             "copies nothing in or out; the input is rewritten before every call, untimed.\n"
+             "--hugepages puts the buffers on transparent huge pages (2 MiB aligned,\n"
+             "madvise(MADV_HUGEPAGE) before first use), as a caller may allocate large buffers;\n"
+             "the single-copy shm paths then pin a peer's pages faster (docs/TRANSPORTS.md).\n",
              BENCH_HINT);
       exit(0);
     } else if (!strcmp(a, "--worker")) {
@@ -162,6 +200,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
       o->json = 1;
     } else if (!strcmp(a, "--window")) {
       o->window = 1;
+    } else if (!strcmp(a, "--hugepages")) {
+      o->hugepages = 1;
     } else if (a[0] != '-' && !have_coll) {
       int k = -1;
       for (int j = 0; j < B_COUNT; j++)
@@ -184,6 +224,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->window && o->transport && strcmp(o->transport, "shm"))
     return dt_cli_usage_error("bench", "--window needs --transport shm (all ranks share memory)",
                               "--transport %s has no shared window", o->transport);
+  if (o->hugepages && !bench_thp_on())
+    return dt_cli_usage_error("bench", "--hugepages where transparent huge pages are 'always' or 'madvise'",
+                              "transparent huge pages are off on this host (%s)", BENCH_THP);
   /* Each size is rounded down to whole elements (per rank, where each rank owns a block); sizes
    * below one are skipped (a row would time a call that moves nothing), and some must remain. */
   if (o->hi < bench_unit(o, o->nproc))
@@ -384,6 +427,19 @@ static int bench_cpus(void) {
   return sched_getaffinity(0, sizeof s, &s) == 0 ? CPU_COUNT(&s) : 0;
 }
 
+/* A buffer for the calls: from dt__alloc, or with --hugepages 2 MiB aligned, whole huge pages
+ * long and advised onto transparent huge pages before anything touches it. */
+static void *bench_alloc(size_t n, int huge) {
+  if (!huge)
+    return dt__alloc(n);
+  const size_t h = 2u << 20;
+  void *p = NULL;
+  if (posix_memalign(&p, h, (n + h - 1) / h * h))
+    return NULL;
+  (void)madvise(p, (n + h - 1) / h * h, MADV_HUGEPAGE); /* a hint: without it the pages stay small */
+  return p;
+}
+
 static int bench_worker(const bench_opts *o) {
   dt_comm *c = NULL;
   setenv("DTRAIN_BIND", "auto", 0);
@@ -394,7 +450,7 @@ static int bench_worker(const bench_opts *o) {
   int bound = bench_cpus() < cpus_before;
   size_t es = dt_dtype_size(o->dtype);
   size_t cap = (size_t)o->hi + (size_t)n * es + 64;
-  char *sbuf = dt__alloc(cap), *rbuf = NULL;
+  char *sbuf = bench_alloc(cap, o->hugepages), *rbuf = NULL;
   if (o->window) {
     void *w = NULL;
     if (dt_comm_window(c, cap, &w)) {
@@ -405,7 +461,7 @@ static int bench_worker(const bench_opts *o) {
     }
     rbuf = w;
   } else {
-    rbuf = dt__alloc(cap);
+    rbuf = bench_alloc(cap, o->hugepages);
   }
   double *times = malloc(sizeof(double) * (size_t)o->iters);
   int64_t total_wrong = 0;
@@ -417,9 +473,10 @@ static int bench_worker(const bench_opts *o) {
     if (o->json) {
       printf("[");
     } else {
-      printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d%s\n",
+      printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d%s%s\n",
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
-             dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : "");
+             dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : "",
+             o->hugepages ? ", buffers on huge pages" : "");
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
       if (o->lo < bench_unit(o, n))
         printf("# sizes below %llu bytes skipped: less than one element%s\n", (unsigned long long)bench_unit(o, n),
@@ -493,6 +550,14 @@ static int bench_worker(const bench_opts *o) {
   if (r == 0 && o->json) {
     printf("\n]\n");
     fflush(stdout);
+  }
+  if (r == 0 && o->hugepages) {
+    unsigned long kib = bench_huge_kib(sbuf, o->window ? NULL : rbuf, cap);
+    if (!o->json)
+      printf("# --hugepages: %lu MiB of rank 0's buffers on huge pages\n", kib >> 10);
+    if (!kib)
+      fprintf(stderr, "dtrain bench: warning: --hugepages: the kernel backed none of rank 0's buffers with huge "
+                      "pages (memory too fragmented?); the rows measured small pages\n");
   }
   if (total_wrong) {
     if (r == 0)

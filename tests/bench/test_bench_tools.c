@@ -87,6 +87,13 @@ static void test_mpi_coll(void) {
       CHECK(out[0] == '[', "%s: stdout must be a JSON array: %s", colls[c], out);
     }
   }
+  /* --hugepages: the same rows from buffers advised onto huge pages */
+  snprintf(cmd, sizeof cmd,
+           "timeout 120 mpirun %s -np 2 %s/mpi_coll --coll allreduce --sizes 24,4194304 --iters 3 --hugepages "
+           "2>/dev/null",
+           geteuid() == 0 ? "--allow-run-as-root" : "", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && count(out, "\"wrong\": 0,") == 2, "mpi_coll --hugepages exited %d: %s", rc, out);
   /* A wrong collective name is a usage error, not a run. */
   snprintf(cmd, sizeof cmd, "timeout 60 mpirun %s -np 1 %s/mpi_coll --coll gather --sizes 4 >/dev/null 2>&1",
            geteuid() == 0 ? "--allow-run-as-root" : "", tmp_dir);

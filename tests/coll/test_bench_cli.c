@@ -183,6 +183,28 @@ int main(void) {
     EXPECT(rc == 1 && strstr(err, "no shared window") && strstr(err, "shares no memory"),
            "--window on one rank: exit %d, stderr %s", rc, err);
   }
+  /* --hugepages: the single-copy paths on huge-page buffers, every row checked; refused where the
+   * host has transparent huge pages off */
+  {
+    char thp[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+      if (!fgets(thp, sizeof thp, f))
+        thp[0] = '\0';
+      fclose(f);
+    }
+    int on = strstr(thp, "[always]") || strstr(thp, "[madvise]");
+    char *argv[] = {b, "bench", "allreduce", "-n", "2", "--hugepages", "--sizes", "64K:4M", "--iters", "2",
+                    "--warmup", "1", NULL};
+    int rc = run(argv, out, sizeof out, err, sizeof err, 120, NULL, 0);
+    if (on)
+      EXPECT(rc == 0 && count_substr(out, " sum ") == 7 && strstr(out, "buffers on huge pages") &&
+                 strstr(out, "MiB of rank 0's buffers on huge pages"),
+             "--hugepages: exit %d, out %s, err %s", rc, out, err);
+    else
+      EXPECT(rc == 2 && strstr(err, "transparent huge pages are off"), "--hugepages with THP off: exit %d, err %s",
+             rc, err);
+  }
   /* text table, f16 avg and forced algorithms */
   {
     char *argv[] = {b, "bench", "allreduce", "-n", "2", "--dtype", "bf16", "--op", "avg", "--algo", "ring",
