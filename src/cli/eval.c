@@ -2,6 +2,7 @@
  * in the safetensors metadata), loads its parameters and evaluates it on a test set. Single
  * process; no training state is needed. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,8 @@ int dt_cli_eval(int argc, char **argv) {
   dt_nn_set_threads((int)threads);
   dt_model *m = NULL;
   dt_status rc = dt_train_model_load(model_file, (int)batch, &m);
+  if (rc == DT_ERR_NOMEM)
+    return dt_cli_usage_error(CMD, "use a smaller --batch", "--batch %ld: %s", batch, dt_last_error());
   if (rc != DT_OK)
     return dt_cli_usage_error(CMD, rc == DT_ERR_NOT_FOUND ? "check the path (dtrain train --out DIR "
                                                             "writes DIR/model.safetensors)"
@@ -100,11 +103,17 @@ int dt_cli_eval(int argc, char **argv) {
     if (rc == DT_ERR_NOT_FOUND)
       return dt_cli_usage_error(CMD, "apt-get install dataset-fashion-mnist, or pass --data DIR",
                                 "%s", dt_last_error());
-    if (rc == DT_ERR_INVALID || rc == DT_ERR_CORRUPT)
-      return dt_cli_usage_error(CMD, "evaluate on the kind of data the model was trained on", "%s",
-                                dt_last_error());
+    if (rc == DT_ERR_INVALID || rc == DT_ERR_UNSUPPORTED)
+      return dt_cli_usage_error(CMD, "evaluate on the kind of data the model was trained on (IDX files of u8 "
+                                "images and labels)", "%s", dt_last_error());
+    if (rc == DT_ERR_CORRUPT)
+      return dt_cli_usage_error(CMD, "the file named above is damaged: regenerate it or reinstall "
+                                "dataset-fashion-mnist", "%s", dt_last_error());
     return dt_cli_fail(CMD, "evaluation failed");
   }
+  if (!isfinite(loss))
+    fprintf(stderr, "dtrain eval: warning: the model's outputs are not finite (NaN or Inf) on some samples "
+                    "(test loss %g); those count as wrong\n", loss);
   if (json) {
     dt__json_field(stdout, "{", "test_accuracy", "%.10g", acc);
     dt__json_field(stdout, ",", "test_loss", "%.10g", loss);

@@ -162,6 +162,9 @@ static int train_error(dt_status rc, bool at_ckpt) {
   else if (rc == DT_ERR_CORRUPT)
     hint = "the file named above is damaged: regenerate it, reinstall dataset-fashion-mnist, or "
            "check it with 'dtrain inspect FILE'";
+  else if (rc == DT_ERR_UNSUPPORTED)
+    hint = "this dtrain cannot use the file or setting named above (the data: IDX files of u8 images "
+           "and labels, as Fashion-MNIST's)";
   if (!hint)
     return dt_cli_fail(CMD, "training failed");
   return dt_cli_usage_error(CMD, hint, "%s", dt_last_error());
@@ -342,9 +345,14 @@ int dt_cli_train(int argc, char **argv) {
     char p1[4096], p2[4096];
     snprintf(p1, sizeof p1, "%s/train-images-idx3-ubyte.gz", dir);
     snprintf(p2, sizeof p2, "%s/train-images-idx3-ubyte", dir);
-    if (access(p1, R_OK) && access(p2, R_OK))
+    if (access(p1, R_OK) && access(p2, R_OK)) {
+      const char *there = !access(p1, F_OK) ? p1 : !access(p2, F_OK) ? p2 : NULL;
+      if (there && access(there, R_OK)) /* there, but not for this user */
+        return dt_cli_usage_error(CMD, "make the dataset's files readable by the user that trains",
+                                  "cannot read %s: %s", there, strerror(errno));
       return dt_cli_usage_error(CMD, DATA_HINT, "no training images in %s (looked for %s[.gz])", dir,
                                 "train-images-idx3-ubyte");
+    }
   }
 
   /* This process's rank by the conventions dtrain/comm.h lists (dtrain run, torchrun, mpirun,
@@ -423,7 +431,9 @@ int dt_cli_train(int argc, char **argv) {
   }
   /* a resumed run names the steps it ran, which its time and rate are for */
   char steps[64];
-  if (s.resumed_from_step >= 0)
+  if (s.resumed_from_step >= 0 && s.steps <= s.resumed_from_step)
+    snprintf(steps, sizeof steps, "no step left (the checkpoint is at step %lld)", (long long)s.resumed_from_step);
+  else if (s.resumed_from_step >= 0)
     snprintf(steps, sizeof steps, "steps %lld-%lld", (long long)s.resumed_from_step + 1, (long long)s.steps);
   else
     snprintf(steps, sizeof steps, "%lld steps", (long long)s.steps);

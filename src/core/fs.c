@@ -36,7 +36,9 @@ dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t
    * the check below could refuse it; on a regular file it changes nothing */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
-    return dt__errno(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO, "%s", path);
+    /* not there, or not for this user (a setting to fix, not a failure to retry) */
+    return dt__errno(errno == ENOENT ? DT_ERR_NOT_FOUND : errno == EACCES || errno == EPERM ? DT_ERR_INVALID : DT_ERR_IO,
+                     "%s", path);
   struct stat st;
   if (fstat(fd, &st) != 0) {
     dt_status rc = dt__errno(DT_ERR_IO, "%s: fstat", path);

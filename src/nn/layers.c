@@ -600,11 +600,16 @@ double dt__nn_softmax_xent(const float *logits, const int32_t *labels, int n, in
     const float *z = logits + (size_t)r * C;
     int best = 0;
     float mx = z[0];
-    for (int j = 1; j < C; j++)
+    bool nan = z[0] != z[0];
+    for (int j = 1; j < C; j++) {
       if (z[j] > mx) {
         mx = z[j];
         best = j;
       }
+      nan |= z[j] != z[j];
+    }
+    if (nan) /* no class is the most likely: counted wrong, whatever the comparisons left in best */
+      best = -1;
     double sum = 0.0;
     for (int j = 0; j < C; j++)
       sum += exp((double)(z[j] - mx));

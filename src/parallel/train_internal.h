@@ -48,15 +48,18 @@ typedef struct dt__train_state {
 dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd);
 
 /* Writes a checkpoint of the model's parameters, the state st and the position into
- * cfg->checkpoint_dir (rank 0 only). path_out receives the file. Blocks on I/O. */
-dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
+ * cfg->checkpoint_dir (rank 0 only); data names the training set (its size and CRC). path_out
+ * receives the file. Blocks on I/O. */
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap);
 
 /* Loads the latest valid checkpoint of cfg->checkpoint_dir into m's parameters and st's
  * buffers (rank 0 only; the trainer shares them). DT_ERR_NOT_FOUND if there is none;
- * DT_ERR_MISMATCH if it was written for another model, global batch, seed or optimizer. note
+ * DT_ERR_MISMATCH if it was written for another model, global batch, seed, optimizer or
+ * training set (data, as dt__train_ckpt_save took it; files without it are not compared);
+ * DT_ERR_CORRUPT if its checksums hold but its position is missing or contradicts itself. note
  * receives a one-line description. */
-dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               dt__train_pos *pos, char *note, size_t cap);
 
 /* The one check that data fits a model, run when the data is loaded (dt_train_run before it

@@ -178,6 +178,8 @@ dt_status dt_train_evaluate(dt_model *m, const char *data_dir, int batch, double
   if (rc != DT_OK)
     goto out;
   int maxb = DT_MIN(batch > 0 ? batch : dt_model_max_batch(m), dt_model_max_batch(m));
+  if (ds.n && (uint64_t)maxb > ds.n) /* one batch holds the whole set */
+    maxb = (int)ds.n;
   double loss = 0;
   int64_t correct = 0;
   /* the set stays u8; one chunk at a time becomes float */
@@ -257,10 +259,11 @@ static const char *optim_name(dt_optim_kind k) { return k == DT_OPTIM_ADAMW ? "a
 
 /* Settings a resume may change (the run goes on, but not as the uninterrupted one would):
  * stored, and compared with a warning. */
-enum { SOFT_N = 6 };
-static const char *const soft_key[SOFT_N] = {"lr", "schedule", "weight_decay", "epochs", "nesterov", "clip"};
-static const char *const soft_flag[SOFT_N] = {"--lr",     "--schedule", "--weight-decay",
-                                              "--epochs", "--nesterov", "--clip"};
+enum { SOFT_N = 7 };
+static const char *const soft_key[SOFT_N] = {"lr", "schedule", "weight_decay", "epochs", "nesterov", "clip",
+                                             "accumulate"};
+static const char *const soft_flag[SOFT_N] = {"--lr",     "--schedule", "--weight-decay", "--epochs",
+                                              "--nesterov", "--clip",   "--accumulate"};
 
 static void soft_values(const dt_train_config *cfg, char v[SOFT_N][64]) {
   snprintf(v[0], 64, "%g", cfg->lr);
@@ -269,13 +272,14 @@ static void soft_values(const dt_train_config *cfg, char v[SOFT_N][64]) {
   snprintf(v[3], 64, "%d", cfg->epochs);
   snprintf(v[4], 64, "%s", cfg->optim.nesterov ? "on" : "off");
   snprintf(v[5], 64, "%g", cfg->clip > 0 ? cfg->clip : 0.0f); /* 0: off */
+  snprintf(v[6], 64, "%d", cfg->accumulate);
 }
 
 static float run_momentum(const dt_train_config *cfg) {
   return cfg->optim.kind == DT_OPTIM_SGD ? cfg->optim.momentum : 0;
 }
 
-dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
+dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap) {
   size_t np = dt_model_param_count(m);
   dt_ckpt_section sec[4];
@@ -283,7 +287,7 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
   sec[ns++] = (dt_ckpt_section){.name = "params", .data = dt_model_params(m), .nbytes = np * 4};
   for (size_t i = 0; i < st->n && ns < DT_ARRAY_LEN(sec); i++)
     sec[ns++] = (dt_ckpt_section){.name = st->name[i], .data = st->buf[i], .nbytes = np * 4};
-  char v[11][32];
+  char v[10][32];
   snprintf(v[0], 32, "%" PRId64, pos->step);
   snprintf(v[1], 32, "%" PRId64, pos->optim_steps);
   snprintf(v[2], 32, "%" PRIu64, pos->sampler.seed);
@@ -292,17 +296,17 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
   snprintf(v[5], 32, "%d", cfg->global_batch);
   snprintf(v[6], 32, "%d", world);
   snprintf(v[7], 32, "%" PRIu64, cfg->seed);
-  snprintf(v[8], 32, "%d", cfg->accumulate);
-  snprintf(v[9], 32, "%zu", np);
-  snprintf(v[10], 32, "%" PRIu64, pos->sampler.epoch);
+  snprintf(v[8], 32, "%zu", np);
+  snprintf(v[9], 32, "%" PRIu64, pos->sampler.epoch);
   char mom[32], sv[SOFT_N][64];
   snprintf(mom, sizeof mom, "%g", run_momentum(cfg));
   soft_values(cfg, sv);
   dt_kv meta[] = {
       {"step", v[0]},         {"optim_steps", v[1]},  {"sampler_seed", v[2]},
       {"sampler_epoch", v[3]}, {"sampler_pos", v[4]}, {"global_batch", v[5]},
-      {"world_size", v[6]},   {"seed", v[7]},         {"accumulate", v[8]},
-      {"param_count", v[9]},  {"epoch", v[10]},       {"model_spec", dt_model_spec(m)},
+      {"world_size", v[6]},   {"seed", v[7]},         {"accumulate", sv[6]},
+      {"param_count", v[8]},  {"epoch", v[9]},        {"model_spec", dt_model_spec(m)},
+      {"train_data", data},
       {"optimizer", optim_name(cfg->optim.kind)},
       {"dropout_rng", DT__TRAIN_DROPOUT_RULE},
       {"momentum", mom},      {"lr", sv[0]},          {"schedule", sv[1]},
@@ -323,7 +327,17 @@ static dt_status meta_expect(const dt_ckpt *c, const char *key, const char *want
   return DT_OK;
 }
 
-dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st,
+/* A position field of the checkpoint: missing or not a number means the file is damaged (its
+ * checksums hold, so another writer made it), never "no checkpoint". */
+static dt_status meta_pos(const dt_ckpt *c, const char *key, uint64_t *out) {
+  dt_status rc = dt_ckpt_meta_u64(c, key, out);
+  if (rc == DT_ERR_NOT_FOUND)
+    return dt_set_error(DT_ERR_CORRUPT, "%s: meta key %s missing (its checksums hold: was it written by another "
+                        "program?)", dt_ckpt_path(c), key);
+  return rc;
+}
+
+dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               dt__train_pos *pos, char *note, size_t cap) {
   dt_ckpt *c = NULL;
   DT_CHECK(dt_ckpt_open_latest(cfg->checkpoint_dir, &c));
@@ -335,6 +349,13 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
   snprintf(buf, sizeof buf, "%" PRIu64, cfg->seed);
   DT_CHECK_GOTO(meta_expect(c, "seed", buf, "--seed"), rc, fail);
   DT_CHECK_GOTO(meta_expect(c, "optimizer", optim_name(cfg->optim.kind), "--optimizer"), rc, fail);
+  const char *had_data = dt_ckpt_meta_get(c, "train_data");
+  if (had_data && data && data[0] && strcmp(had_data, data)) {
+    rc = dt_set_error(DT_ERR_MISMATCH, "%s was written training on another training set (%s; --data %s now gives "
+                      "%s): resuming would not continue that run; to start afresh, choose another "
+                      "--checkpoint-dir", dt_ckpt_path(c), had_data, cfg->data_dir ? cfg->data_dir : DT_FASHION_MNIST_DIR, data);
+    goto fail;
+  }
   /* momentum: stored by name; older files tell by their momentum buffer */
   char mom[32];
   snprintf(mom, sizeof mom, "%g", run_momentum(cfg));
@@ -375,11 +396,16 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
     }
   }
   uint64_t step, ost, sseed, sepoch, spos;
-  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "step", &step), rc, fail);
-  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "optim_steps", &ost), rc, fail);
-  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_seed", &sseed), rc, fail);
-  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_epoch", &sepoch), rc, fail);
-  DT_CHECK_GOTO(dt_ckpt_meta_u64(c, "sampler_pos", &spos), rc, fail);
+  DT_CHECK_GOTO(meta_pos(c, "step", &step), rc, fail);
+  DT_CHECK_GOTO(meta_pos(c, "optim_steps", &ost), rc, fail);
+  DT_CHECK_GOTO(meta_pos(c, "sampler_seed", &sseed), rc, fail);
+  DT_CHECK_GOTO(meta_pos(c, "sampler_epoch", &sepoch), rc, fail);
+  DT_CHECK_GOTO(meta_pos(c, "sampler_pos", &spos), rc, fail);
+  if (step != dt_ckpt_step(c) || step > INT64_MAX || ost > INT64_MAX) {
+    rc = dt_set_error(DT_ERR_CORRUPT, "%s: meta step %" PRIu64 " (optimizer steps %" PRIu64 ") against step %" PRIu64
+                      " in its header", dt_ckpt_path(c), step, ost, dt_ckpt_step(c));
+    goto fail;
+  }
   memcpy(dt_model_params(m), s->data, np * 4);
   for (size_t i = 0; i < st->n; i++)
     memcpy(st->buf[i], dt_ckpt_find(c, st->name[i])->data, np * 4);

@@ -84,6 +84,8 @@ typedef struct trainer {
   float clip_f;
   int64_t rs_span_ns, ag_span_ns, ag_wait_ns; /* this step's collectives in flight; waiting */
   int ckpt_lock;               /* rank 0: the checkpoint directory's lock (-1: none) */
+  uint64_t train_crc, test_crc; /* data_crc of each set (load_data) */
+  char train_id[64];           /* the training set as checkpoints record it */
   int refused_by_root;         /* this rank stops because rank 0 refused the start (see share_start) */
 } trainer;
 
@@ -588,8 +590,7 @@ static void fp_fill(const trainer *t, uint64_t *v) {
       (uint64_t)c->max_steps, fbits(c->clip), fnv1a(c->schedule ? c->schedule : "constant"),
       (uint64_t)c->eval_batch, (uint64_t)c->checkpoint_every, (uint64_t)c->resume,
       (uint64_t)c->bucket_bytes, dt_model_param_count(t->model),
-      fnv1a(c->checkpoint_dir ? c->checkpoint_dir : ""), (uint64_t)c->zero, data_crc(&t->train),
-      data_crc(&t->test)};
+      fnv1a(c->checkpoint_dir ? c->checkpoint_dir : ""), (uint64_t)c->zero, t->train_crc, t->test_crc};
   memcpy(v, x, sizeof x);
 }
 
@@ -751,9 +752,14 @@ static dt_status build(trainer *t) {
   int local_max = (c->global_batch + world - 1) / world;
   t->micro_max = (local_max + c->accumulate - 1) / c->accumulate;
   int eval_batch = c->eval_batch ? c->eval_batch : 1000;
+  if (t->test.n && (uint64_t)eval_batch > t->test.n) /* one batch holds the whole test set */
+    eval_batch = (int)t->test.n;
   int eval_local = (eval_batch + world - 1) / world;
   int maxb = DT_MAX(t->micro_max, DT_MIN(eval_local, DT_MAX(t->micro_max, 256)));
   DT_CHECK(dt_model_create(c->model, maxb, c->seed, &t->model));
+  if (!dt_model_param_count(t->model))
+    return dt_set_error(DT_ERR_INVALID, "model '%s' has no parameters to train (add a layer such as linear:10)",
+                        c->model);
   DT_CHECK(dt__train_check_data(t->model, c->model, c->data_dir, &t->train, &t->test));
   t->bucket_min = c->bucket_bytes ? c->bucket_bytes : DT_TRAIN_DEFAULT_BUCKET;
   /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
@@ -990,6 +996,12 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     dt_nn_set_threads(c->threads);
   DT_CHECK(load_data(t));
   DT_CHECK(build(t));
+  if (t->world > 1 || c->checkpoint_dir) {
+    t->train_crc = data_crc(&t->train);
+    t->test_crc = data_crc(&t->test);
+    snprintf(t->train_id, sizeof t->train_id, "%zu samples, CRC32C %08llx", (size_t)t->train.n,
+             (unsigned long long)t->train_crc);
+  }
   if (t->world > 1) {
     DT_CHECK(check_settings(t));
     DT_CHECK(share_memory(t));
@@ -1020,7 +1032,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     if (t->rank == 0) {
       lrc = dt__train_ckpt_prepare(c, &t->ckpt_lock);
       if (lrc == DT_OK)
-        lrc = c->resume ? dt__train_ckpt_load(c, t->model, &st, &pos, what, sizeof what) : DT_ERR_NOT_FOUND;
+        lrc = c->resume ? dt__train_ckpt_load(c, t->model, &st, t->train_id, &pos, what, sizeof what) : DT_ERR_NOT_FOUND;
     }
     rc = lrc == DT_ERR_NOT_FOUND ? DT_OK : lrc;
     if (t->world > 1) {
@@ -1260,7 +1272,7 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       DT_CHECK_GOTO(state_whole(t, &st, 1), rc, fail);
       rc = t->zero ? gather_state(t, &st) : DT_OK;
       if (rc == DT_OK && t->rank == 0) {
-        rc = dt__train_ckpt_save(c, t->model, &st, &p, t->world, sum->checkpoint_file,
+        rc = dt__train_ckpt_save(c, t->model, &st, t->train_id, &p, t->world, sum->checkpoint_file,
                                  sizeof sum->checkpoint_file);
         if (rc == DT_OK)
           note(t, "checkpoint at step %lld: %s", (long long)step, sum->checkpoint_file);

@@ -387,6 +387,14 @@ static void test_loss_reference(void **s) {
   assert_int_equal(correct, 1);
   double p = exp(-1) / (exp(-1) + exp(0) + exp(1));
   assert_float_equal(d[3], (p - 1) / 2, 1e-6);
+  /* a row with a NaN logit anywhere has no most likely class: never counted correct (a NaN
+   * first logit used to leave class 0 as the answer) */
+  const float zn[9] = {NAN, 1.0f, 0.0f, 0.0f, NAN, 5.0f, 3.0f, 1.0f, 0.0f};
+  const int32_t yn[3] = {0, 2, 0};
+  correct = 0;
+  l = dt__nn_softmax_xent(zn, yn, 3, 3, 0.0f, NULL, &correct);
+  assert_int_equal(correct, 1);
+  assert_true(isnan(l));
 }
 
 int main(void) {

@@ -18,6 +18,7 @@
  *           refused before any step, so is a directory holding an earlier run's checkpoints
  *           (without --resume) and one locked by another job; resuming with another --momentum
  *           is refused as a settings mismatch, with another --lr warned about */
+#include "dtrain/ckpt.h"
 #include "train_test.h"
 
 static char dir[1024], data[2048];
@@ -305,6 +306,63 @@ static void group_shapes(void) {
   CHECK(strstr(r.err, "t10k-images-idx3-ubyte") && strstr(r.err, "64 values") &&
             strstr(r.err, "1x8x9"), "eval 8x9: message: %s", r.err);
   expect_usage("eval on images of another size", r, "HINT");
+  /* a model without parameters has nothing to train */
+  r = tt_run(dir, 60, "%s train --data %s --model 'in=64' --max-steps 2 --batch 16 --out %s/noparam --progress off",
+             b, data, dir);
+  expect_usage("model without parameters", r, "no parameters to train");
+  /* an IDX element type dtrain does not read (0x0d, f32) is a usage error naming it, exit 2, not
+   * a failure that a supervisor would restart; for eval too */
+  snprintf(d, sizeof d, "%s/f32", dir);
+  mkdir(d, 0777);
+  tt_make_dataset(d, 64, 32);
+  for (int k = 0; k < 2; k++) {
+    char p[2100];
+    snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", d, k ? "t10k" : "train");
+    uint32_t nimg = k ? 32 : 64;
+    unsigned char hdr[16] = {0, 0, 0x0d, 3, (unsigned char)(nimg >> 24), (unsigned char)(nimg >> 16),
+                             (unsigned char)(nimg >> 8), (unsigned char)nimg, 0, 0, 0, 8, 0, 0, 0, 8};
+    float *px = calloc((size_t)nimg * 64, sizeof *px);
+    FILE *f = fopen(p, "wb");
+    CHECK(px && f && fwrite(hdr, 1, 16, f) == 16 && fwrite(px, sizeof *px, (size_t)nimg * 64, f) == nimg * 64u &&
+              fclose(f) == 0, "write %s", p);
+    free(px);
+    r = k ? tt_run(dir, 60, "%s eval --data %s --model-file %s/flat/model.safetensors", b, d, dir)
+          : tt_run(dir, 60, "%s train --data %s --model 'in=64,linear:4' --max-steps 2 --batch 16 --out %s/f32run "
+                   "--progress off", b, d, dir);
+    CHECK(r.code == 2 && strstr(r.err, "element type 0x0d") && strstr(r.err, "HINT"), "%s on f32 images: exit %d: %s",
+          k ? "eval" : "train", r.code, r.err);
+    tt_result_free(&r);
+  }
+  /* an evaluation batch beyond the test set is one batch of the whole set: under a 2 GB address
+   * space limit the 2^24 samples it names (4 GiB as floats) would not fit */
+  r = tt_run(dir, 60, "prlimit --as=2000000000 %s train --data %s --model '%s' --max-steps 2 --batch 16 "
+             "--eval-batch 16777216 --threads 1 --out %s/bigeval --progress off", b, data, TINY_MODEL, dir);
+  CHECK(r.code == 0 && strstr(r.out, "test accuracy"), "--eval-batch 2^24: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  /* eval sizes the model for --batch before it reads the data: too large is named as the flag */
+  r = tt_run(dir, 60, "prlimit --as=2000000000 %s eval --data %s --model-file %s/bigeval/model.safetensors "
+             "--batch 16777216", b, data, dir);
+  expect_usage("eval --batch 2^24", r, "smaller --batch");
+  /* training images there but unreadable: said so (not "no training images", not "install the
+   * dataset"); needs root to become nobody, and a dtrain that nobody may run */
+  r = tt_run(dir, 30, "setpriv --reuid=65534 --regid=65534 --clear-groups %s --version", b);
+  int can = geteuid() == 0 && r.code == 0;
+  tt_result_free(&r);
+  if (can) {
+    snprintf(d, sizeof d, "%s/unread", dir);
+    mkdir(d, 0755);
+    chmod(dir, 0755);
+    tt_make_dataset(d, 64, 32);
+    char p[2100];
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", d);
+    CHECK(chmod(p, 0) == 0, "chmod %s", p);
+    r = tt_run(dir, 60, "setpriv --reuid=65534 --regid=65534 --clear-groups %s train --data %s --model '%s' "
+               "--max-steps 2 --batch 16 --out %s/unread-run --progress off", b, d, TINY_MODEL, dir);
+    expect_usage("unreadable training images", r, "Permission denied");
+    CHECK(!strstr(r.err, "apt-get"), "unreadable images blamed on a missing dataset: %s", r.err);
+  } else {
+    printf("skipped: unreadable data (needs root and a dtrain that nobody may run)\n");
+  }
 }
 
 static void group_accum(void) {
@@ -520,6 +578,47 @@ static void group_ckdir(void) {
   CHECK(r.code == 0 && strstr(r.err, "resuming with --clip 2; the checkpoint was written with 0"), "clip: exit %d: %s",
         r.code, r.err);
   tt_result_free(&r);
+  /* a checkpoint written on another training set is refused, naming both sets */
+  {
+    char data2[1100];
+    snprintf(data2, sizeof data2, "%s/data2", dir);
+    CHECK(mkdir(data2, 0700) == 0, "mkdir %s", data2);
+    tt_make_dataset(data2, 300, 200);
+    r = tt_run(dir, 120, "%s train --data %s %s --max-steps 16 --lr 0.1 --clip 2 --checkpoint-dir %s/ck --resume "
+               "--out %s/o4", b, data2, common, dir, dir);
+    CHECK(r.code == 2 && strstr(r.err, "another training set (600 samples") && strstr(r.err, "now gives 300 samples"),
+          "other data: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+  }
+  /* a checkpoint whose checksums hold but whose step is missing is damage: refused, and not
+   * overwritten by a fresh start */
+  {
+    dt_ckpt *c = NULL;
+    char src[1100], dst[1100];
+    snprintf(src, sizeof src, "%s/ck/ckpt-000000014.dtc", dir);
+    snprintf(dst, sizeof dst, "%s/cknostep", dir);
+    CHECK(mkdir(dst, 0700) == 0, "mkdir %s", dst);
+    snprintf(dst, sizeof dst, "%s/cknostep/ckpt-000000014.dtc", dir);
+    CHECK(dt_ckpt_open(src, &c) == DT_OK, "open %s: %s", src, dt_last_error());
+    dt_ckpt_section secs[8];
+    dt_kv meta[64];
+    size_t ns = 0, nm = 0;
+    for (size_t i = 0; c && i < dt_ckpt_count(c) && ns < 8; i++)
+      secs[ns++] = *dt_ckpt_section_at(c, i);
+    for (size_t i = 0; c && i < dt_ckpt_meta_count(c) && nm < 64; i++)
+      if (strcmp(dt_ckpt_meta_at(c, i)->key, "step"))
+        meta[nm++] = *dt_ckpt_meta_at(c, i);
+    CHECK(c && dt_ckpt_write(dst, 14, secs, ns, meta, nm) == DT_OK, "write %s: %s", dst, dt_last_error());
+    dt_ckpt_destroy(c);
+    struct stat before, after;
+    CHECK(stat(dst, &before) == 0, "stat %s", dst);
+    r = tt_run(dir, 120, "%s train --data %s %s --max-steps 16 --lr 0.1 --clip 2 --checkpoint-dir %s/cknostep "
+               "--resume --out %s/o6", b, data, common, dir, dir);
+    CHECK(r.code == 2 && strstr(r.err, "meta key step missing"), "no step: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+    CHECK(stat(dst, &after) == 0 && after.st_mtime == before.st_mtime && after.st_size == before.st_size &&
+              after.st_ino == before.st_ino, "the damaged checkpoint was replaced");
+  }
   /* a second job on a locked directory is refused */
   r = tt_run(dir, 120, "flock %s/ck/dtrain.lock %s train --data %s %s --max-steps 12 --checkpoint-dir %s/ck --resume "
              "--out %s/o5", dir, b, data, common, dir, dir);
