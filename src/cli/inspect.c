@@ -17,6 +17,7 @@
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
+#include "parallel/train_internal.h" /* dt__train_ckpt_pos */
 
 static void help(FILE *f) {
   fprintf(f,
@@ -149,11 +150,21 @@ static int inspect_dir(const char *dir) {
     return 1;
   }
   int bad = 0;
-  long long resume = -1;
+  long long resume = -1; /* -2: the newest valid file is DAMAGED */
   printf("%s: %zu checkpoint files\n", dir, n);
   for (size_t i = 0; i < n; i++) {
-    dt_ckpt *c;
-    if (dt_ckpt_open(paths[i], &c) == DT_OK) {
+    dt_ckpt *c = NULL;
+    dt__train_pos pos;
+    /* a dtrain train checkpoint (it names its model) whose checksums hold but which lacks a
+     * position: a resume stops at it when it is the newest valid file; other programs' files
+     * (dt_ckpt_save) hold what they hold */
+    if (dt_ckpt_open(paths[i], &c) == DT_OK && dt_ckpt_meta_get(c, "model_spec") &&
+        dt__train_ckpt_pos(c, &pos) != DT_OK) {
+      printf("  step %-10llu DAMAGED  %s\n", (unsigned long long)dt_ckpt_step(c), dt_last_error());
+      resume = -2;
+      bad = 1;
+      dt_ckpt_destroy(c);
+    } else if (c) {
       printf("  step %-10llu valid    %s\n", (unsigned long long)dt_ckpt_step(c), paths[i]);
       resume = (long long)dt_ckpt_step(c);
       dt_ckpt_destroy(c);
@@ -166,6 +177,8 @@ static int inspect_dir(const char *dir) {
   }
   if (resume >= 0)
     printf("a resume would use step %lld\n", resume);
+  else if (resume == -2)
+    printf("the newest checkpoint with valid checksums has no usable position: a resume would stop at it\n");
   else
     printf("no valid checkpoint: a resume would fail\n");
   free(paths);

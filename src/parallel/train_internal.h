@@ -4,6 +4,7 @@
 #define DT_PARALLEL_TRAIN_INTERNAL_H
 
 #include "core/core.h"
+#include "dtrain/ckpt.h"
 #include "dtrain/comm.h"
 #include "dtrain/data.h"
 #include "dtrain/nn.h"
@@ -52,6 +53,10 @@ dt_status dt__train_ckpt_prepare(const dt_train_config *cfg, int *lock_fd);
  * receives the file. Blocks on I/O. */
 dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               const dt__train_pos *pos, int world, char *path_out, size_t cap);
+
+/* The position checkpoint c holds: DT_ERR_CORRUPT naming the key when one is missing or not a
+ * number (its checksums hold, so another writer made it), or when its step is not its header's. */
+dt_status dt__train_ckpt_pos(const dt_ckpt *c, dt__train_pos *pos);
 
 /* Loads the latest valid checkpoint of cfg->checkpoint_dir into m's parameters and st's
  * buffers (rank 0 only; the trainer shares them). DT_ERR_NOT_FOUND if there is none;

@@ -337,6 +337,21 @@ static dt_status meta_pos(const dt_ckpt *c, const char *key, uint64_t *out) {
   return rc;
 }
 
+dt_status dt__train_ckpt_pos(const dt_ckpt *c, dt__train_pos *pos) {
+  uint64_t step, ost, sseed, sepoch, spos;
+  DT_CHECK(meta_pos(c, "step", &step));
+  DT_CHECK(meta_pos(c, "optim_steps", &ost));
+  DT_CHECK(meta_pos(c, "sampler_seed", &sseed));
+  DT_CHECK(meta_pos(c, "sampler_epoch", &sepoch));
+  DT_CHECK(meta_pos(c, "sampler_pos", &spos));
+  if (step != dt_ckpt_step(c) || step > INT64_MAX || ost > INT64_MAX)
+    return dt_set_error(DT_ERR_CORRUPT, "%s: meta step %" PRIu64 " (optimizer steps %" PRIu64 ") against step %" PRIu64
+                        " in its header", dt_ckpt_path(c), step, ost, dt_ckpt_step(c));
+  *pos = (dt__train_pos){.step = (int64_t)step, .optim_steps = (int64_t)ost,
+                         .sampler = {.seed = sseed, .epoch = sepoch, .pos = spos}};
+  return DT_OK;
+}
+
 dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt__train_state *st, const char *data,
                               dt__train_pos *pos, char *note, size_t cap) {
   dt_ckpt *c = NULL;
@@ -395,25 +410,10 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
       goto fail;
     }
   }
-  uint64_t step, ost, sseed, sepoch, spos;
-  DT_CHECK_GOTO(meta_pos(c, "step", &step), rc, fail);
-  DT_CHECK_GOTO(meta_pos(c, "optim_steps", &ost), rc, fail);
-  DT_CHECK_GOTO(meta_pos(c, "sampler_seed", &sseed), rc, fail);
-  DT_CHECK_GOTO(meta_pos(c, "sampler_epoch", &sepoch), rc, fail);
-  DT_CHECK_GOTO(meta_pos(c, "sampler_pos", &spos), rc, fail);
-  if (step != dt_ckpt_step(c) || step > INT64_MAX || ost > INT64_MAX) {
-    rc = dt_set_error(DT_ERR_CORRUPT, "%s: meta step %" PRIu64 " (optimizer steps %" PRIu64 ") against step %" PRIu64
-                      " in its header", dt_ckpt_path(c), step, ost, dt_ckpt_step(c));
-    goto fail;
-  }
+  DT_CHECK_GOTO(dt__train_ckpt_pos(c, pos), rc, fail);
   memcpy(dt_model_params(m), s->data, np * 4);
   for (size_t i = 0; i < st->n; i++)
     memcpy(st->buf[i], dt_ckpt_find(c, st->name[i])->data, np * 4);
-  pos->step = (int64_t)step;
-  pos->optim_steps = (int64_t)ost;
-  pos->sampler.seed = sseed;
-  pos->sampler.epoch = sepoch;
-  pos->sampler.pos = spos;
   const char *ws = dt_ckpt_meta_get(c, "world_size");
   const char *skipped = dt_ckpt_skipped(c);
   /* an older dtrain drew the masks per (micro-batch, rank): the state resumes, the masks follow
@@ -426,7 +426,7 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
                 "what the interrupted run would have logged", dt_ckpt_path(c),
                 rule ? rule : "by an unrecorded rule");
   snprintf(note, cap, "from %s (step %" PRIu64 ", epoch %" PRIu64 ", written by %s worker(s))%s%s%s", dt_ckpt_path(c),
-           step, sepoch + 1, ws ? ws : "?", old_rule ? "; dropout masks drawn by another rule before it" : "",
+           (uint64_t)pos->step, pos->sampler.epoch + 1, ws ? ws : "?", old_rule ? "; dropout masks drawn by another rule before it" : "",
            skipped && *skipped ? "; skipped: " : "", skipped ? skipped : "");
   dt_ckpt_destroy(c);
   return DT_OK;

@@ -616,6 +616,11 @@ static void group_ckdir(void) {
                "--resume --out %s/o6", b, data, common, dir, dir);
     CHECK(r.code == 2 && strstr(r.err, "meta key step missing"), "no step: exit %d: %s", r.code, r.err);
     tt_result_free(&r);
+    r = tt_run(dir, 60, "%s inspect %s/cknostep", b, dir);
+    CHECK(r.code == 1 && strstr(r.out, "DAMAGED") && strstr(r.out, "meta key step missing") &&
+              strstr(r.out, "a resume would stop at it"), "inspect of a file without a step: exit %d: %s%s", r.code,
+          r.out, r.err);
+    tt_result_free(&r);
     CHECK(stat(dst, &after) == 0 && after.st_mtime == before.st_mtime && after.st_size == before.st_size &&
               after.st_ino == before.st_ino, "the damaged checkpoint was replaced");
   }
