@@ -63,6 +63,15 @@ long dt__alloc_fail_after(long n);
 dt_status dt__random_bytes(void *buf, size_t n);
 
 /* Little-endian encoding of the fixed-width fields in dtrain's wire and file formats. */
+/* One pause of a spin-wait loop (lets the sibling hyperthread run, saves power). */
+static inline void dt__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 static inline void dt__put16(uint8_t *p, uint16_t v) {
   p[0] = (uint8_t)v;
   p[1] = (uint8_t)(v >> 8);

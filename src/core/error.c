@@ -24,10 +24,12 @@ const char *dt_last_error(void) { return err_detail; }
 void dt_clear_error(void) { err_detail[0] = '\0'; }
 
 dt_status dt_set_error(dt_status st, const char *fmt, ...) {
+  char msg[sizeof err_detail]; /* an argument may be dt_last_error() itself, this same buffer */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err_detail, sizeof err_detail, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(err_detail, msg, sizeof msg);
   return st;
 }
 

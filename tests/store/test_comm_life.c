@@ -198,7 +198,11 @@ static void test_world_size(void **unused) {
     assert_int_equal(getsockname(lfd, (struct sockaddr *)&la, &ll), 0);
     mp_set_env(0, 2, ntohs(la.sin_port), "life-busy");
     assert_int_not_equal(dt_comm_create(NULL, &c), DT_OK);
-    if (!strstr(dt_last_error(), "same --node-rank"))
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1:%d: Address already in use", ntohs(la.sin_port));
+    /* the hint, the address whole, and the prefix once (the message was once formatted over itself) */
+    if (!strstr(dt_last_error(), "same --node-rank") || !strstr(dt_last_error(), where) ||
+        strstr(dt_last_error(), "store server: store server"))
       fail_msg("port in use: %s", dt_last_error());
     close(lfd);
   }

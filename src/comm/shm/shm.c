@@ -219,13 +219,6 @@ static shm_flat *shm_flat_of(dt_transport *t, int rank, int parity) {
   return (shm_flat *)(t->base + t->h->off_flat + ((size_t)rank * 2 + (size_t)parity) * t->h->flat_stride);
 }
 
-static inline void shm_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
 static _Atomic uint32_t *shm_bell(dt_transport *t, int r) { return r < 0 ? &t->h->bell : &t->ranks[r].bell; }
 static _Atomic uint32_t *shm_sleepers(dt_transport *t, int r) {
@@ -410,7 +403,7 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
   }
   if (w->phase == 0) {
     /* 16 pauses between looks at the clock: the checks below cost ~100 ns */
-    shm_relax();
+    dt__cpu_relax();
     if (w->iter & 15)
       return DT_OK;
     int64_t now = dt_now_ns();

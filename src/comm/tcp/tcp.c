@@ -17,8 +17,8 @@
  * a peer that goes silent while it says it sent is named through tcp_loss.c. A small message
  * thus costs one sendmsg and (once it is there) one recv on the calling thread.
  *
- * Waiting: small messages are polled for with nonblocking recv/send and sched_yield for a few
- * tens of microseconds before the sendrecv sleeps in poll(2) (TCP_SPIN_US below says why).
+ * Waiting: small messages are polled for with nonblocking recv/send for a few tens of
+ * microseconds before the sendrecv sleeps in poll(2) (TCP_SPIN_US below says why).
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
@@ -56,17 +56,21 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 
 /* Waiting for a small message: before sleeping in poll(2), a sendrecv whose messages (each way)
  * have at most TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
- * microseconds (default TCP_SPIN_US), calling sched_yield(2) between tries so a rank sharing
- * our core (more ranks than cores, or a loaded machine) runs instead of waiting for our time
- * slice to end. Why: on the 2-core KVM guest a poll(2) sleep costs a wake-up of 10-20 us per
- * message (halt, IPI, schedule), most of a small message's time. Measured with
+ * microseconds (default TCP_SPIN_US). Why: on the 2-core KVM
+ * guest a poll(2) sleep costs a wake-up of 10-20 us per message (halt, IPI, schedule), most of a
+ * small message's time. Measured with
  *   dtrain bench allreduce -n {2,4} --transport tcp --sizes 8:4K --iters 1000..2000
  * alternating with Open MPI over TCP (bench/mpi_coll.c, mpirun binds its ranks):
  *   2 ranks, each on its own core: no spin 20-45 us, spin 6.6-8.8 us, Open MPI 7.3-9.8 us;
- *   pure spinning without the yield: 125-130 us whenever the scheduler had put both ranks on one
- *     core (each spun away the other's turn); with the yield the same placement costs ~20 us,
- *     as much as not spinning at all (DTRAIN_BIND, comm/bind.c, avoids that placement);
  *   4 ranks on 2 cores (load ~10): 89-100 us spinning, 92-106 us not, Open MPI 99-101 us.
+ * Between tries it pauses the CPU, except with more ranks on the host than CPUs, where it calls
+ * sched_yield(2) so that the rank sharing the core runs (from 64 KiB that made 4 ranks on 2
+ * cores 10-30% faster than not spinning, docs/BENCHMARKS.md). Each rank owning its core, the
+ * yield was harmful: with another busy program on the core a yield hands it the rest of a time
+ * slice, and the data arriving meanwhile wakes nobody (the rank never slept): 2 ranks under two
+ * busy loops took 3.9-4.0 ms per call at most sizes up to 64 KiB instead of 4.4-4.8 us
+ * (docs/BENCHMARKS.md, "Small tcp messages on a busy host"). Pausing keeps the core for at most
+ * the spin time, then poll(2) sleeps, and the wake-up preempts the busy program at once.
  * TCP_SPIN_MAX: a 64 KiB allreduce (2 ranks bound to their cores, load ~11) took 51-55 us
  * spinning against 189 us not (Open MPI 49 us); larger messages keep the plain poll: with 4
  * ranks on 2 cores spinning made a 1 MiB allreduce about 2x slower (11-19 ms against 7-9.5 ms)
@@ -81,6 +85,7 @@ struct dt_transport {
   bool *nacked;  /* [n]: a NACK or a broken stream: the connection carries no more messages */
   int64_t spin_ns; /* DTRAIN_TCP_SPIN_US in ns: how long a small sendrecv polls before poll(2) */
   size_t spin_max; /* sendrecvs whose messages each have up to this many bytes spin */
+  bool yield;      /* oversubscribed: spinning yields the core between tries */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
   dt__tcp_loss *loss;
   size_t queue; /* bytes every connection's send buffer holds for a peer not reading (tcp_ready);
@@ -297,6 +302,9 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
     tcp_destroy(t);
     return st;
   }
+  /* more ranks on this host than CPUs: the tries yield the core to the rank sharing it */
+  int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
+  t->yield = ncpu > 0 && DT_MAX(c->local_size, c->env.local_size) > ncpu;
   t->spin_ns = spin_us * 1000;
   t->spin_max = (size_t)spin_max;
   t->queue = SIZE_MAX; /* until tcp_ready lowers it to the smallest connection's */
@@ -610,7 +618,11 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       if (!spin_until)
         spin_until = now + t->spin_ns;
       if (now < spin_until) {
-        sched_yield();
+        if (t->yield) /* hand the core to the rank sharing it */
+          sched_yield();
+        else
+          for (int i = 0; i < 64; i++) /* a few us per try */
+            dt__cpu_relax();
         continue;
       }
     }
