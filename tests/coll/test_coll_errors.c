@@ -178,6 +178,27 @@ static int mismatch_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Rooted collectives on 3 ranks, where a rank's part may be only to send: every rank of a
+ * mismatched call fails, also the one whose neighbours agree with it (kind 0: rank 0 scatters
+ * while ranks 1 and 2 gather to it; kind 1: rank 2's reduce has one element more; kind 2: rank
+ * 0 broadcasts while the others reduce). A ring check of one round once let rank 2 (kinds 0
+ * and 2) or rank 1 (kind 1) return DT_OK. */
+static int rooted3_body(int rank, int size, void *arg) {
+  int kind = *(const int *)arg;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  static float a[64], b[3 * 64];
+  CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
+  dt_status st = kind == 0   ? (rank ? dt_comm_gather(c, a, b, 16, DT_F32, 0) : dt_comm_scatter(c, b, a, 16, DT_F32, 0))
+                 : kind == 1 ? dt_comm_reduce(c, a, b, rank == 2 ? 17 : 16, DT_F32, DT_SUM, 0)
+                             : (rank ? dt_comm_reduce(c, a, b, 16, DT_F32, DT_SUM, 0) : dt_comm_broadcast(c, a, 16, DT_F32, 0));
+  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER,
+        "rooted mismatch %d (%d ranks), rank %d: got %s (%s)", kind, size, rank, dt_strerror(st), dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
 /* No false alarm: a recv waiting while its peer sends and goes on into a barrier (or a flat
  * allreduce) must get the message, also when the message is larger than the shm ring. */
 static int p2p_ok_body(int rank, int size, void *arg) {
@@ -377,6 +398,14 @@ int main(void) {
         if (f) {
           fprintf(stderr, "FAIL: %s mismatch on %s, DTRAIN_ALGO=%s\n", mm_names[k], tps[t],
                   algos[a] ? algos[a] : "(auto)");
+          bad++;
+        }
+      }
+    for (int kind = 0; kind < 3; kind++)
+      for (int n = 3; n <= 4; n++) {
+        ran++;
+        if (mp_run(n, rooted3_body, &kind, 60)) {
+          fprintf(stderr, "FAIL: rooted mismatch %d on %d ranks over %s\n", kind, n, tps[t]);
           bad++;
         }
       }

@@ -148,8 +148,9 @@ dt_status dt__scatter_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t by
 dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, const dt__fp *fp,
                                 int64_t deadline);
 dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline);
-/* One zero-byte message to rank+1 and from rank-1 carrying fp: if any two ranks disagree on the
- * call, at least one of them gets DT_ERR_MISMATCH (and the abort stops the rest). Rooted
+/* A dissemination barrier of zero-byte messages carrying fp (ceil(log2 n) rounds): a rank passes
+ * only when every rank's fingerprint reached it through compared messages, so if any two ranks
+ * disagree on the call, none returns DT_OK (one gets DT_ERR_MISMATCH, the abort stops the rest). Rooted
  * collectives start with it because their data flow alone can leave a mismatch unseen (two
  * ranks that both believe they are the root only send). With two ranks the tree and linear
  * algorithms do without it: their one transfer is an exchange with a zero-byte message back,

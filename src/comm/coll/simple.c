@@ -1,6 +1,6 @@
 /* simple.c - the collectives whose best algorithm on a few ranks is direct: linear gather and
- * scatter at the root, pairwise-exchange alltoall, dissemination barrier, and the one-hop
- * fingerprint check that rooted collectives start with.
+ * scatter at the root, pairwise-exchange alltoall, dissemination barrier, and the fingerprint
+ * check that rooted collectives start with.
  *
  * With two ranks, gather and scatter make their one transfer an exchange with a zero-byte
  * message back, which checks both fingerprints in the same round trip (collectives.c then skips
@@ -14,10 +14,12 @@
 
 static inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
-dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline) {
-  int n = c->size, r = c->rank;
-  return c->ops->sendrecv(c->tp, mod(r + 1, n), NULL, 0, mod(r - 1, n), NULL, 0, fp, deadline);
-}
+/* A dissemination barrier whose zero-byte messages carry the call's fingerprint, each compared by
+ * its receiver: a rank passes only once every rank's fingerprint has reached it through a chain
+ * of compared messages, so every rank of a mismatched call fails. (A ring of one round let a rank
+ * whose left neighbour agreed with it pass: with 3 ranks, rank 2's gather returned DT_OK while
+ * rank 0 called scatter.) ceil(log2 n) rounds. */
+dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline) { return dt__barrier_dissem(c, fp, deadline); }
 
 dt_status dt__gather_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, int root, const dt__fp *fp,
                             int64_t deadline) {

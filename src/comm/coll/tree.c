@@ -7,7 +7,7 @@
  * log2(n) whole-buffer transfers.
  *
  * Mismatch detection: with more than two ranks collectives.c runs dt__coll_check first (a
- * zero-byte ring round). With two ranks the tree's one transfer is made an exchange instead:
+ * dissemination barrier carrying the fingerprint, ceil(log2 n) rounds). With two ranks the tree's one transfer is made an exchange instead:
  * the receiving rank sends a zero-byte message back in the same sendrecv, so each rank sees the
  * other's fingerprint without a second round trip (two ranks that both think they are the root
  * then each receive the other's data where they expected a zero-byte message: a mismatch on both).
