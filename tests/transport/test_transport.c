@@ -508,6 +508,8 @@ static void host_record(char *rec, size_t cap) {
 
 static int case_stranger(int rank, int size, void *arg) {
   g_rank = rank;
+  int hold = arg ? *(const int *)arg : 0; /* silent strangers per listening rank, kept open while joining */
+  int held[64], nheld = 0;
   if (rank == size - 1) {
     const char *secret = getenv("DTRAIN_JOB_SECRET");
     dt__store *st = NULL;
@@ -527,7 +529,9 @@ static int case_stranger(int rank, int size, void *arg) {
       CHECK_OK(dt__store_wait(st, key, val, sizeof val - 1, &len, dl));
       val[len] = '\0';
       CHECK(sscanf(val, "%63s %d", h, &p) == 2, "address '%s'", val);
-      for (int attack = 0; attack < 4; attack++) {
+      for (int k = 0; k < hold && nheld < 64; k++)
+        CHECK_OK(dt__sock_connect(h, p, dl, &held[nheld++]));
+      for (int attack = 0; attack < 4 && !hold; attack++) {
         int fd = -1;
         CHECK_OK(dt__sock_connect(h, p, dl, &fd));
         if (attack == 1) {
@@ -551,6 +555,8 @@ static int case_stranger(int rank, int size, void *arg) {
   dt_comm *c;
   if (join(&c))
     return 1;
+  for (int k = 0; k < nheld; k++)
+    close(held[k]);
   for (size_t k = 0; k < DT_ARRAY_LEN(sizes); k++)
     if (ring_pass(c, sizes[k], (int)k))
       return 1;
@@ -674,6 +680,16 @@ int main(int argc, char **argv) {
       failures += mp_run(2, case_mismatch, &which, 60);
   } else if (!strcmp(cs, "stranger")) {
     failures += mp_run(3, case_stranger, NULL, 60);
+    /* Eight silent strangers queued on every listening rank's port before the last rank connects:
+     * their handshakes wait side by side with the rank's, so it joins at once (one at a time,
+     * each stranger held the port for the handshake timeout and the rank's own attempts timed
+     * out behind them). The deadline leaves no time for one-at-a-time. */
+    setenv("DTRAIN_HANDSHAKE_TIMEOUT_MS", "2000", 1);
+    setenv("DTRAIN_TIMEOUT_MS", "6000", 1);
+    int hold = 8;
+    failures += mp_run(3, case_stranger, &hold, 60);
+    unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
+    unsetenv("DTRAIN_TIMEOUT_MS");
   } else if (!strcmp(cs, "silent")) {
     setenv("DTRAIN_TIMEOUT_MS", "3000", 1);
     setenv("DTRAIN_HANDSHAKE_TIMEOUT_MS", "300", 1);

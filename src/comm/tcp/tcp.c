@@ -218,59 +218,177 @@ static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
 }
 
 /* Accepts until every higher rank arrived; strangers are logged and closed. */
+/* A connection accepted on the transport port that has not yet proved the secret: its
+ * handshake runs inside tcp_accept_all's poll loop, next to the others', so strangers that stay
+ * silent cannot hold up a rank behind them (each is dropped at its own deadline). */
+typedef struct tcp_pend {
+  int fd;
+  char who[80];
+  uint8_t nonce[32];
+  uint8_t in[DT_WIRE_HDR_LEN + DT_AUTH_LEN]; /* the AUTH frame, header and body */
+  size_t got;
+  int64_t deadline;
+} tcp_pend;
+#define TCP_PEND_MAX 64 /* handshakes at once; more wait in the listen backlog */
+
+static void tcp_refuse(dt_transport *t, tcp_pend *p) {
+  DT_LOG_WARN("rank %d: refused a tcp transport connection from %s: %s", t->rank, p->who, dt_last_error());
+  close(p->fd);
+  p->fd = -1;
+}
+
+/* Reads what p's peer sent; on the whole AUTH frame checks it and answers. 1 with *id set: a
+ * rank proved the secret; 0: not yet; -1: refuse it (the error says why). */
+static int tcp_pend_step(dt_transport *t, tcp_pend *p, uint32_t *id) {
+  dt_comm *c = t->c;
+  ssize_t k = recv(p->fd, p->in + p->got, sizeof p->in - p->got, 0);
+  if (k == 0) {
+    dt_set_error(DT_ERR_PROTOCOL, "%s closed the connection during the handshake", p->who);
+    return -1;
+  }
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EINTR)
+      return 0;
+    dt__errno(DT_ERR_PEER, "handshake with %s", p->who);
+    return -1;
+  }
+  size_t before = p->got;
+  p->got += (size_t)k;
+  if (before < DT_WIRE_HDR_LEN && p->got >= DT_WIRE_HDR_LEN) { /* the header: judged before the body */
+    dt__frame f;
+    if (dt__frame_decode(p->in, &f, DT_AUTH_LEN, p->who) != DT_OK)
+      return -1;
+    if (f.type != DT_FRAME_AUTH || f.len != DT_AUTH_LEN) {
+      dt_set_error(DT_ERR_PROTOCOL, "handshake with %s: got frame type 0x%04x with %llu bytes, expected 0x%04x with %d",
+                   p->who, f.type, (unsigned long long)f.len, DT_FRAME_AUTH, DT_AUTH_LEN);
+      return -1;
+    }
+  }
+  if (p->got < sizeof p->in)
+    return 0;
+  uint8_t ok[DT_WIRE_HDR_LEN + DT_AUTH_OK_LEN];
+  dt_status st = dt__auth_check(c->env.secret, c->env.secret_len, DT_ROLE_PEER, p->nonce, p->in + DT_WIRE_HDR_LEN,
+                                p->who, id, ok);
+  if (st == DT_ERR_AUTH) { /* say so, briefly: the stranger may not read */
+    uint8_t fail[DT_WIRE_HDR_LEN];
+    dt__frame_encode(fail, DT_FRAME_AUTH_FAIL, 0);
+    (void)!send(p->fd, fail, sizeof fail, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return -1;
+  }
+  if (st != DT_OK)
+    return -1;
+  if (*id <= (uint32_t)t->rank || *id >= (uint32_t)t->n || t->fd[*id] >= 0) {
+    dt_set_error(DT_ERR_PROTOCOL, "announced rank %u, expected one of %d..%d not yet connected", *id, t->rank + 1,
+                 t->n - 1);
+    return -1;
+  }
+  return dt__sock_write_all(p->fd, ok, sizeof ok, DT_MIN(p->deadline, dt__deadline_after_ms(1000)), p->who) == DT_OK
+             ? 1
+             : -1;
+}
+
 static dt_status tcp_accept_all(dt_transport *t, int lfd, int64_t deadline) {
   dt_comm *c = t->c;
-  int need = t->n - 1 - t->rank;
-  while (need > 0) {
-    struct pollfd p[2] = {{.fd = lfd, .events = POLLIN}, {.fd = dt__comm_abort_fd(c), .events = POLLIN}};
-    int ms = dt__ms_left(deadline);
-    if (ms == 0) {
+  int need = t->n - 1 - t->rank, hs_ms = 5000;
+  if (dt__handshake_timeout_ms(&hs_ms) != DT_OK)
+    return DT_ERR_INVALID;
+  tcp_pend pend[TCP_PEND_MAX];
+  int np = 0;
+  dt_status st = DT_OK;
+  while (need > 0 && st == DT_OK) {
+    int64_t now = dt_now_ns(), wake = deadline;
+    for (int i = 0; i < np;) { /* drop the handshakes past their time (the last moves into the gap) */
+      if (now >= pend[i].deadline) {
+        dt_set_error(DT_ERR_TIMEOUT, "%s did not complete the handshake within %d ms (DTRAIN_HANDSHAKE_TIMEOUT_MS)",
+                     pend[i].who, hs_ms);
+        tcp_refuse(t, &pend[i]);
+        pend[i] = pend[--np];
+        continue;
+      }
+      wake = DT_MIN(wake, pend[i].deadline);
+      i++;
+    }
+    int ms = dt__ms_left(wake);
+    if (dt__ms_left(deadline) == 0) {
       char miss[256] = "";
       size_t u = 0;
       for (int r = t->rank + 1; r < t->n; r++)
         if (t->fd[r] < 0 && u + 16 < sizeof miss)
           u += (size_t)snprintf(miss + u, sizeof miss - u, "%s%d", u ? ", " : "", r);
-      return dt_set_error(DT_ERR_TIMEOUT, "rank %d: rank(s) %s never connected to the tcp transport", t->rank, miss);
+      st = dt_set_error(DT_ERR_TIMEOUT, "rank %d: rank(s) %s never connected to the tcp transport", t->rank, miss);
+      break;
     }
-    int rc = poll(p, p[1].fd >= 0 ? 2 : 1, ms);
-    if (rc < 0 && errno != EINTR)
-      return dt__errno(DT_ERR_SYSTEM, "poll on the tcp listening socket");
-    if (rc > 0 && p[1].fd >= 0 && (p[1].revents & POLLIN) && dt__comm_aborted(c))
-      return dt__comm_abort_status(c);
-    if (rc <= 0 || !(p[0].revents & POLLIN))
+    struct pollfd p[TCP_PEND_MAX + 2];
+    int nfd = 0, ia = -1;
+    for (int i = 0; i < np; i++)
+      p[nfd++] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
+    int il = np < TCP_PEND_MAX ? nfd : -1; /* full: the backlog waits */
+    if (il >= 0)
+      p[nfd++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+    if (dt__comm_abort_fd(c) >= 0) {
+      ia = nfd;
+      p[nfd++] = (struct pollfd){.fd = dt__comm_abort_fd(c), .events = POLLIN};
+    }
+    int rc = poll(p, (nfds_t)nfd, ms);
+    if (rc < 0 && errno != EINTR) {
+      st = dt__errno(DT_ERR_SYSTEM, "poll on the tcp listening socket");
+      break;
+    }
+    if (rc <= 0)
+      continue;
+    if (ia >= 0 && (p[ia].revents & POLLIN) && dt__comm_aborted(c)) {
+      st = dt__comm_abort_status(c);
+      break;
+    }
+    for (int i = np - 1; i >= 0 && st == DT_OK; i--) { /* from the end: a finished one is replaced by the last */
+      if (!p[i].revents)
+        continue;
+      uint32_t id = 0;
+      int hs = tcp_pend_step(t, &pend[i], &id);
+      if (hs == 0)
+        continue;
+      if (hs > 0) {
+        int fd = pend[i].fd;
+        pend[i] = pend[--np];
+        if ((st = tcp_ready(t, (int)id, fd)) != DT_OK)
+          close(fd);
+        else
+          need--;
+        continue;
+      }
+      tcp_refuse(t, &pend[i]);
+      pend[i] = pend[--np];
+    }
+    if (st != DT_OK || il < 0 || !(p[il].revents & POLLIN))
       continue;
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
         continue;
-      return dt__errno(DT_ERR_SYSTEM, "accept on the tcp transport");
+      st = dt__errno(DT_ERR_SYSTEM, "accept on the tcp transport");
+      break;
     }
-    char who[80];
-    dt__sock_peer_name(fd, who, sizeof who);
-    uint32_t id = 0;
-    /* A silent stranger holds accepting for at most the handshake timeout. */
-    int hs_ms = 5000;
-    if (dt__handshake_timeout_ms(&hs_ms) != DT_OK) {
-      close(fd);
-      return DT_ERR_INVALID;
-    }
-    int64_t adl = dt__deadline_after_ms(hs_ms);
-    dt_status st = dt__auth_server(fd, c->env.secret, c->env.secret_len, DT_ROLE_PEER, &id, adl < deadline ? adl : deadline);
-    if (st == DT_OK && (id <= (uint32_t)t->rank || id >= (uint32_t)t->n || t->fd[id] >= 0))
-      st = dt_set_error(DT_ERR_PROTOCOL, "announced rank %u, expected one of %d..%d not yet connected", id, t->rank + 1,
-                        t->n - 1);
-    if (st != DT_OK) {
-      DT_LOG_WARN("rank %d: refused a tcp transport connection from %s: %s", t->rank, who, dt_last_error());
-      close(fd);
+    tcp_pend *q = &pend[np];
+    q->fd = fd;
+    q->got = 0;
+    q->deadline = DT_MIN(deadline, dt__deadline_after_ms(hs_ms));
+    dt__sock_peer_name(fd, q->who, sizeof q->who);
+    uint8_t hello[DT_WIRE_HDR_LEN + DT_AUTH_HELLO_LEN];
+    /* a fresh connection's send buffer always takes the hello whole */
+    if (dt__auth_hello(DT_ROLE_PEER, q->nonce, hello) != DT_OK) {
+      tcp_refuse(t, q);
       continue;
     }
-    if ((st = tcp_ready(t, (int)id, fd)) != DT_OK) {
-      close(fd);
-      return st;
+    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof hello) {
+      dt__errno(DT_ERR_PEER, "sending the handshake's hello to %s", q->who);
+      tcp_refuse(t, q);
+      continue;
     }
-    need--;
+    np++;
   }
-  return DT_OK;
+  for (int i = 0; i < np; i++) /* the job formed (or failed): the rest are strangers */
+    close(pend[i].fd);
+  return st;
 }
 
 static dt_status tcp_create(dt_comm *c, dt_transport **out) {
