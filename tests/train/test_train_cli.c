@@ -612,7 +612,19 @@ static void group_ckdir(void) {
       if (strcmp(dt_ckpt_meta_at(c, i)->key, "step"))
         meta[nm++] = *dt_ckpt_meta_at(c, i);
     CHECK(c && dt_ckpt_write(dst, 14, secs, ns, meta, nm) == DT_OK, "write %s: %s", dst, dt_last_error());
+    /* and one whose meta step is not its header's */
+    char other[1100];
+    snprintf(other, sizeof other, "%s/ckstep10", dir);
+    CHECK(mkdir(other, 0700) == 0, "mkdir %s", other);
+    snprintf(other, sizeof other, "%s/ckstep10/ckpt-000000014.dtc", dir);
+    meta[nm++] = (dt_kv){"step", "10"};
+    CHECK(c && dt_ckpt_write(other, 14, secs, ns, meta, nm) == DT_OK, "write %s: %s", other, dt_last_error());
     dt_ckpt_destroy(c);
+    r = tt_run(dir, 120, "%s train --data %s %s --max-steps 16 --lr 0.1 --clip 2 --checkpoint-dir %s/ckstep10 "
+               "--resume --out %s/o7", b, data, common, dir, dir);
+    CHECK(r.code == 2 && strstr(r.err, "meta step 10") && strstr(r.err, "against step 14 in its header"),
+          "step 10 in a step-14 file: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
     struct stat before, after;
     CHECK(stat(dst, &before) == 0, "stat %s", dst);
     r = tt_run(dir, 120, "%s train --data %s %s --max-steps 16 --lr 0.1 --clip 2 --checkpoint-dir %s/cknostep "
