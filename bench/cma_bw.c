@@ -11,11 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "hugebuf.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -25,18 +26,8 @@ static double now_s(void) {
 
 static int huge;
 
-static char *alloc_buf(size_t n) {
-  const size_t h = 2u << 20;
-  void *p = NULL;
-  if (posix_memalign(&p, huge ? h : 64, huge ? (n + h - 1) / h * h : n))
-    return NULL;
-  if (huge)
-    (void)madvise(p, (n + h - 1) / h * h, MADV_HUGEPAGE);
-  return p;
-}
-
 static int one(size_t n) {
-  char *src = alloc_buf(n), *dst = alloc_buf(n);
+  char *src = bench_buf(n, huge), *dst = bench_buf(n, huge);
   int p[2];
   if (!src || !dst || pipe(p) != 0) {
     perror("cma_bw");

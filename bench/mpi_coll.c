@@ -26,7 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+
+#include "hugebuf.h"
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST };
 
@@ -106,17 +107,6 @@ static long long check(int coll, int rank, int n, const float *recv, size_t coun
   return wrong;
 }
 
-/* 64-byte aligned, or with `huge` 2 MiB aligned, whole huge pages and advised onto them. */
-static void *alloc_buf(size_t n, int huge) {
-  const size_t h = 2u << 20;
-  void *p = NULL;
-  if (posix_memalign(&p, huge ? h : 64, huge ? (n + h - 1) / h * h : n))
-    return NULL;
-  if (huge)
-    (void)madvise(p, (n + h - 1) / h * h, MADV_HUGEPAGE);
-  return p;
-}
-
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank, n;
@@ -172,7 +162,7 @@ int main(int argc, char **argv) {
    * timed (Open MPI's own temporaries are its business and are timed, as a user sees them). */
   size_t elems = max_bytes / sizeof(float) + 16;
   float *send = NULL, *recv = NULL;
-  if (!(send = alloc_buf(elems * sizeof(float), huge)) || !(recv = alloc_buf(elems * sizeof(float), huge)))
+  if (!(send = bench_buf(elems * sizeof(float), huge)) || !(recv = bench_buf(elems * sizeof(float), huge)))
     return die("cannot allocate the buffers");
   memset(send, 0, elems * sizeof(float));
   memset(recv, 0, elems * sizeof(float));
