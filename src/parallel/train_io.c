@@ -368,7 +368,8 @@ dt_status dt__train_ckpt_load(const dt_train_config *cfg, dt_model *m, const dt_
   if (had_data && data && data[0] && strcmp(had_data, data)) {
     rc = dt_set_error(DT_ERR_MISMATCH, "%s was written training on another training set (%s; --data %s now gives "
                       "%s): resuming would not continue that run; to start afresh, choose another "
-                      "--checkpoint-dir", dt_ckpt_path(c), had_data, cfg->data_dir ? cfg->data_dir : DT_FASHION_MNIST_DIR, data);
+                      "--checkpoint-dir", dt_ckpt_path(c), had_data,
+                      cfg->data_dir ? cfg->data_dir : DT_FASHION_MNIST_DIR, data);
     goto fail;
   }
   /* momentum: stored by name; older files tell by their momentum buffer */
