@@ -145,9 +145,9 @@ typedef struct dt__run_failure {
 /* With DTRAIN_RUN_EVENTS=FILE: appends {"event","node","gen","t_ns" (CLOCK_MONOTONIC),"world",
  * "what"} as one line (one write, so agents sharing the file do not interleave). */
 void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world, const char *what);
-/* R if p starts "rank R failed" or "rank R (...) failed", else -1. */
+/* R if p starts "rank R failed:" or "rank R (...) failed:", else -1. */
 int dt__run_failed_rank(const char *p);
-/* R if p starts "rank R refused" (the trainer's "rank 0 refused to resume: ..."), else -1. */
+/* R if p starts "rank R refused to start" or "... to resume" (the trainer's refusals), else -1. */
 int dt__run_refused_rank(const char *p);
 /* The first line in any worker's recent output naming a failed rank ("rank 3 failed: ..."), or "". */
 void dt__run_cause(dt_job *job, char *buf, size_t n);

@@ -367,8 +367,14 @@ static int run_rank_then(const char *p, const char *word) {
   return strncmp(p, word, strlen(word)) == 0 ? r : -1;
 }
 
-int dt__run_failed_rank(const char *p) { return run_rank_then(p, "failed"); }
-int dt__run_refused_rank(const char *p) { return run_rank_then(p, "refused"); }
+/* The library's verdicts read "rank R failed: why" (store.c, health.c), the trainer's refusal
+ * "rank 0 refused to start: ..." or "... to resume: ...". A program's own text ("rank 3 failed
+ * to load a plugin") must not stop a healthy job, so only those forms count. */
+int dt__run_failed_rank(const char *p) { return run_rank_then(p, "failed:"); }
+int dt__run_refused_rank(const char *p) {
+  int r = run_rank_then(p, "refused to start");
+  return r >= 0 ? r : run_rank_then(p, "refused to resume");
+}
 
 void dt__run_cause(dt_job *job, char *buf, size_t n) {
   buf[0] = '\0';

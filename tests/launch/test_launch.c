@@ -755,6 +755,20 @@ static void test_all_ok_some_early(void **state) {
   free(err);
 }
 
+static void test_ok_with_failure_words(void **state) {
+  /* A program's own text about a rank failing or refusing is not dtrain's verdict: the job goes
+   * on (it used to be stopped 2 ms after the first line and restarted until none were left). */
+  const char *args[] = {"run", "-n", "2", "--max-restarts", "2", "--", "sh", "-c",
+                        "echo \"warning: rank $DTRAIN_RANK failed to import a plugin; rank 1 refused the offer\" >&2; "
+                        "sleep 0.3; echo done", NULL};
+  assert_int_equal(run_dtrain(30000, args), 0);
+  char *out = slurp(pathf("out")), *err = slurp(pathf("err"));
+  assert_int_equal(count_of(out, "] done\n"), 2);
+  assert_null(strstr(err, "restart"));
+  free(out);
+  free(err);
+}
+
 /* ---- signals ---- */
 
 /* Each worker starts a grandchild (background sleep), records both pids, and waits. */
@@ -957,6 +971,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_fail_refuser_hangs, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_timeout, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_all_ok_some_early, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_ok_with_failure_words, setup_dir, teardown_dir),
   };
   const struct CMUnitTest signals[] = {
       cmocka_unit_test_setup_teardown(test_signal_term, setup_dir, teardown_dir),
