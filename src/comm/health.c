@@ -46,10 +46,15 @@ static void health_timespec(struct timespec *ts, int64_t deadline) {
   ts->tv_nsec = ns % 1000000000LL;
 }
 
+static atomic_bool any_failed;
+
+bool dt__health_any_failed(void) { return atomic_load(&any_failed); }
+
 /* First failure wins. Returns true if this call set it. Caller holds mu. */
 static bool health_set_locked(dt__health *h, const char *msg) {
   if (atomic_load(&h->aborted))
     return false;
+  atomic_store(&any_failed, true);
   snprintf(h->verdict, sizeof h->verdict, "%s", msg && *msg ? msg : "aborted (no reason given)");
   atomic_store(&h->aborted, true);
   uint64_t one = 1;
