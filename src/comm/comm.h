@@ -32,9 +32,10 @@ void dt__health_retain(dt__health *h);
 /* Says goodbye to the store (so leaving is not a failure) and stops the thread at refcount 0. */
 void dt__health_release(dt__health *h);
 bool dt__health_aborted(const dt__health *h);
-/* Whether any communicator of this process has seen its job fail (a dead, hung or refusing
- * peer, an abort): at exit, MPI_Finalize would then wait for peers that may never come. */
-bool dt__health_any_failed(void);
+/* Whether any communicator of this process has seen a rank of its job die or stop answering
+ * (the failure detector's verdict, not an abort every rank saw): at exit, MPI_Finalize would
+ * then wait for a rank that may never come. */
+bool dt__health_peer_lost(void);
 int dt__health_abort_fd(const dt__health *h);
 /* Copies the verdict ("" if none). */
 void dt__health_verdict(const dt__health *h, char *buf, size_t n);

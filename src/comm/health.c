@@ -46,15 +46,14 @@ static void health_timespec(struct timespec *ts, int64_t deadline) {
   ts->tv_nsec = ns % 1000000000LL;
 }
 
-static atomic_bool any_failed;
+static atomic_bool peer_lost; /* any communicator of this process */
 
-bool dt__health_any_failed(void) { return atomic_load(&any_failed); }
+bool dt__health_peer_lost(void) { return atomic_load(&peer_lost); }
 
 /* First failure wins. Returns true if this call set it. Caller holds mu. */
 static bool health_set_locked(dt__health *h, const char *msg) {
   if (atomic_load(&h->aborted))
     return false;
-  atomic_store(&any_failed, true);
   snprintf(h->verdict, sizeof h->verdict, "%s", msg && *msg ? msg : "aborted (no reason given)");
   atomic_store(&h->aborted, true);
   uint64_t one = 1;
@@ -64,7 +63,10 @@ static bool health_set_locked(dt__health *h, const char *msg) {
   return true;
 }
 
-static void health_set(dt__health *h, const char *msg) {
+/* lost: the verdict is a rank gone or not answering (not an abort that every rank can see) */
+static void health_set(dt__health *h, const char *msg, bool lost) {
+  if (lost)
+    atomic_store(&peer_lost, true);
   pthread_mutex_lock(&h->mu);
   if (health_set_locked(h, msg))
     DT_LOG_DEBUG("health: %s", msg);
@@ -152,7 +154,7 @@ static void *health_main(void *arg) {
       }
       if (dt__store_told(h->st) && (rc == DT_ERR_PEER || rc == DT_ERR_ABORTED)) {
         last_ok = dt_now_ns(); /* the store answered: it is alive, and it has a verdict */
-        health_set(h, dt_last_error());
+        health_set(h, dt_last_error(), rc == DT_ERR_PEER);
         continue;
       }
       if (dt__store_broken(h->st)) {
@@ -180,7 +182,7 @@ static void *health_main(void *arg) {
                  sr >= 0 ? "process" : "the store's process");
       else
         snprintf(msg, sizeof msg, "%s unreachable: no answer for %d ms (hung, stopped, or cut off)", who, h->fault_ms);
-      health_set(h, msg);
+      health_set(h, msg, true);
     }
   }
   if (h->st) {

@@ -40,13 +40,14 @@ enum { TAG_HDR = 7001, TAG_DATA = 7002, TAG_GROUP = 7003 };
 static pthread_mutex_t mpi_lock = PTHREAD_MUTEX_INITIALIZER;
 static int mpi_we_initialized;
 
-/* MPI_Finalize waits for every rank. After a job failure one may be hung or stopped (SIGSTOP)
- * and never come, so the process would not exit: then it leaves without finalizing, and mpirun,
- * seeing a rank exit so, stops the others and exits non-zero. */
+/* MPI_Finalize waits for every rank. Once the failure detector has declared a rank gone or not
+ * answering, that rank may be hung or stopped (SIGSTOP) and never come, so the process would not
+ * exit: it then leaves without finalizing, and mpirun, seeing a rank exit so, stops the others
+ * and exits non-zero. After a failure every rank saw (a mismatch, an abort) all finalize. */
 static void mpi_finalize_at_exit(void) {
   int fin = 0;
   MPI_Finalized(&fin);
-  if (!fin && !dt__health_any_failed())
+  if (!fin && !dt__health_peer_lost())
     MPI_Finalize();
 }
 
