@@ -111,6 +111,7 @@ typedef struct dt_job {
   int stop_signal;    /* signal that made us stop, for DT_JOB_SIGNALED */
   int stopped;        /* workers still running when we began stopping them */
   bool killed;        /* SIGKILL was needed */
+  bool killed_asked;  /* ... because a second signal asked for it, not after the grace period */
   int stuck;          /* workers that did not die even after SIGKILL (not reaped) */
 } dt_job;
 

@@ -445,6 +445,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         job_release(job, &s); /* a first Ctrl-C while holding: SIGTERM now */
       } else {
         /* A second Ctrl-C while stopping: do not wait out the grace period. */
+        job->killed_asked = true;
         job_kill(job, &s);
       }
     }

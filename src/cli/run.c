@@ -220,6 +220,13 @@ dt_status dt__run_job_env(const dt_launch_opts *o) {
   return DT_OK;
 }
 
+/* How the stop ended, for the summary: "" when every worker left on SIGTERM. */
+static const char *run_kill_note(const dt_job *job) {
+  return !job->killed        ? ""
+         : job->killed_asked ? " (SIGKILL at a second signal)"
+                             : " (SIGKILL was needed after the grace period)";
+}
+
 /* 2 pipes per worker: lift the soft descriptor limit to the hard one for big -n. */
 static void run_raise_nofile(void) {
   struct rlimit rl;
@@ -268,7 +275,7 @@ int dt__run_report(dt_job *job) {
     int others = job->stopped - (w->stopped ? 1 : 0);
     if (others > 0)
       fprintf(stderr, "dtrain run: stopped the other %d running worker%s%s\n", others, others == 1 ? "" : "s",
-              job->killed ? " (SIGKILL was needed after the grace period)" : "");
+              run_kill_note(job));
     int nt = dt__out_tail_count(job->out, w->local);
     if (nt == 0) {
       fprintf(stderr, "dtrain run: rank %d wrote no output\n", w->rank);
@@ -282,12 +289,12 @@ int dt__run_report(dt_job *job) {
   } else if (job->outcome == DT_JOB_SIGNALED) {
     fprintf(stderr, "dtrain run: got %s; stopped %d running worker%s%s\n",
             dt__signal_name(job->stop_signal), job->stopped, job->stopped == 1 ? "" : "s",
-            job->killed ? " (SIGKILL was needed after the grace period)" : "");
+            run_kill_note(job));
     rc = 128 + job->stop_signal;
   } else if (job->outcome == DT_JOB_TIMED_OUT) {
     fprintf(stderr, "dtrain run: --timeout %.3g s passed; stopped %d running worker%s%s\n",
             (double)o->timeout_ms / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
-            job->killed ? " (SIGKILL was needed after the grace period)" : "");
+            run_kill_note(job));
     rc = 124;
   }
   if (job->stuck > 0) {

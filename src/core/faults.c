@@ -469,7 +469,7 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
       continue;
     if (atomic_exchange(&it->fired, true))
       continue;
-    char extra[160] = "";
+    char extra[320] = "";
     const char *where = at == DT_FAULT_AT_UPDATE ? " - before its optimizer update" : "";
     switch (it->kind) {
     case F_KILL:
@@ -512,6 +512,9 @@ dt_status dt_fault_point(int64_t step, dt_fault_at at) {
                  what);
       else
         snprintf(extra, sizeof extra, " - discarding %s it sends on tcp from now on", what);
+      if (!atomic_load(&fault_send_hooked)) /* no tcp send so far: shm and mpi have no frames to drop */
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 "; but this rank has sent nothing over tcp, so it drops nothing (the fault needs DTRAIN_TRANSPORT=tcp)");
       fault_announce(it, step, extra);
       pthread_mutex_lock(&fault_drop_mu);
       dt_rng_seed(&fault_drop_rng, fault_the_plan.seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(fault_rank + 1)) ^

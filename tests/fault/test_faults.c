@@ -409,6 +409,22 @@ static void test_run_exit_code(void **state) {
   free(err);
 }
 
+/* drop acts on tcp only: on shm the announcement says that it drops nothing (the run then ends
+ * as an undisturbed one would, which used to pass for a survived rehearsal). */
+static void test_run_drop_shm_says_nothing_dropped(void **state) {
+  const char *argv[] = {bin, "run", "-n", "2", "--inject-fault", "drop:rank=1,step=3", "--", worker,
+                        "--steps", "20", "--step-ms", "5", NULL};
+  setenv("DTRAIN_TRANSPORT", "shm", 1);
+  char *out, *err;
+  int st = run_dtrain(argv, 30000, &out, &err);
+  unsetenv("DTRAIN_TRANSPORT");
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  assert_non_null(strstr(err, "so it drops nothing (the fault needs DTRAIN_TRANSPORT=tcp)"));
+  free(out);
+  free(err);
+}
+
 static void test_run_kill_summary(void **state) {
   const char *argv[] = {bin, "run", "-n", "3", "--inject-fault", "kill:rank=1,step=4", "--", worker,
                         "--steps", "50", "--step-ms", "10", NULL};
@@ -832,6 +848,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest run[] = {
       cmocka_unit_test_setup_teardown(test_run_exit_code, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_kill_summary, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_drop_shm_says_nothing_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_stop_named, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restart_resumes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_corrupt_ckpt_fallback, setup, teardown),

@@ -822,6 +822,30 @@ static void test_signal_escalates_to_kill(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
 }
 
+static void test_signal_twice_kills_at_once(void **state) {
+  /* A second signal while the workers ignore SIGTERM: SIGKILL at once, said as such (not "after
+   * the grace period", which is 30 s here). */
+  const char *args[] = {"run", "-n", "2", "--kill-after", "30", "--", "sh", "-c",
+                        "trap '' TERM; echo $$ > \"$1/pid.tmp.$DTRAIN_RANK\"; "
+                        "mv \"$1/pid.tmp.$DTRAIN_RANK\" \"$1/pid.$DTRAIN_RANK\"; "
+                        "while :; do sleep 0.05; done",
+                        "sh", dir, NULL};
+  pid_t l = spawn_dtrain(args);
+  assert_true(wait_files("pid", 2, 20000));
+  kill(l, SIGTERM);
+  usleep(200000);
+  kill(l, SIGTERM);
+  int st = wait_bounded(l, 10000);
+  assert_true(st != -1 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 143);
+  char *err = slurp(pathf("err"));
+  assert_non_null(strstr(err, "(SIGKILL at a second signal)"));
+  assert_null(strstr(err, "grace period"));
+  free(err);
+  assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
+  assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
+}
+
 static void test_signal_no_busy_wait(void **state) {
   /* While the launcher waits out a grace period it sleeps in poll(2): its own CPU time stays
    * far below the ~1.5 s it waits. A worker ignoring SIGTERM after --timeout: */
@@ -977,6 +1001,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_signal_term, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_int, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_escalates_to_kill, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_signal_twice_kills_at_once, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_launcher_killed, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_no_busy_wait, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_stdout_closed, setup_dir, teardown_dir),
