@@ -400,7 +400,7 @@ static dt_status comm_connect_transport(dt_comm *c, const comm_peers *p) {
   char req[COMM_HOSTID_MAX];
   comm_requested(p->mine, req, sizeof req);
   if (p->other >= 0)
-    return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT)",
+    return dt_set_error(DT_ERR_MISMATCH, "rank %d asked for transport '%s' but rank %d asked for '%s' (DTRAIN_TRANSPORT or DTRAIN_BACKEND)",
                         p->other, p->other_req[0] ? p->other_req : "auto", c->rank, req[0] ? req : "auto");
   /* Ranks running different algorithms for one collective wait for messages that never come:
    * refused here, where every rank sees every record, instead of at the deadline. */

@@ -144,7 +144,8 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
     m->last_line_ns = now;
     enum { W = 24 };
     char bar[W + 1];
-    int fill = s->steps_per_epoch ? (int)(W * s->step_in_epoch / s->steps_per_epoch) : 0;
+    /* the run's progress (a --max-steps run shorter than an epoch fills it too) */
+    int fill = s->total_steps > 0 ? (int)(W * DT_MIN(s->step, s->total_steps) / s->total_steps) : 0;
     for (int i = 0; i < W; i++)
       bar[i] = i < fill ? '#' : '.';
     bar[W] = '\0';

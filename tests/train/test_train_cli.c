@@ -129,6 +129,15 @@ static void group_usage(void) {
 
 static void group_json(void) {
   const char *b = tt_bin();
+  {
+    /* the progress bar shows the run's progress: full at its last step, also when --max-steps
+     * ends the run early in an epoch (it used to show the epoch's 2 of 15 steps) */
+    tt_result p = tt_run(dir, 120, "%s train --data %s --model '%s' --batch 40 --max-steps 2 --threads 1 "
+                         "--out %s/bar --progress bar", b, data, TINY_MODEL, dir);
+    CHECK(p.code == 0 && strstr(p.err, "[########################] step 2/2"), "progress bar: exit %d: %s", p.code,
+          p.err);
+    tt_result_free(&p);
+  }
   tt_result r = tt_run(dir, 120,
                        "%s train --data %s --model '%s' --epochs 2 --batch 32 --optimizer sgd "
                        "--lr 0.05 --momentum 0.9 --threads 1 --out %s/run --json",
