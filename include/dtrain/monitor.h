@@ -13,6 +13,9 @@
  *    "train_loss":0.58,"epoch_s":6.2,"time":...}
  *   {"type":"note","text":"resumed ...","time":...}
  * Losses are printed with 9 significant digits, so a float survives the round trip exactly.
+ * A resumed run appends to the same file: the steps after its checkpoint that the interrupted
+ * run had already logged appear again after the "resumed" note (with the same values, since a
+ * resume repeats them exactly); a reader keeps the last record of each step.
  *
  * Not here: Chrome-trace timelines, Prometheus, energy (later issues). */
 #ifndef DTRAIN_MONITOR_H
