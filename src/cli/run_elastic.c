@@ -139,7 +139,10 @@ static dt_status el_host_store(elastic *e) {
 static dt_status el_claim(elastic *e) {
   char key[32];
   snprintf(key, sizeof key, "agent/%d", e->me);
-  dt_status st = dt__store_claim(e->st, key, e->claim, strlen(e->claim), dt__deadline_after_ms(EL_RPC_MS));
+  dt_status st = dt__store_set(e->st, DT__STORE_AGENTS_KEY, "1", 1, dt__deadline_after_ms(EL_RPC_MS));
+  if (st != DT_OK)
+    return st;
+  st = dt__store_claim(e->st, key, e->claim, strlen(e->claim), dt__deadline_after_ms(EL_RPC_MS));
   if (st != DT_ERR_STATE)
     return st;
   const char *from = strstr(dt_last_error(), "held by another connection, from ");

@@ -632,6 +632,17 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
                      c->env.store_port);
     goto fail;
   }
+  if (!c->server) { /* a dtrain run agent's store (elastic hosts) at the address: no worker will meet us there */
+    char v[8];
+    size_t vn = 0;
+    if (dt__store_get(c->store, DT__STORE_AGENTS_KEY, v, sizeof v, &vn, deadline) == DT_OK) {
+      st = dt_set_error(DT_ERR_MISMATCH, "rank %d: %s:%d is the store of dtrain run's agents (a host started with "
+                        "--max-restarts and --nnodes > 1), not a job's: start every host's dtrain run with the same "
+                        "--max-restarts", c->rank, c->env.store_host, c->env.store_port);
+      goto fail;
+    }
+    dt_clear_error();
+  }
   DT_CHECK_GOTO(comm_meet(c, deadline), st, fail);
   st = dt__health_start(c->env.store_host, c->env.store_port, env.secret, env.secret_len, c->rank, c->size,
                         env.fault_timeout_ms,

@@ -58,6 +58,10 @@ bool dt__store_broken(const dt__store *st);
  * DT_ERR_PEER / DT_ERR_ABORTED then came from the store, not from a lost socket. */
 bool dt__store_told(const dt__store *st);
 
+/* Set by dtrain run's elastic agents in their own store, so that a worker started as a plain
+ * job's and pointed at it says so instead of waiting for ranks that never come. */
+#define DT__STORE_AGENTS_KEY "dtrain/agents"
+
 dt_status dt__store_set(dt__store *st, const char *key, const void *val, size_t n, int64_t deadline);
 /* Copies the value into buf (cap bytes); *n is its full length. DT_ERR_NOT_FOUND if absent,
  * DT_ERR_INVALID if cap is too small. Never blocks waiting for the key. */

@@ -722,6 +722,24 @@ static int start_two_agents(pid_t ag[2], const char *tag, const char *restarts, 
   return port;
 }
 
+/* Hosts started with different --max-restarts: node 0 runs an elastic agent (its agent store at
+ * --master), node 1 a plain job whose worker reaches that store. The worker says so at once and
+ * its launcher ends (it waited out the whole deadline for ranks that never came). Node 0, waiting for node 1's agent, is stopped by the test. */
+static void test_run_elastic_against_plain(void **state) {
+  int port = free_port_block(4);
+  pid_t a0 = start_agent_of_two(0, port, "m", "1", NULL, "50", "m0", NULL);
+  usleep(300000);
+  pid_t a1 = start_agent_of_two(1, port, "m", "0", NULL, "50", "m1", NULL);
+  int st1 = wait_bounded(a1, 20000);
+  kill(a0, SIGTERM);
+  int st0 = wait_bounded(a0, 20000);
+  char *e1 = slurp(pathf("%s/m1.err", dir));
+  if (!(st1 != -1 && WIFEXITED(st1) && WEXITSTATUS(st1) != 0 && strstr(e1, "is the store of dtrain run's agents")))
+    fail_msg("node 1 (plain): status %d: %s", st1, e1);
+  free(e1);
+  assert_true(st0 != -1);
+}
+
 /* A worker exiting with code 2 (a usage or settings error) under elastic agents: its agent does
  * not restart and the other agent learns it and stops too, without re-forming. */
 static void test_run_elastic_usage_error_ends(void **state) {
@@ -861,6 +879,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_elastic_says_who_is_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_after_stop, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_usage_error_ends, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_against_plain, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_blame_named, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_duplicate_refused, setup, teardown),
   };
