@@ -802,48 +802,39 @@ static void stop_by_signal(int sig, int want_rc, const char *want_name) {
 static void test_signal_term(void **state) { stop_by_signal(SIGTERM, 143, "SIGTERM"); }
 static void test_signal_int(void **state) { stop_by_signal(SIGINT, 130, "SIGINT"); }
 
-static void test_signal_escalates_to_kill(void **state) {
-  /* A worker that ignores SIGTERM is SIGKILLed after --kill-after. */
-  const char *args[] = {"run", "-n", "2", "--kill-after", "0.3", "--", "sh", "-c",
+/* Two workers that ignore SIGTERM, the launcher sent SIGTERM `signals` times (200 ms apart):
+ * both workers gone, exit 143, and the summary holds `want` and not `unwanted`. */
+static void stop_stubborn(const char *kill_after, int signals, const char *want, const char *unwanted) {
+  const char *args[] = {"run", "-n", "2", "--kill-after", kill_after, "--", "sh", "-c",
                         "trap '' TERM; echo $$ > \"$1/pid.tmp.$DTRAIN_RANK\"; "
                         "mv \"$1/pid.tmp.$DTRAIN_RANK\" \"$1/pid.$DTRAIN_RANK\"; "
                         "while :; do sleep 0.05; done",
                         "sh", dir, NULL};
   pid_t l = spawn_dtrain(args);
   assert_true(wait_files("pid", 2, 20000));
-  kill(l, SIGTERM);
-  int st = wait_bounded(l, 20000);
+  for (int i = 0; i < signals; i++) {
+    if (i)
+      usleep(200000);
+    kill(l, SIGTERM);
+  }
+  int st = wait_bounded(l, 10000);
   assert_true(st != -1 && WIFEXITED(st));
   assert_int_equal(WEXITSTATUS(st), 143);
   char *err = slurp(pathf("err"));
-  assert_non_null(strstr(err, "SIGKILL was needed"));
+  assert_non_null(strstr(err, want));
+  if (unwanted)
+    assert_null(strstr(err, unwanted));
   free(err);
   assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
   assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
 }
 
+/* A worker that ignores SIGTERM is SIGKILLed after --kill-after. */
+static void test_signal_escalates_to_kill(void **state) { stop_stubborn("0.3", 1, "SIGKILL was needed", NULL); }
+
+/* A second signal: SIGKILL at once, said as such (not "after the grace period", 30 s here). */
 static void test_signal_twice_kills_at_once(void **state) {
-  /* A second signal while the workers ignore SIGTERM: SIGKILL at once, said as such (not "after
-   * the grace period", which is 30 s here). */
-  const char *args[] = {"run", "-n", "2", "--kill-after", "30", "--", "sh", "-c",
-                        "trap '' TERM; echo $$ > \"$1/pid.tmp.$DTRAIN_RANK\"; "
-                        "mv \"$1/pid.tmp.$DTRAIN_RANK\" \"$1/pid.$DTRAIN_RANK\"; "
-                        "while :; do sleep 0.05; done",
-                        "sh", dir, NULL};
-  pid_t l = spawn_dtrain(args);
-  assert_true(wait_files("pid", 2, 20000));
-  kill(l, SIGTERM);
-  usleep(200000);
-  kill(l, SIGTERM);
-  int st = wait_bounded(l, 10000);
-  assert_true(st != -1 && WIFEXITED(st));
-  assert_int_equal(WEXITSTATUS(st), 143);
-  char *err = slurp(pathf("err"));
-  assert_non_null(strstr(err, "(SIGKILL at a second signal)"));
-  assert_null(strstr(err, "grace period"));
-  free(err);
-  assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
-  assert_true(pid_gone(read_pid(pathf("pid.1")), 5000));
+  stop_stubborn("30", 2, "(SIGKILL at a second signal)", "grace period");
 }
 
 static void test_signal_no_busy_wait(void **state) {
