@@ -804,7 +804,7 @@ static void test_signal_int(void **state) { stop_by_signal(SIGINT, 130, "SIGINT"
 
 /* Two workers that ignore SIGTERM, the launcher sent SIGTERM `signals` times (200 ms apart):
  * both workers gone, exit 143, and the summary holds `want` and not `unwanted`. */
-static void stop_stubborn(const char *kill_after, int signals, const char *want, const char *unwanted) {
+static void stop_deaf_workers(const char *kill_after, int signals, const char *want, const char *unwanted) {
   const char *args[] = {"run", "-n", "2", "--kill-after", kill_after, "--", "sh", "-c",
                         "trap '' TERM; echo $$ > \"$1/pid.tmp.$DTRAIN_RANK\"; "
                         "mv \"$1/pid.tmp.$DTRAIN_RANK\" \"$1/pid.$DTRAIN_RANK\"; "
@@ -830,11 +830,11 @@ static void stop_stubborn(const char *kill_after, int signals, const char *want,
 }
 
 /* A worker that ignores SIGTERM is SIGKILLed after --kill-after. */
-static void test_signal_escalates_to_kill(void **state) { stop_stubborn("0.3", 1, "SIGKILL was needed", NULL); }
+static void test_signal_escalates_to_kill(void **state) { stop_deaf_workers("0.3", 1, "SIGKILL was needed", NULL); }
 
 /* A second signal: SIGKILL at once, said as such (not "after the grace period", 30 s here). */
 static void test_signal_twice_kills_at_once(void **state) {
-  stop_stubborn("30", 2, "(SIGKILL at a second signal)", "grace period");
+  stop_deaf_workers("30", 2, "(SIGKILL at a second signal)", "grace period");
 }
 
 static void test_signal_no_busy_wait(void **state) {

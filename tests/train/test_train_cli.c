@@ -319,6 +319,17 @@ static void group_shapes(void) {
   r = tt_run(dir, 60, "%s train --data %s --model 'in=64' --max-steps 2 --batch 16 --out %s/noparam --progress off",
              b, data, dir);
   expect_usage("model without parameters", r, "no parameters to train");
+  /* eval on a damaged test file: the damaged-file hint, not "evaluate on the kind of data" */
+  {
+    char dd[1100], p[1200];
+    snprintf(dd, sizeof dd, "%s/damaged", dir);
+    mkdir(dd, 0777);
+    tt_make_dataset(dd, 64, 32);
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte", dd);
+    CHECK(truncate(p, 100) == 0, "truncate %s", p);
+    r = tt_run(dir, 60, "%s eval --data %s --model-file %s/flat/model.safetensors", b, dd, dir);
+    expect_usage("eval on a damaged file", r, "is damaged");
+  }
   /* an IDX element type dtrain does not read (0x0d, f32) is a usage error naming it, exit 2, not
    * a failure that a supervisor would restart; for eval too */
   snprintf(d, sizeof d, "%s/f32", dir);
@@ -589,6 +600,13 @@ static void group_ckdir(void) {
              "--resume --out %s/o4", b, data, common, dir, dir);
   CHECK(r.code == 0 && strstr(r.err, "resuming with --clip 2; the checkpoint was written with 0"), "clip: exit %d: %s",
         r.code, r.err);
+  tt_result_free(&r);
+  /* --accumulate is a setting a resume warns about; a resume with no step left says so */
+  r = tt_run(dir, 120, "%s train --data %s %s --max-steps 14 --lr 0.1 --clip 2 --accumulate 2 --progress off "
+             "--checkpoint-dir %s/ck --resume --out %s/o4", b, data, common, dir, dir);
+  CHECK(r.code == 0 && strstr(r.err, "resuming with --accumulate 2; the checkpoint was written with 1") &&
+            strstr(r.out, "no step left (the checkpoint is at step 14)"),
+        "accumulate / no step left: exit %d: %s%s", r.code, r.out, r.err);
   tt_result_free(&r);
   /* a checkpoint written on another training set is refused, naming both sets */
   {
