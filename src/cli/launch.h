@@ -27,7 +27,8 @@ typedef struct dt_launch_opts {
   dt_out_mode out_mode;
   bool raw_stdout;       /* rank 0's stdout byte for byte on our stdout; all else to stderr */
   int64_t kill_after_ms; /* grace between SIGTERM and SIGKILL when stopping workers */
-  int64_t timeout_ms;    /* whole-job limit; 0 = none */
+  int64_t timeout_ms;    /* whole-job limit; 0 = none (a later generation: what is left of it) */
+  int64_t timeout_given_ms; /* --timeout as given, for messages */
   int tail_lines;        /* lines of the failing rank shown in the failure summary */
   char **argv;           /* worker command, NULL-terminated; borrowed */
   const char *exec_path; /* what to execvp (argv[0], or this binary for "dtrain") */

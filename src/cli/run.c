@@ -293,7 +293,7 @@ int dt__run_report(dt_job *job) {
     rc = 128 + job->stop_signal;
   } else if (job->outcome == DT_JOB_TIMED_OUT) {
     fprintf(stderr, "dtrain run: --timeout %.3g s passed; stopped %d running worker%s%s\n",
-            (double)o->timeout_ms / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
+            (double)(o->timeout_given_ms ? o->timeout_given_ms : o->timeout_ms) / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
             run_kill_note(job));
     rc = 124;
   }
@@ -572,6 +572,7 @@ int dt_cli_run(int argc, char **argv) {
       if (!run_parse_seconds(val, &o.timeout_ms) || o.timeout_ms == 0)
         return dt_cli_usage_error("run", USAGE_HINT, "--timeout '%s' is not seconds in 0.001..%d", val,
                                   RUN_MAX_SECONDS);
+      o.timeout_given_ms = o.timeout_ms;
     } else if (!strcmp(name, "--tail")) {
       if (!run_parse_int(val, 1, 10000, &o.tail_lines))
         return dt_cli_usage_error("run", USAGE_HINT, "--tail '%s' is not a line count 1..10000", val);

@@ -91,6 +91,7 @@ typedef struct elastic {
   char claim[128];   /* agent/<me>'s value: "<addr> <pid> <nonce>", this agent and no other */
   bool duplicate;    /* refused: another live agent holds this node rank */
   int64_t env_timeout_ms; /* DTRAIN_TIMEOUT_MS as the workers read it (300 s unset) */
+  int64_t job_end;        /* --timeout: when the whole job stops, every generation included */
 } elastic;
 
 /* This host's address on the route to host:port (a UDP connect sends nothing). */
@@ -214,11 +215,11 @@ static dt_status el_move_store(elastic *e) {
 
 static void el_key(char *buf, size_t n, int gen, const char *what) { snprintf(buf, n, "g%d/%s", gen, what); }
 
-/* How long the first generation waits for its hosts: --timeout if given, else DTRAIN_TIMEOUT_MS
- * (the workers' deadline), else 300 s. */
+/* How long the first generation waits for its hosts: what is left of --timeout if given, else
+ * DTRAIN_TIMEOUT_MS (the workers' deadline), else 300 s. */
 static int64_t el_first_wait_ms(const elastic *e) {
   if (e->base->timeout_ms > 0)
-    return e->base->timeout_ms;
+    return DT_MAX(1, dt__ms_left(e->job_end));
   return e->env_timeout_ms;
 }
 
@@ -603,6 +604,7 @@ int dt__run_elastic(dt_launch_opts *base) {
   e.me = base->node_rank;
   e.store_port = base->master_port;
   e.store_lost_node = -1;
+  e.job_end = base->timeout_ms > 0 ? dt__deadline_after_ms(base->timeout_ms) : DT_NO_DEADLINE;
   int64_t fault_ms = base->fault_timeout_ms > 0 ? base->fault_timeout_ms : 10000;
   e.window_ms = fault_ms + base->kill_after_ms + 1000;
   /* the workers refuse a bad value at start; the agent must not wait by a misread one first */
@@ -630,6 +632,12 @@ int dt__run_elastic(dt_launch_opts *base) {
                                 dt_last_error());
         break;
       }
+      if (dt__expired(e.job_end)) { /* what the join waited for was --timeout's rest */
+        fprintf(stderr, "dtrain run: node %d: --timeout %.3g s passed while forming generation %d: %s\n", e.me,
+                (double)base->timeout_given_ms / 1e3, e.gen, dt_last_error());
+        rc = 124;
+        break;
+      }
       fprintf(stderr, "dtrain run: node %d: cannot form generation %d: %s\n", e.me, e.gen, dt_last_error());
       rc = 1;
       break;
@@ -645,6 +653,15 @@ int dt__run_elastic(dt_launch_opts *base) {
       break;
     }
     dt_launch_opts o = *base;
+    if (base->timeout_ms > 0) { /* the rest of it: --timeout bounds the whole job */
+      if (dt__expired(e.job_end)) {
+        fprintf(stderr, "dtrain run: node %d: --timeout %.3g s passed before generation %d could start\n", e.me,
+                (double)base->timeout_given_ms / 1e3, e.gen);
+        rc = 124;
+        break;
+      }
+      o.timeout_ms = DT_MAX(1, dt__ms_left(e.job_end));
+    }
     o.nnodes = e.nmembers;
     o.node_rank = pos;
     snprintf(o.master_addr, sizeof o.master_addr, "%s", e.members[0].addr);

@@ -657,8 +657,9 @@ static void test_run_elastic_starts_without_absent(void **state) {
 }
 
 /* A 2-host elastic job whose node 1 never comes, with --timeout 4: node 0 says every second
- * (a quarter of the wait) whom it waits for, then that node 1 did not join, and ends (exit 1)
- * naming --min-nodes, within the timeout and a second. */
+ * (a quarter of the wait) whom it waits for, then that node 1 did not join, and ends as a job
+ * whose --timeout passed (exit 124) naming --min-nodes, within the timeout and a second. Node 1
+ * alone, whose agent store never answers, ends the same way after its --timeout. */
 static void test_run_elastic_says_who_is_missing(void **state) {
   char portarg[32];
   snprintf(portarg, sizeof portarg, "127.0.0.1:%d", free_port_block(4));
@@ -669,17 +670,28 @@ static void test_run_elastic_says_who_is_missing(void **state) {
   int st = wait_bounded(spawn(argv, env, pathf("%s/run.out", dir), pathf("%s/run.err", dir)), 30000);
   int64_t ms = (dt_now_ns() - t0) / 1000000;
   char *out = slurp(pathf("%s/run.out", dir)), *err = slurp(pathf("%s/run.err", dir));
-  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1))
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 124))
     fail_msg("status %d: %s", st, err);
   int says = 0;
   for (const char *p = strstr(err, "node 0: waiting for node 1 to join generation 0 (1 of 2 here"); p;
        p = strstr(p + 1, "node 0: waiting for node 1 to join generation 0 (1 of 2 here"))
     says++;
-  if (says < 2 || !strstr(err, "node 1 did not join generation 0") || !strstr(err, "--min-nodes is 2"))
+  if (says < 2 || !strstr(err, "node 1 did not join generation 0") || !strstr(err, "--min-nodes is 2") ||
+      !strstr(err, "node 0: --timeout 4 s passed while forming generation 0"))
     fail_msg("%d waiting lines: %s", says, err);
   if (ms < 3900 || ms > 9000)
     fail_msg("took %lld ms with --timeout 4", (long long)ms);
   free(out);
+  free(err);
+  argv[7] = "1";
+  argv[11] = "2";
+  t0 = dt_now_ns();
+  st = wait_bounded(spawn(argv, env, pathf("%s/run1.out", dir), pathf("%s/run1.err", dir)), 30000);
+  ms = (dt_now_ns() - t0) / 1000000;
+  err = slurp(pathf("%s/run1.err", dir));
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 124) ||
+      !strstr(err, "node 1: --timeout 2 s passed while forming generation 0") || ms < 1900 || ms > 7000)
+    fail_msg("node 1 alone: status %d after %lld ms: %s", st, (long long)ms, err);
   free(err);
 }
 
