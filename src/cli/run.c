@@ -342,11 +342,13 @@ void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world
   w[k] = '\0';
   int n = snprintf(line, sizeof line, "{\"event\":\"%s\",\"node\":%d,\"gen\":%d,\"t_ns\":%lld,\"world\":%d,\"what\":\"%s\"}\n",
                    event, node, gen, (long long)t_ns, world, w);
-  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  /* without waiting: a FIFO nobody reads must not hold the launcher */
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) {
     static bool said; /* the agent's own thread only */
     if (!said)
-      fprintf(stderr, "dtrain run: DTRAIN_RUN_EVENTS=%s: %s: no events will be written\n", path, strerror(errno));
+      fprintf(stderr, "dtrain run: DTRAIN_RUN_EVENTS=%s: %s: no events will be written\n", path,
+              errno == ENXIO ? "a FIFO that nobody reads" : strerror(errno));
     said = true;
     return;
   }

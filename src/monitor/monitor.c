@@ -18,6 +18,7 @@ struct dt_monitor {
   FILE *metrics;
   char *metrics_path;
   bool metrics_failed;       /* a write failed and was reported */
+  bool metrics_fresh;        /* an earlier run's records are still there, to go with the first of ours */
   dt_progress_mode mode;     /* resolved: BAR, LINES or OFF */
   double line_interval_s;
   int64_t last_line_ns;
@@ -43,9 +44,27 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
       dt__free(m);
       return rc;
     }
-    /* Locked for as long as the run writes it, taken before the file is truncated: a second run
-     * with the same --out is refused at start instead of interleaving its records with ours. */
-    int fd = open(o.metrics_path, O_WRONLY | O_CREAT | O_CLOEXEC | (o.append ? O_APPEND : 0), 0644);
+    /* Locked for as long as the run writes it: a second run with the same --out is refused at
+     * start instead of interleaving its records with ours. Opened without waiting (a FIFO with
+     * no reader would block the run before its first step), and only a file, a character device
+     * (/dev/null) or a FIFO being read is taken. */
+    int fd = open(o.metrics_path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (o.append ? O_APPEND : 0), 0644);
+    if (fd < 0 && errno == ENXIO) {
+      dt__free(m);
+      return dt_set_error(DT_ERR_INVALID, "metrics file %s is a FIFO that nobody reads", o.metrics_path);
+    }
+    struct stat fst;
+    if (fd >= 0 && fstat(fd, &fst) == 0 && S_ISSOCK(fst.st_mode)) {
+      close(fd);
+      dt__free(m);
+      return dt_set_error(DT_ERR_INVALID, "metrics file %s is a socket, not a file", o.metrics_path);
+    }
+    if (fd >= 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      fd = -1;
+    }
     if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
       int e = errno;
       close(fd);
@@ -57,13 +76,9 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
       errno = e;
       fd = -1;
     }
-    struct stat fst;
-    if (fd >= 0 && !o.append && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && ftruncate(fd, 0) != 0) {
-      int e = errno;
-      close(fd);
-      errno = e;
-      fd = -1;
-    }
+    /* An earlier run's records are truncated with our first record, not now: a run refused at
+     * start (its checkpoints, its data) leaves them as they were. */
+    m->metrics_fresh = fd >= 0 && !o.append && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && fst.st_size > 0;
     m->metrics = fd >= 0 ? fdopen(fd, o.append ? "a" : "w") : NULL;
     if (fd >= 0 && !m->metrics)
       close(fd);
@@ -91,6 +106,21 @@ static void metrics_flush(dt_monitor *m) {
   }
 }
 
+/* The metrics file, once this run has something to write there: an earlier run's records go
+ * then. */
+static FILE *metrics_begin(dt_monitor *m) {
+  if (m->metrics && m->metrics_fresh) {
+    m->metrics_fresh = false;
+    if (ftruncate(fileno(m->metrics), 0) != 0 && !m->metrics_failed) {
+      m->metrics_failed = true;
+      (void)lseek(fileno(m->metrics), 0, SEEK_END);
+      DT_LOG_WARN("metrics file %s: cannot empty it of the earlier run's records: %s; this run's follow them",
+                  m->metrics_path, strerror(errno));
+    }
+  }
+  return m->metrics;
+}
+
 static void fmt_hms(char *buf, size_t cap, double s) {
   if (!(s >= 0) || s > 1e7)
     s = 0;
@@ -111,7 +141,7 @@ static void clear_bar(dt_monitor *m) {
 
 static void on_step(void *ctx, const dt_train_step_info *s) {
   dt_monitor *m = ctx;
-  if (m->metrics) {
+  if (metrics_begin(m)) {
     FILE *f = m->metrics;
     fprintf(f, "{\"type\":\"step\",\"step\":%lld,\"epoch\":%d,\"step_in_epoch\":%lld",
             (long long)s->step, s->epoch, (long long)s->step_in_epoch);
@@ -177,7 +207,7 @@ static void on_step(void *ctx, const dt_train_step_info *s) {
 
 static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
   dt_monitor *m = ctx;
-  if (m->metrics) {
+  if (metrics_begin(m)) {
     FILE *f = m->metrics;
     fprintf(f, "{\"type\":\"epoch\",\"epoch\":%d,\"step\":%lld", e->epoch, (long long)e->step);
     dt__json_field(f, ",", "test_loss", "%.9g", e->test_loss);
@@ -197,7 +227,7 @@ static void on_epoch(void *ctx, const dt_train_epoch_info *e) {
 
 static void on_note(void *ctx, const char *text) {
   dt_monitor *m = ctx;
-  if (m->metrics) {
+  if (metrics_begin(m)) {
     fputs("{\"type\":\"note\",\"text\":", m->metrics);
     dt__json_str(m->metrics, text);
     dt__json_field(m->metrics, ",", "time", "%.3f", dt_wall_s());

@@ -18,6 +18,8 @@
  *           refused before any step, so is a directory holding an earlier run's checkpoints
  *           (without --resume) and one locked by another job; resuming with another --momentum
  *           is refused as a settings mismatch, with another --lr warned about */
+#include <sys/stat.h>
+
 #include "dtrain/ckpt.h"
 #include "train_test.h"
 
@@ -116,6 +118,11 @@ static void group_usage(void) {
     tt_result r = tt_run(dir, 30, "env DTRAIN_RUN_EVENTS=%s/nowhere/events %s run -n 1 -- true", dir, b);
     CHECK(r.code == 0 && strstr(r.err, "DTRAIN_RUN_EVENTS=") && strstr(r.err, "no events will be written"),
           "unusable DTRAIN_RUN_EVENTS: exit %d: %s", r.code, r.err);
+    tt_result_free(&r);
+    /* a FIFO nobody reads: said, not waited on (tt_run's timeout would end a wait) */
+    r = tt_run(dir, 30, "mkfifo %s/evfifo && env DTRAIN_RUN_EVENTS=%s/evfifo %s run -n 1 -- true", dir, dir, b);
+    CHECK(r.code == 0 && strstr(r.err, "a FIFO that nobody reads: no events will be written"),
+          "DTRAIN_RUN_EVENTS on a FIFO: exit %d: %s", r.code, r.err);
     tt_result_free(&r);
     r = tt_run(dir, 60, "env DTRAIN_LOG=loud %s run -n 2 -- %s train --data %s --model 'in=1x8x8,linear:4' --batch 30 "
                "--max-steps 1 --progress off --out %s/log", b, b, data, dir);
@@ -253,6 +260,27 @@ static void group_json(void) {
   CHECK(strstr(r.out, "test accuracy") && strstr(r.out, "run2/model.safetensors") &&
             strstr(r.out, "run2/metrics.jsonl"),
         "summary: %s", r.out);
+  tt_result_free(&r);
+
+  /* a run refused at start (here: 3 outputs for 4-class data) leaves the earlier run's
+   * metrics as they were; a FIFO nobody reads is refused instead of blocking the run */
+  char mp[4096];
+  snprintf(mp, sizeof mp, "%s/run2/metrics.jsonl", dir);
+  struct stat before, after;
+  CHECK(stat(mp, &before) == 0 && before.st_size > 0, "%s", mp);
+  r = tt_run(dir, 120, "%s train --data %s --model 'in=1x8x8,linear:3' --max-steps 3 --batch 32 --threads 1 --out %s/run2",
+             b, data, dir);
+  after.st_size = -1;
+  CHECK(r.code == 2 && stat(mp, &after) == 0 && after.st_size == before.st_size,
+        "refused run: exit %d, metrics %lld bytes, were %lld: %s", r.code, (long long)after.st_size,
+        (long long)before.st_size, r.err);
+  tt_result_free(&r);
+  char fifo[4096];
+  snprintf(fifo, sizeof fifo, "mkdir -p %s/fifo && mkfifo %s/fifo/metrics.jsonl", dir, dir);
+  CHECK(system(fifo) == 0, "%s", fifo);
+  r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 1 --batch 32 --threads 1 --out %s/fifo", b, data,
+             TINY_MODEL, dir);
+  CHECK(r.code == 2 && strstr(r.err, "is a FIFO that nobody reads"), "FIFO metrics: exit %d: %s", r.code, r.err);
   tt_result_free(&r);
 }
 
