@@ -64,7 +64,14 @@ static void spec_append(char *buf, size_t cap, const nn_layer *l) {
   case NN_AVGPOOL: snprintf(p, left, ",avgpool%d:s%d", l->k, l->stride); break;
   case NN_RELU: snprintf(p, left, ",relu"); break;
   case NN_GELU: snprintf(p, left, ",gelu"); break;
-  case NN_DROPOUT: snprintf(p, left, ",dropout:%g", (double)l->p); break;
+  case NN_DROPOUT: { /* the shortest form that reads back as the same float */
+    char d[32];
+    snprintf(d, sizeof d, "%g", (double)l->p);
+    if ((float)strtod(d, NULL) != l->p)
+      snprintf(d, sizeof d, "%.9g", (double)l->p);
+    snprintf(p, left, ",dropout:%s", d);
+    break;
+  }
   case NN_FLATTEN: snprintf(p, left, ",flatten"); break;
   case NN_LAYERNORM: snprintf(p, left, ",layernorm"); break;
   }

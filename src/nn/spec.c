@@ -188,6 +188,8 @@ static dt_status spec_token(const spec_ctx *c, nn_shape *s, bool *flat, nn_spec_
     double d = strtod(p + 1, &end);
     if (errno || end == p + 1 || *end || !(d >= 0.0 && d < 1.0))
       return spec_err(c, "dropout probability must be a number in [0, 1)");
+    if (!((float)d < 1.0f)) /* kept as a float */
+      return spec_err(c, "dropout probability rounds to 1 as a 32-bit float: at most 0.99999994");
     l.kind = NN_DROPOUT;
     l.p = (float)d;
   } else if (!strncmp(t, "in=", 3)) {

@@ -725,6 +725,12 @@ static dt_status check_config(const dt_train_config *c) {
    * directory there would lose the whole run's work then (rename replaces anything else). */
   char mp[4096];
   struct stat mst;
+  /* the summary names the model file in a fixed buffer: a longer path would be cut there (and
+   * the model written under the cut name); 64 bytes spare for the temporary file's suffix */
+  size_t mp_max = sizeof(((dt_train_summary *)0)->model_file) - 64;
+  if (c->out_dir && strlen(c->out_dir) + strlen("/model.safetensors") > mp_max)
+    return dt_set_error(DT_ERR_INVALID, "out directory path of %zu characters is too long (at most %zu)",
+                        strlen(c->out_dir), mp_max - strlen("/model.safetensors"));
   snprintf(mp, sizeof mp, "%s/model.safetensors", c->out_dir ? c->out_dir : "");
   if (c->out_dir && lstat(mp, &mst) == 0 && S_ISDIR(mst.st_mode))
     return dt_set_error(DT_ERR_INVALID, "%s is a directory: the trained model could not be written there", mp);

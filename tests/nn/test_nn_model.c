@@ -83,6 +83,26 @@ static void test_good_specs(void **s) {
   }
 }
 
+/* The canonical spec keeps a dropout probability to the float's last digit: a model saved with
+ * it loads again (0.9999999 printed with %g read "dropout:1", which is refused), and 0.5 stays
+ * "0.5". */
+static void test_spec_round_trip(void **s) {
+  const char *specs[] = {"in=4,dropout:0.9999999,linear:2", "in=4,dropout:0.5,linear:2", "in=4,dropout:0.1,linear:2"};
+  const char *want[] = {"dropout:0.999999881", "dropout:0.5,", "dropout:0.1,"};
+  for (int i = 0; i < 3; i++) {
+    dt_model *m = make(specs[i], 2, 1);
+    char canon[512];
+    snprintf(canon, sizeof canon, "%s", dt_model_spec(m));
+    if (!strstr(canon, want[i]))
+      fail_msg("%s: canonical spec %s", specs[i], canon);
+    dt_model *again = NULL;
+    if (dt_model_create(canon, 2, 1, &again) != DT_OK || strcmp(dt_model_spec(again), canon))
+      fail_msg("%s: canonical spec %s does not read back: %s", specs[i], canon, dt_last_error());
+    dt_model_destroy(again);
+    dt_model_destroy(m);
+  }
+}
+
 static void test_bad_specs(void **s) {
   struct {
     const char *spec, *token, *why;
@@ -106,6 +126,7 @@ static void test_bad_specs(void **s) {
       {"in=0x28x28,linear:10", "\"in=0x28x28\"", "input sizes"},
       {"in=28x28,linear:10", "\"in=28x28\"", "in=CxHxW"},
       {"linear:10,dropout:1", "\"dropout:1\"", "probability"},
+      {"linear:10,dropout:0.99999999", "\"dropout:0.99999999\"", "rounds to 1"},
       {"linear:10,dropout", "\"dropout\"", "dropout:P"},
       {"conv3x3:4,layernorm,flatten", "\"layernorm\"", "flat input"},
       {"in=1,layernorm", "\"layernorm\"", "at least 2"},
@@ -692,6 +713,7 @@ int main(void) {
   assert_int_equal(dt_nn_threads(), 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_presets),        cmocka_unit_test(test_good_specs),
+      cmocka_unit_test(test_spec_round_trip),
       cmocka_unit_test(test_bad_specs),      cmocka_unit_test(test_layout),
       cmocka_unit_test(test_init),           cmocka_unit_test(test_hook_and_state),
       cmocka_unit_test(test_accumulation),   cmocka_unit_test(test_learn_mlp),

@@ -114,6 +114,15 @@ static void group_usage(void) {
                "rank 1 is not below world size 1");
   expect_usage("WORLD_SIZE=0", tt_run(dir, 30, "env RANK=0 WORLD_SIZE=0 %s train --data %s --max-steps 1", b, data),
                "WORLD_SIZE=0 is out of range");
+  { /* an --out too long for the summary's model path: refused (the model went to a cut name) */
+    char longdir[1200];
+    int k = snprintf(longdir, sizeof longdir, "%s/", dir);
+    for (; k < 1100; k++)
+      longdir[k] = k % 200 ? 'a' : '/';
+    longdir[k] = '\0';
+    expect_usage("long --out", tt_run(dir, 30, "%s train --data %s --max-steps 1 --out %s", b, data, longdir),
+                 "is too long");
+  }
   {
     tt_result r = tt_run(dir, 30, "env DTRAIN_RUN_EVENTS=%s/nowhere/events %s run -n 1 -- true", dir, b);
     CHECK(r.code == 0 && strstr(r.err, "DTRAIN_RUN_EVENTS=") && strstr(r.err, "no events will be written"),
