@@ -11,6 +11,7 @@
 #include "nn/nn.h"
 
 #define SPEC_MAX_DIM (1 << 20)   /* any single size; keeps every product within size_t */
+#define SPEC_MAX_ACT ((size_t)1 << 28) /* values per sample of the input or a convolution's output */
 #define SPEC_MAX_TOKENS 256
 
 static const struct {
@@ -151,6 +152,9 @@ static dt_status spec_token(const spec_ctx *c, nn_shape *s, bool *flat, nn_spec_
     if ((size_t)l.k * l.k * s->c * l.n > (size_t)1 << 31)
       return spec_err(c, "weight is too large");
     *s = (nn_shape){l.n, (int)((hp - l.k) / l.stride + 1), (int)((wp - l.k) / l.stride + 1)};
+    if (nn_shape_size(*s) > SPEC_MAX_ACT) /* the flattened size must stay an int */
+      return spec_err(c, "output of %dx%dx%d is too large (%zu values per sample, at most %zu)", s->c, s->h, s->w,
+                      nn_shape_size(*s), SPEC_MAX_ACT);
   } else if (!strncmp(t, "maxpool", 7) || !strncmp(t, "avgpool", 7)) {
     const char *p = t + 7;
     if (!spec_int(&p, 1, 64, &v))
@@ -223,7 +227,7 @@ static dt_status spec_input(const spec_ctx *c, nn_shape *s, bool *flat) {
     *s = (nn_shape){(int)d[0], 1, 1};
     *flat = true;
   } else {
-    if ((size_t)d[0] * (size_t)d[1] * (size_t)d[2] > (size_t)1 << 28)
+    if ((size_t)d[0] * (size_t)d[1] * (size_t)d[2] > SPEC_MAX_ACT)
       return spec_err(c, "input of %ldx%ldx%ld is too large", d[0], d[1], d[2]);
     *s = (nn_shape){(int)d[0], (int)d[1], (int)d[2]};
     *flat = false;

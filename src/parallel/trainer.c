@@ -709,6 +709,11 @@ static dt_status check_config(const dt_train_config *c) {
                         c->accumulate, c->global_batch);
   if (!(c->lr >= 0) || !isfinite(c->lr))
     return dt_set_error(DT_ERR_INVALID, "learning rate %g must be >= 0", (double)c->lr);
+  /* every step scales each weight by 1 - lr x decay (AdamW; SGD's L2 term alike): from 1 on it
+   * flips and grows the weights each step, a run that ends "trained" with a loss of 1e28 */
+  if ((double)c->lr * c->optim.weight_decay >= 1.0)
+    return dt_set_error(DT_ERR_INVALID, "weight decay %g with learning rate %g: their product must be below 1 (each "
+                        "step scales every weight by 1 - lr x decay)", (double)c->optim.weight_decay, (double)c->lr);
   if (c->max_steps < 0)
     return dt_set_error(DT_ERR_INVALID, "max steps %lld must be >= 0", (long long)c->max_steps);
   if (c->checkpoint_every < 0)

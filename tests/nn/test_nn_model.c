@@ -132,6 +132,7 @@ static void test_bad_specs(void **s) {
       {"in=1,layernorm", "\"layernorm\"", "at least 2"},
       {"linear:99999999", "\"linear:99999999\"", "output size"},
       {"in=100000,linear:100000", "\"linear:100000\"", "too large"},
+      {"in=1x1024x1024,conv1x1:4096,linear:10", "\"conv1x1:4096\"", "output of 4096x1024x1024 is too large"},
       {"", "", "empty"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -114,6 +114,10 @@ static void group_usage(void) {
                "rank 1 is not below world size 1");
   expect_usage("WORLD_SIZE=0", tt_run(dir, 30, "env RANK=0 WORLD_SIZE=0 %s train --data %s --max-steps 1", b, data),
                "WORLD_SIZE=0 is out of range");
+  /* a decay that flips the weights' sign every step (it used to end "trained", loss 1e28) */
+  expect_usage("--weight-decay 100", tt_run(dir, 30, "%s train --data %s --max-steps 1 --lr 0.05 --weight-decay 100 "
+                                                      "--optimizer adamw --out %s/wd", b, data, dir),
+               "their product must be below 1");
   { /* an --out too long for the summary's model path: refused (the model went to a cut name) */
     char longdir[1200];
     int k = snprintf(longdir, sizeof longdir, "%s/", dir);
