@@ -31,6 +31,23 @@ static void help(FILE *f) {
           "Exits 1 if a file is corrupt (the message names the file and the problem).\n");
 }
 
+/* A name or value of a file, printed with its control characters as \xNN: a newline in metadata
+ * must not print a line of its own that reads like one of ours. */
+static const char *shown(const char *s, char *buf, size_t cap) {
+  size_t o = 0;
+  for (; *s && o + 5 < cap; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c < 0x20 || c == 0x7f)
+      o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+    else
+      buf[o++] = (char)c;
+  }
+  if (*s && o + 4 < cap)
+    o += (size_t)snprintf(buf + o, cap - o, "...");
+  buf[o] = '\0';
+  return buf;
+}
+
 static int inspect_ckpt(const char *path) {
   dt_ckpt *c;
   if (dt_ckpt_open(path, &c) != DT_OK)
@@ -49,16 +66,26 @@ static int inspect_ckpt(const char *path) {
   printf("meta:\n");
   for (size_t i = 0; i < dt_ckpt_meta_count(c); i++) {
     const dt_kv *kv = dt_ckpt_meta_at(c, i);
-    printf("  %s = %s\n", kv->key, kv->value);
+    char k[256], v[2048];
+    printf("  %s = %s\n", shown(kv->key, k, sizeof k), shown(kv->value, v, sizeof v));
   }
   dt_ckpt_destroy(c);
   return 0;
 }
 
-/* NaN and infinite values of an F32 or F64 tensor (other types: 0). */
+/* NaN and infinite values of a floating-point tensor (F32, F64, F16, BF16, F8_E5M2; F8_E4M3 has
+ * NaN only: its 0x7f and 0xff; the other types: 0). */
 static uint64_t count_nonfinite(const dt_tensor_view *t) {
   uint64_t n = 0;
   const unsigned char *p = t->data;
+  for (size_t i = 0; (t->dtype == DT_ST_F16 || t->dtype == DT_ST_BF16) && i + 2 <= t->nbytes; i += 2) {
+    unsigned h = p[i] | (unsigned)p[i + 1] << 8, e = t->dtype == DT_ST_F16 ? 0x7c00u : 0x7f80u;
+    n += (h & e) == e;
+  }
+  for (size_t i = 0; t->dtype == DT_ST_F8_E5M2 && i < t->nbytes; i++)
+    n += (p[i] & 0x7cu) == 0x7cu;
+  for (size_t i = 0; t->dtype == DT_ST_F8_E4M3 && i < t->nbytes; i++)
+    n += (p[i] & 0x7fu) == 0x7fu;
   for (size_t i = 0; t->dtype == DT_ST_F32 && i + 4 <= t->nbytes; i += 4) {
     float v;
     memcpy(&v, p + i, 4);
@@ -92,7 +119,8 @@ static int inspect_st(const char *path) {
     printf("metadata:\n");
     for (size_t i = 0; i < dt_safetensors_meta_count(f); i++) {
       const dt_kv *kv = dt_safetensors_meta(f, i);
-      printf("  %s = %s\n", kv->key, kv->value);
+      char k[256], v[2048];
+      printf("  %s = %s\n", shown(kv->key, k, sizeof k), shown(kv->value, v, sizeof v));
     }
   }
   printf("tensors:\n");
@@ -105,7 +133,8 @@ static int inspect_st(const char *path) {
                             (unsigned long long)t->shape[d]);
     if (o < sizeof shape - 1)
       strcat(shape, "]");
-    printf("  %-32s %-7s %-20s %12llu bytes\n", t->name, dt_st_dtype_name(t->dtype), shape,
+    char nm[1024];
+    printf("  %-32s %-7s %-20s %12llu bytes\n", shown(t->name, nm, sizeof nm), dt_st_dtype_name(t->dtype), shape,
            (unsigned long long)t->nbytes);
   }
   /* A model file dtrain wrote names its model: check that it loads as that model, as dtrain eval
@@ -201,6 +230,7 @@ static int inspect_one(const char *path) {
     return 1;
   }
   ssize_t k = read(fd, m, sizeof m);
+  int read_errno = errno;
   close(fd);
   if (k >= 8 && !memcmp(m, "DTRCKPT\n", 8))
     return inspect_ckpt(path);
@@ -210,7 +240,11 @@ static int inspect_one(const char *path) {
     return inspect_idx(path);
   if (k == 9 && m[8] == '{')
     return inspect_st(path);
-  if (k <= 0) {
+  if (k < 0) {
+    fprintf(stderr, "dtrain inspect: %s: %s\n", path, strerror(read_errno));
+    return 1;
+  }
+  if (k == 0) {
     fprintf(stderr, "dtrain inspect: %s: empty file (neither checkpoint, safetensors nor IDX)\n", path);
     return 1;
   }

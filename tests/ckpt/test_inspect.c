@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -86,6 +87,19 @@ static void test_inspect(void **st) {
   snprintf(args, sizeof args, "'%s'", sfn);
   assert_int_equal(run(args), 0);
   expect_out("valid; 3 values not finite (NaN or infinity)");
+  /* half types too (F16 Inf and NaN, BF16 NaN and -Inf), and a newline in metadata or a name
+   * prints as \x0a instead of a line of its own */
+  uint16_t h16[4] = {0x3c00, 0x7c00, 0x7e00, 0x0000}, b16[4] = {0x3f80, 0x7fc0, 0xff80, 0x4000};
+  dt_tensor_view th[2] = {{.name = "a\nb", .dtype = DT_ST_F16, .ndim = 1, .shape = {4}, .data = h16, .nbytes = 8},
+                          {.name = "c", .dtype = DT_ST_BF16, .ndim = 1, .shape = {4}, .data = b16, .nbytes = 8}};
+  dt_kv hm = {"note", "x\nfake.safetensors: safetensors, valid"};
+  assert_int_equal(dt_safetensors_write(sfn, th, 2, &hm, 1), DT_OK);
+  assert_int_equal(run(args), 0);
+  expect_out("valid; 4 values not finite (NaN or infinity)");
+  expect_out("note = x\\x0afake.safetensors");
+  expect_out("a\\x0ab");
+  if (strstr(out, "\nfake.safetensors"))
+    fail_msg("a metadata newline printed as a line:\n%s", out);
 
   /* A directory: every checkpoint listed. */
   char ck2[400];
