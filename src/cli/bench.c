@@ -150,7 +150,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "madvise(MADV_HUGEPAGE) before first use), as a caller may allocate large buffers;\n"
              "the single-copy shm paths then pin a peer's pages faster (docs/TRANSPORTS.md).\n",
              BENCH_HINT);
-      exit(0);
+      return -1; /* done: the caller's return checks that stdout took it */
     } else if (!strcmp(a, "--worker")) {
       *worker = 1;
     } else if (!strcmp(a, "-n") || !strcmp(a, "--nproc")) {
@@ -159,15 +159,24 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
         return dt_cli_usage_error("bench", "-n takes 1..256", "bad -n '%s'", v);
     } else if (!strcmp(a, "--transport")) {
       NEED_VALUE();
-      if (strcmp(v, "shm") && strcmp(v, "tcp") && strcmp(v, "mpi"))
+      if (!strcmp(v, "mpi"))
+        return dt_cli_usage_error("bench", "--transport shm or tcp (dtrain bench starts its own ranks; Open MPI's "
+                                  "side is bench/mpi_coll under mpirun)", "--transport mpi needs ranks that mpirun started");
+      if (strcmp(v, "shm") && strcmp(v, "tcp"))
         return dt_cli_usage_error("bench", "--transport shm or tcp", "unknown transport '%s'", v);
       o->transport = v;
     } else if (!strcmp(a, "--algo")) {
       NEED_VALUE();
+      if (strchr(v, '=') || strchr(v, ','))
+        return dt_cli_usage_error("bench", "--algo NAME: the algorithm of the collective measured (ring, rd, ...)",
+                                  "--algo '%s': one algorithm name, without a collective (DTRAIN_ALGO's coll=name "
+                                  "form is for a job)", v);
       o->algo = v;
     } else if (!strcmp(a, "--sizes")) {
       NEED_VALUE();
       char buf[64];
+      if (strlen(v) >= sizeof buf)
+        return dt_cli_usage_error("bench", "--sizes LO:HI such as 8:256M", "bad --sizes '%.40s...': too long", v);
       snprintf(buf, sizeof buf, "%s", v);
       char *colon = strchr(buf, ':');
       if (colon)
@@ -229,10 +238,13 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
                               "transparent huge pages are off on this host (%s)", BENCH_THP);
   /* Each size is rounded down to whole elements (per rank, where each rank owns a block); sizes
    * below one are skipped (a row would time a call that moves nothing), and some must remain. */
-  if (o->hi < bench_unit(o, o->nproc))
+  uint64_t top = o->lo; /* the largest size measured: lo, 2 lo, ... up to hi */
+  while (top <= o->hi / 2)
+    top *= 2;
+  if (top < bench_unit(o, o->nproc))
     return dt_cli_usage_error("bench", "--sizes LO:HI with HI at least one element (per rank for allgather, reduce_scatter and alltoall)",
-                              "--sizes ends at %llu bytes, less than one %s element%s (%llu bytes)",
-                              (unsigned long long)o->hi, dt_dtype_name(o->dtype),
+                              "--sizes measures up to %llu bytes, less than one %s element%s (%llu bytes)",
+                              (unsigned long long)top, dt_dtype_name(o->dtype),
                               o->coll != B_ALLREDUCE && o->coll != B_BROADCAST ? " per rank" : "",
                               (unsigned long long)bench_unit(o, o->nproc));
   return 0;
@@ -465,13 +477,18 @@ static int bench_worker(const bench_opts *o) {
   }
   double *times = malloc(sizeof(double) * (size_t)o->iters);
   int64_t total_wrong = 0;
-  if (!sbuf || !rbuf || !times) {
+  /* --json: the rows are kept and printed as one array once every size ran, so that a run that
+   * fails or times out leaves nothing rather than an array that does not parse */
+  char *jbuf = NULL;
+  size_t jlen = 0;
+  FILE *js = r == 0 && o->json ? open_memstream(&jbuf, &jlen) : NULL;
+  if (!sbuf || !rbuf || !times || (r == 0 && o->json && !js)) {
     fprintf(stderr, "dtrain bench: rank %d: out of memory for %zu-byte buffers\n", r, cap);
     goto done;
   }
   if (r == 0) {
     if (o->json) {
-      printf("[");
+      fputs("[", js);
     } else {
       printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d%s%s\n",
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
@@ -528,14 +545,14 @@ static int bench_worker(const bench_opts *o) {
     double algbw = us > 0 ? (double)s.bytes / (us * 1e3) : 0, busbw = algbw * s.factor;
     if (r == 0) {
       if (o->json) {
-        printf("%s\n  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"time_us\": ", rows ? "," : "",
-               s.bytes, s.total, dt_dtype_name(o->dtype));
-        dt__json_num(stdout, "%.3f", us);
-        fputs(", \"algbw_gbs\": ", stdout);
-        dt__json_num(stdout, "%.4f", algbw);
-        fputs(", \"busbw_gbs\": ", stdout);
-        dt__json_num(stdout, "%.4f", busbw);
-        printf(", \"wrong\": %lld}", (long long)wrong);
+        fprintf(js, "%s\n  {\"bytes\": %zu, \"count\": %zu, \"dtype\": \"%s\", \"time_us\": ", rows ? "," : "",
+                s.bytes, s.total, dt_dtype_name(o->dtype));
+        dt__json_num(js, "%.3f", us);
+        fputs(", \"algbw_gbs\": ", js);
+        dt__json_num(js, "%.4f", algbw);
+        fputs(", \"busbw_gbs\": ", js);
+        dt__json_num(js, "%.4f", busbw);
+        fprintf(js, ", \"wrong\": %lld}", (long long)wrong);
       } else {
         printf(" %11zu %12zu %6s %6s %11.2f %9.3f %9.3f %8lld\n", s.bytes, s.total, dt_dtype_name(o->dtype),
                o->coll == B_ALLREDUCE || o->coll == B_REDUCE_SCATTER ? dt_op_name(o->op) : "-", us, algbw, busbw,
@@ -547,8 +564,10 @@ static int bench_worker(const bench_opts *o) {
     if (b > UINT64_MAX / 2)
       break;
   }
-  if (r == 0 && o->json) {
-    printf("\n]\n");
+  if (js) {
+    fclose(js);
+    js = NULL;
+    printf("%s\n]\n", jbuf);
     fflush(stdout);
   }
   if (r == 0 && o->hugepages) {
@@ -569,6 +588,9 @@ static int bench_worker(const bench_opts *o) {
 fail:
   fprintf(stderr, "dtrain bench: error: %s\n", dt_last_error());
 done:
+  if (js)
+    fclose(js);
+  free(jbuf);
   dt__free(sbuf);
   if (!o->window)
     dt__free(rbuf);
@@ -602,7 +624,7 @@ int dt_cli_bench(int argc, char **argv) {
   int worker;
   int rc = bench_parse(argc, argv, &o, &worker);
   if (rc)
-    return rc;
+    return rc < 0 ? 0 : rc;
   if (worker)
     return bench_worker(&o);
 

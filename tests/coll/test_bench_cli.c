@@ -224,11 +224,25 @@ int main(void) {
                       {b, "bench", "allreduce", "--frobnicate", NULL},
                       {b, "bench", "broadcast", "--window", NULL},
                       {b, "bench", "allreduce", "--window", "--transport", "tcp", NULL},
-                      {b, "bench", "allreduce", "--sizes", "1:3", NULL}};
-    for (int i = 0; i < 9; i++) {
+                      {b, "bench", "allreduce", "--sizes", "1:3", NULL},
+                      /* 3 B, then 6 B past the end: nothing of a whole f32 would be measured */
+                      {b, "bench", "allreduce", "--sizes", "3:5", NULL},
+                      /* longer than the parser reads (was cut, measuring 8 B-1 KiB) */
+                      {b, "bench", "allreduce", "--sizes", "8:00000000000000000000000000000000000000000000000000000000000000000000001024K", NULL},
+                      {b, "bench", "allreduce", "--algo", "allgather=ring", NULL},
+                      {b, "bench", "allreduce", "--transport", "mpi", NULL}};
+    for (int i = 0; i < 13; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
     }
+  }
+  /* --json of a run that times out: nothing on stdout rather than an array that does not parse */
+  {
+    char *argv[] = {b, "bench", "allreduce", "-n", "2", "--sizes", "8:256M", "--iters", "50", "--timeout", "1",
+                    "--json", NULL};
+    int rc = run(argv, out, sizeof out, err, sizeof err, 60, NULL, 0);
+    EXPECT(rc == 1 && out[0] == '\0' && strstr(err, "timed out"), "--json timed out: exit %d, stdout %.200s, stderr %s",
+           rc, out, err);
   }
   /* a rank killed mid-run: non-zero exit naming it, no hang */
   {
