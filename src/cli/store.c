@@ -96,7 +96,11 @@ int dt_cli_store(int argc, char **argv) {
   if (st)
     return dt_cli_fail("store", "cannot start the store on %s:%d", bind ? bind : "*", port);
   printf("listening on %s:%d\n", bind ? bind : "0.0.0.0", bound);
-  fflush(stdout);
+  if (fflush(stdout) != 0 || ferror(stdout)) { /* scripts read the port from that line: no use going on */
+    dt_cli_stdout_failed(errno ? errno : EIO);
+    dt__store_server_stop(s);
+    return 1;
+  }
 
   int seen = 0, live = 0, signo = 0, missing = 0;
   int64_t idle_since = 0; /* when the last live rank left while some never came */

@@ -20,6 +20,8 @@
 #include "core/sha256.h"
 
 /* Domain separation for the MACs: a client's proof can never be replayed as a server's. */
+#define SECRET_WAIT_MS 10000 /* a job secret read from a pipe: how long its writer may take */
+
 static const char auth_label[] = "dtrain-auth-v1";
 
 
@@ -465,9 +467,12 @@ dt_status dt__secret_load(const char *cfg_secret, uint8_t *buf, size_t cap, size
                   "this job's ports can join it");
     return DT_OK;
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Opened without waiting: a FIFO nobody writes would hold the process here without a word. A
+   * pipe whose writer is slow (<(command)) gets SECRET_WAIT_MS to say something. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return dt__errno(DT_ERR_IO, "DTRAIN_JOB_SECRET_FILE=%s: cannot open", path);
+  int64_t until = dt__deadline_after_ms(SECRET_WAIT_MS);
   struct stat sb;
   if (fstat(fd, &sb) == 0 && (sb.st_mode & 077) && !atomic_exchange(&secret_warned, 1))
     DT_LOG_WARN("job secret file %s is readable by other users (chmod 600 it)", path);
@@ -477,6 +482,17 @@ dt_status dt__secret_load(const char *cfg_secret, uint8_t *buf, size_t cap, size
     ssize_t r = read(fd, tmp, sizeof tmp);
     if (r < 0 && errno == EINTR)
       continue;
+    if (r < 0 && errno == EAGAIN && !dt__expired(until)) {
+      struct pollfd pf = {.fd = fd, .events = POLLIN};
+      (void)poll(&pf, 1, DT_MAX(1, dt__ms_left(until)));
+      continue;
+    }
+    if (r < 0 && errno == EAGAIN) {
+      close(fd);
+      explicit_bzero(buf, cap);
+      return dt_set_error(DT_ERR_INVALID, "DTRAIN_JOB_SECRET_FILE=%s: nothing to read after %d s (a pipe whose "
+                          "writer is silent?)", path, SECRET_WAIT_MS / 1000);
+    }
     if (r < 0) {
       int e = errno;
       close(fd);

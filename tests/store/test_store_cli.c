@@ -8,6 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <string.h>
+#include <stdio.h>
 
 #include <cmocka.h>
 
@@ -272,6 +276,38 @@ static void test_store_process_lost(void **unused) {
   close(e);
 }
 
+/* Runs `sh -c cmd` (cmd may use $BIN), stderr into err; returns the exit code. */
+static int sh_run(const char *cmd, char *err, size_t cap) {
+  char full[1024], path[] = "/tmp/dtrain-store-cli-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  snprintf(full, sizeof full, "BIN='%s'; { %s; } 2>%s", getenv("DTRAIN_BIN"), cmd, path);
+  int st = system(full);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+  err[n] = '\0';
+  if (f)
+    fclose(f);
+  unlink(path);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Its "listening on" line cannot be written (scripts read the port there): it ends at once with
+ * exit 1 instead of serving a port nobody learns. A secret file that is a FIFO nobody writes is
+ * refused at once (it blocked without a word). `timeout 20` would make either hang exit 124. */
+static void test_store_unwritable_and_fifo(void **unused) {
+  char err[4096];
+  int rc = sh_run("DTRAIN_JOB_SECRET=abcdefabcdefabcdef timeout 20 \"$BIN\" store --world 2 > /dev/full", err,
+                  sizeof err);
+  if (rc != 1 || !strstr(err, "writing standard output: No space left on device"))
+    fail_msg("stdout on /dev/full: exit %d: %s", rc, err);
+  rc = sh_run("d=$(mktemp -d) && mkfifo \"$d/f\" && chmod 600 \"$d/f\" && unset DTRAIN_JOB_SECRET && DTRAIN_JOB_SECRET_FILE=\"$d/f\" "
+              "timeout 20 \"$BIN\" store --world 2; r=$?; rm -rf \"$d\"; exit $r", err, sizeof err);
+  if (rc != 1 || !strstr(err, "is empty"))
+    fail_msg("secret FIFO without a writer: exit %d: %s", rc, err);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_usage, kill_leftovers),
@@ -279,6 +315,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_store_process_reports_failure, kill_leftovers),
       cmocka_unit_test_teardown(test_store_process_lost, kill_leftovers),
       cmocka_unit_test_teardown(test_store_world_larger_than_job, kill_leftovers),
+      cmocka_unit_test_teardown(test_store_unwritable_and_fifo, kill_leftovers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
