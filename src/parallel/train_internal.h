@@ -28,6 +28,12 @@ typedef struct dt__train_pos {
   int64_t step;               /* optimizer steps done */
   dt_sampler_state sampler;   /* position just after the last trained batch */
   int64_t optim_steps;        /* dt_optim_step_count */
+  /* the epoch under way: its summed step losses and steps so far, so that the epoch record after
+   * a resume averages the whole epoch (0 in files written before them). Its seconds are not
+   * kept (a checkpoint holds no timings: the same run writes the same bits); the record's
+   * epoch_s after a resume counts the resumed run's part. */
+  double epoch_loss;
+  int64_t epoch_steps;
 } dt__train_pos;
 
 /* The optimizer state a checkpoint holds: n buffers (as dt_optim_state names them), each

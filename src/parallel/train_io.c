@@ -22,6 +22,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -298,6 +299,9 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
   snprintf(v[7], 32, "%" PRIu64, cfg->seed);
   snprintf(v[8], 32, "%zu", np);
   snprintf(v[9], 32, "%" PRIu64, pos->sampler.epoch);
+  char ev[2][40];
+  snprintf(ev[0], sizeof ev[0], "%.17g", pos->epoch_loss);
+  snprintf(ev[1], sizeof ev[1], "%" PRId64, pos->epoch_steps);
   char mom[32], sv[SOFT_N][64];
   snprintf(mom, sizeof mom, "%g", run_momentum(cfg));
   soft_values(cfg, sv);
@@ -312,6 +316,7 @@ dt_status dt__train_ckpt_save(const dt_train_config *cfg, dt_model *m, const dt_
       {"momentum", mom},      {"lr", sv[0]},          {"schedule", sv[1]},
       {"weight_decay", sv[2]}, {"epochs", sv[3]},     {"nesterov", sv[4]},
       {"clip", sv[5]},
+      {"epoch_loss_sum", ev[0]}, {"epoch_loss_steps", ev[1]},
   };
   return dt_ckpt_save(cfg->checkpoint_dir, (uint64_t)pos->step, sec, ns, meta, DT_ARRAY_LEN(meta),
                       cfg->keep, path_out, cap);
@@ -349,6 +354,18 @@ dt_status dt__train_ckpt_pos(const dt_ckpt *c, dt__train_pos *pos) {
                         " in its header", dt_ckpt_path(c), step, ost, dt_ckpt_step(c));
   *pos = (dt__train_pos){.step = (int64_t)step, .optim_steps = (int64_t)ost,
                          .sampler = {.seed = sseed, .epoch = sepoch, .pos = spos}};
+  /* the epoch's loss so far: only for its record, so a file without it (or with a value that
+   * does not read) resumes, averaging the steps after the resume as before */
+  const char *el = dt_ckpt_meta_get(c, "epoch_loss_sum"), *es = dt_ckpt_meta_get(c, "epoch_loss_steps");
+  if (el && es) {
+    char *e1, *e2;
+    double l = strtod(el, &e1);
+    long long k = strtoll(es, &e2, 10);
+    if (!*e1 && !*e2 && isfinite(l) && k >= 0 && (uint64_t)k <= step) {
+      pos->epoch_loss = l;
+      pos->epoch_steps = k;
+    }
+  }
   return DT_OK;
 }
 

@@ -1104,8 +1104,8 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
   int64_t log_every = c->log_interval ? c->log_interval : 10;
   int64_t train_ns = 0, comm_ns_total = 0, data_ns_total = 0;
   uint64_t samples_total = 0;
-  double epoch_loss = 0;
-  int64_t epoch_steps = 0, epoch_t0 = dt_now_ns(), last_eval_step = -1;
+  double epoch_loss = pos.epoch_loss; /* a resume goes on with the epoch's earlier steps */
+  int64_t epoch_steps = pos.epoch_steps, epoch_t0 = dt_now_ns(), last_eval_step = -1;
   double test_loss = NAN, test_acc = NAN, last_epoch_loss = NAN;
   int64_t steps_run = 0;
 
@@ -1256,6 +1256,11 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
       memset(&iv, 0, sizeof iv);
       iv.t0_ns = dt_now_ns();
     }
+    /* what a checkpoint of this step keeps of the epoch under way: nothing once the epoch ended,
+     * all of it when only this run did (--max-steps; a resume goes on with the epoch) */
+    const bool epoch_over = b.last_in_epoch;
+    const double ck_loss = epoch_over ? 0 : epoch_loss;
+    const int64_t ck_steps = epoch_over ? 0 : epoch_steps;
     if (epoch_end) {
       double train_loss = epoch_loss / (double)(epoch_steps ? epoch_steps : 1);
       last_epoch_loss = train_loss;
@@ -1277,8 +1282,8 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     if (c->checkpoint_dir && (t->rank == 0 || t->zero) &&
         ((c->checkpoint_every > 0 && step % c->checkpoint_every == 0) ||
          (c->checkpoint_every == 0 && epoch_end) || step == total)) {
-      dt__train_pos p = {.step = step, .sampler = b.after,
-                         .optim_steps = dt_optim_step_count(t->optim)};
+      dt__train_pos p = {.step = step, .sampler = b.after, .optim_steps = dt_optim_step_count(t->optim),
+                         .epoch_loss = ck_loss, .epoch_steps = ck_steps};
       dt__train_state st;
       DT_CHECK_GOTO(state_whole(t, &st, 1), rc, fail);
       rc = t->zero ? gather_state(t, &st) : DT_OK;

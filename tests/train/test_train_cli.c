@@ -470,6 +470,7 @@ static void group_resume(int adamw) {
   /* 600 / 40 = 15 steps per epoch; 30 in all. Uninterrupted: */
   tt_result r = tt_run(dir, 120, "%s train --data %s %s --out %s/full --json", b, data, common, dir);
   CHECK(r.code == 0, "full run exit %d: %s", r.code, r.err);
+  double full_loss = tt_json_num(r.out, "train_loss");
   tt_result_free(&r);
   /* Interrupted after step 20 (mid-epoch 2), checkpoints every 4 steps, keep 2 */
   r = tt_run(dir, 120,
@@ -491,6 +492,9 @@ static void group_resume(int adamw) {
   CHECK(r.code == 0, "resume exit %d: %s", r.code, r.err);
   CHECK(tt_json_num(r.out, "resumed_from_step") == 20, "resumed from %g", tt_json_num(r.out, "resumed_from_step"));
   CHECK(tt_json_num(r.out, "steps") == 30 && tt_json_num(r.out, "steps_run") == 10, "steps: %s", r.out);
+  /* epoch 2's loss averages its 15 steps, the 5 before the resume included (they were dropped) */
+  CHECK(fabs(tt_json_num(r.out, "train_loss") - full_loss) <= 1e-9 * fabs(full_loss),
+        "resumed epoch loss %.9g, uninterrupted %.9g", tt_json_num(r.out, "train_loss"), full_loss);
   tt_result_free(&r);
   double full[64], res[64];
   char p[4096];
