@@ -75,6 +75,9 @@ typedef void (*dt_grad_hook)(void *ctx, size_t grad_offset, size_t grad_count);
  * that do not fit), DT_ERR_NOMEM if the buffers cannot be allocated; *out = NULL then. */
 dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_model **out);
 void dt_model_destroy(dt_model *m);
+/* The parameters a spec's model has, without building it (nothing the size of the model is
+ * allocated). DT_ERR_INVALID as dt_model_create for a spec that does not parse. */
+dt_status dt_model_spec_param_count(const char *spec, size_t *count);
 
 /* Help text for the spec syntax (static string, several lines, ends with a newline). */
 const char *dt_model_spec_help(void);

@@ -91,6 +91,37 @@ static nn_shape layer_out_shape(const nn_spec_layer *s, nn_shape in) {
   }
 }
 
+/* Weights and biases of a layer with input in and output out (0 for layers without). */
+static void layer_params(const nn_spec_layer *l, nn_shape in, nn_shape out, size_t *w, size_t *b) {
+  *w = *b = 0;
+  if (l->kind == NN_LAYERNORM) {
+    *w = *b = (size_t)in.c;
+  } else if (l->kind == NN_LINEAR) {
+    *w = (size_t)out.c * in.c;
+    *b = (size_t)out.c;
+  } else if (l->kind == NN_CONV) {
+    *w = (size_t)out.c * l->k * l->k * in.c;
+    *b = (size_t)out.c;
+  }
+}
+
+dt_status dt_model_spec_param_count(const char *spec, size_t *count) {
+  *count = 0;
+  nn_shape s;
+  nn_spec_layer *sl;
+  int n;
+  DT_CHECK(dt__nn_parse_spec(spec, &s, &sl, &n));
+  for (int i = 0; i < n; i++) {
+    nn_shape o = layer_out_shape(&sl[i], s);
+    size_t w, b;
+    layer_params(&sl[i], s, o, &w, &b);
+    *count += w + b;
+    s = o;
+  }
+  dt__free(sl);
+  return DT_OK;
+}
+
 static void init_params(dt_model *m, uint64_t seed) {
   dt_rng r;
   dt_rng_seed(&r, seed);
@@ -167,15 +198,7 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       int fam = l->kind == NN_LINEAR ? 0 : l->kind == NN_CONV ? 1 : 2;
       l->index = ++family_count[fam];
       ntensors += 2;
-      if (l->kind == NN_LAYERNORM) {
-        l->w_count = l->b_count = (size_t)l->in.c;
-      } else if (l->kind == NN_LINEAR) {
-        l->w_count = (size_t)l->out.c * l->in.c;
-        l->b_count = (size_t)l->out.c;
-      } else {
-        l->w_count = (size_t)l->out.c * l->k * l->k * l->in.c;
-        l->b_count = (size_t)l->out.c;
-      }
+      layer_params(&sl[i], l->in, l->out, &l->w_count, &l->b_count);
       l->nparams = l->w_count + l->b_count;
       if (i + 1 < n && (sl[i + 1].kind == NN_RELU || sl[i + 1].kind == NN_GELU))
         l->init_kaiming = l->kind != NN_LAYERNORM;

@@ -74,7 +74,21 @@ dt_status dt_train_model_load(const char *path, int max_batch, dt_model **out) {
                       META_SPEC);
     goto fail;
   }
-  rc = dt_model_create(spec, max_batch, 0, &m);
+  /* the spec's size against the file's before anything that size is allocated: a small file
+   * naming a huge model is damaged, not a reason to allocate gigabytes */
+  size_t want = 0, have = 0;
+  rc = dt_model_spec_param_count(spec, &want);
+  for (size_t i = 0; rc == DT_OK && i < dt_safetensors_count(f); i++) {
+    const dt_tensor_view *v = dt_safetensors_tensor(f, i);
+    have += v->nbytes / DT_MAX((size_t)1, dt_st_dtype_size(v->dtype));
+  }
+  if (rc == DT_OK && want > have) {
+    rc = dt_set_error(DT_ERR_CORRUPT, "%s: the model spec in the metadata has %zu parameters, the file's tensors "
+                      "hold %zu values", path, want, have);
+    goto fail;
+  }
+  if (rc == DT_OK)
+    rc = dt_model_create(spec, max_batch, 0, &m);
   if (rc != DT_OK) {
     rc = dt__error_prefix(rc, "%s: model spec in the metadata", path);
     goto fail;

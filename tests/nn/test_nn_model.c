@@ -79,6 +79,9 @@ static void test_good_specs(void **s) {
         dt_model_output_size(m) != cases[i].out)
       fail_msg("%s: params %zu in %zu out %zu", cases[i].spec, dt_model_param_count(m),
                dt_model_input_size(m), dt_model_output_size(m));
+    size_t counted = 0; /* the same without building it */
+    if (dt_model_spec_param_count(cases[i].spec, &counted) != DT_OK || counted != cases[i].params)
+      fail_msg("%s: dt_model_spec_param_count %zu, want %zu", cases[i].spec, counted, cases[i].params);
     dt_model_destroy(m);
   }
 }

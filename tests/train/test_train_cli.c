@@ -244,6 +244,25 @@ static void group_json(void) {
     tt_result_free(&r);
   }
 
+  /* a small file whose spec names a huge model (4 GiB of parameters): refused before anything
+   * that size is allocated (it took 8 GB and 21 s to find the shapes wrong) */
+  {
+    dt_safetensors *g = NULL;
+    CHECK(dt_safetensors_open(want, &g) == DT_OK, "open %s: %s", want, dt_last_error());
+    size_t nt = dt_safetensors_count(g);
+    dt_tensor_view tv[16];
+    for (size_t i = 0; i < nt && i < 16; i++)
+      tv[i] = *dt_safetensors_tensor(g, i);
+    dt_kv kv = {"dtrain.model_spec", "in=1048576,linear:1024,linear:10"};
+    char hf[4096];
+    snprintf(hf, sizeof hf, "%s/huge.safetensors", dir);
+    CHECK(nt <= 16 && dt_safetensors_write(hf, tv, nt, &kv, 1) == DT_OK, "write %s: %s", hf, dt_last_error());
+    dt_safetensors_destroy(g);
+    r = tt_run(dir, 60, "%s eval --model-file %s --data %s", b, hf, data);
+    CHECK(r.code == 2 && strstr(r.err, "has 1073753098 parameters, the file's tensors hold"), "huge spec: exit %d: %s",
+          r.code, r.err);
+    tt_result_free(&r);
+  }
   /* a model with a NaN weight: its loss is NaN, written as null so that stdout stays JSON */
   {
     char nanf[4096], cmd[16384];
