@@ -567,24 +567,15 @@ static int cmp_name(const void *a, const void *b) {
   return strcmp((*x)->name, (*y)->name);
 }
 
-dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt_safetensors **out) {
-  if (!out)
-    return dt_set_error(DT_ERR_INVALID, "dt_safetensors_parse: out is NULL");
-  *out = NULL;
-  if (!name)
-    name = "(buffer)";
-  if (!buf && len)
-    return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", name);
+/* Parses owned (len bytes, from dt__alloc), which the handle keeps: freed with it, or here on
+ * failure. dt_safetensors_open hands over the file it read: one copy of the file in memory. */
+static dt_status st_parse_take(void *owned, size_t len, const char *name, dt_safetensors **out) {
   dt_safetensors *f = dt__calloc(sizeof *f);
-  if (!f)
+  if (!f) {
+    dt__free(owned);
     return dt__error_prefix(DT_ERR_NOMEM, "%s: safetensors handle", name);
-  f->buf = dt__alloc(len ? len : 1);
-  if (!f->buf) {
-    dt__free(f);
-    return dt__error_prefix(DT_ERR_NOMEM, "%s", name);
   }
-  if (len)
-    memcpy(f->buf, buf, len);
+  f->buf = owned;
   f->len = len;
   dt_status rc;
   span *sp = NULL;
@@ -774,6 +765,22 @@ fail:
   return rc;
 }
 
+dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt_safetensors **out) {
+  if (!out)
+    return dt_set_error(DT_ERR_INVALID, "dt_safetensors_parse: out is NULL");
+  *out = NULL;
+  if (!name)
+    name = "(buffer)";
+  if (!buf && len)
+    return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", name);
+  void *copy = dt__alloc(len ? len : 1);
+  if (!copy)
+    return dt__error_prefix(DT_ERR_NOMEM, "%s", name);
+  if (len)
+    memcpy(copy, buf, len);
+  return st_parse_take(copy, len, name, out);
+}
+
 dt_status dt_safetensors_open(const char *path, dt_safetensors **out) {
   if (!out || !path)
     return dt_set_error(DT_ERR_INVALID, "dt_safetensors_open: NULL argument");
@@ -781,9 +788,7 @@ dt_status dt_safetensors_open(const char *path, dt_safetensors **out) {
   void *buf;
   size_t n;
   DT_CHECK(dt__ckpt_read_file(path, &buf, &n));
-  dt_status rc = dt_safetensors_parse(buf, n, path, out);
-  dt__free(buf);
-  return rc;
+  return st_parse_take(buf, n, path, out);
 }
 
 size_t dt_safetensors_count(const dt_safetensors *f) { return f ? f->n : 0; }
