@@ -2,6 +2,7 @@
  * dt_train_run, and the final summary (text, or one JSON object on stdout with --json).
  * Under `dtrain run` every rank runs this; only rank 0 writes files and prints the summary.
  * Everything the command does is reachable through dtrain/train.h and dtrain/monitor.h. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -46,13 +47,13 @@ static void help(FILE *f) {
       "  --accumulate N        split each worker's shard into N micro-batches, one allreduce\n"
       "                        per step (default 1)\n"
       "  --optimizer sgd|adamw (default sgd)\n"
-      "  --lr X                base learning rate (default 0.05)\n"
+      "  --lr X                base learning rate (default 0.05; 0 trains nothing, said)\n"
       "  --momentum X          SGD momentum (default 0)\n"
       "  --nesterov            Nesterov momentum (SGD, needs --momentum > 0)\n"
       "  --weight-decay X      SGD: L2 added to the gradient; AdamW: decoupled (default 0 / 0.01)\n"
       "  --schedule S          constant | step:K[:GAMMA] | cosine[:WARMUP[:MIN_LR]], optionally\n"
       "                        prefixed by warmup=W, (default constant)\n"
-      "  --clip X              clip gradients to global L2 norm X (default: off)\n"
+      "  --clip X              clip gradients to global L2 norm X (default: off; 0 is off)\n"
       "  --threads N           compute threads per worker (default: cores / local workers);\n"
       "                        2+ local workers whose threads fit the cores are each pinned to\n"
       "                        their share (DTRAIN_BIND=none keeps them free)\n"
@@ -120,7 +121,9 @@ static int parse_f(const char *s, double lo, double hi, double *out) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+  /* decimal only: strtod also reads hex (0x10) and leading spaces */
+  if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi || isspace((unsigned char)*s) ||
+      strpbrk(s, "xXpP"))
     return -1;
   *out = v;
   return 0;
@@ -235,7 +238,7 @@ int dt_cli_train(int argc, char **argv) {
       char *end;
       errno = 0;
       unsigned long long s = strtoull(v, &end, 10);
-      bad = errno || end == v || *end || *v == '-';
+      bad = errno || end == v || *end || !isdigit((unsigned char)*v); /* no sign, no space: strtoull wraps " -1" */
       cfg.seed = s;
     } else if (!strcmp(name, "--epochs")) {
       bad = parse_i64(v, 1, 1000000, &iv);
@@ -365,6 +368,9 @@ int dt_cli_train(int argc, char **argv) {
         rank = 0;
       break;
     }
+  if (rank == 0 && cfg.lr == 0.0f)
+    fprintf(stderr, "dtrain train: warning: the learning rate is 0 (as a 32-bit float): the parameters will not "
+                    "change\n");
   char metrics_path[4096];
   snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
   dt_monitor *mon = NULL;

@@ -114,6 +114,18 @@ static void group_usage(void) {
                "rank 1 is not below world size 1");
   expect_usage("WORLD_SIZE=0", tt_run(dir, 30, "env RANK=0 WORLD_SIZE=0 %s train --data %s --max-steps 1", b, data),
                "WORLD_SIZE=0 is out of range");
+  /* numbers as written: no sign or space before a seed (" -1" was read as 2^64 - 1), no hex */
+  expect_usage("--seed ' -1'", tt_run(dir, 30, "%s train --data %s --max-steps 1 --seed ' -1' --out %s/sd", b, data, dir),
+               "bad value ' -1' for --seed");
+  expect_usage("--lr 0x10", tt_run(dir, 30, "%s train --data %s --max-steps 1 --lr 0x10 --out %s/sd", b, data, dir),
+               "bad value '0x10' for --lr");
+  {
+    tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 1 --lr 1e-50 --progress off --out %s/lr0",
+                         b, data, TINY_MODEL, dir);
+    CHECK(r.code == 0 && strstr(r.err, "the learning rate is 0 (as a 32-bit float)"), "--lr 1e-50: exit %d: %s",
+          r.code, r.err);
+    tt_result_free(&r);
+  }
   /* a decay that flips the weights' sign every step (it used to end "trained", loss 1e28) */
   expect_usage("--weight-decay 100", tt_run(dir, 30, "%s train --data %s --max-steps 1 --lr 0.05 --weight-decay 100 "
                                                       "--optimizer adamw --out %s/wd", b, data, dir),
