@@ -2,6 +2,7 @@
  * holds and verifies it (every checksum and every header field; the readers do the checking).
  * Exit 0 when every file is valid, 1 when one is corrupt or unreadable, 2 for bad usage.
  * It only reads; it never repairs or rewrites a file. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -204,6 +205,24 @@ static int inspect_dir(const char *dir) {
       bad = 1;
     }
   }
+  /* names like a checkpoint's that the listing does not take (ckpt-x.dtc, a step past 2^64):
+   * a resume passes them over, so say so rather than leave them unmentioned */
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len < 9 || strncmp(e->d_name, "ckpt-", 5) || strcmp(e->d_name + len - 4, ".dtc"))
+      continue;
+    bool listed = false;
+    for (size_t i = 0; i < n && !listed; i++)
+      listed = !strcmp(strrchr(paths[i], '/') + 1, e->d_name);
+    if (!listed) {
+      char nm[600];
+      printf("  ignored           %s (not ckpt-<step>.dtc with a step a resume can read)\n",
+             shown(e->d_name, nm, sizeof nm));
+    }
+  }
+  if (d)
+    closedir(d);
   if (resume >= 0)
     printf("a resume would use step %lld\n", resume);
   else if (resume == -2)
@@ -254,14 +273,19 @@ static int inspect_one(const char *path) {
 }
 
 int dt_cli_inspect(int argc, char **argv) {
-  int nfiles = 0;
+  int nfiles = 0, files_from = argc; /* after "--" every argument is a file, "-x" too */
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+    if (i < files_from && !strcmp(argv[i], "--")) {
+      files_from = i + 1;
+      continue;
+    }
+    if (i < files_from && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
       help(stdout);
       return 0;
     }
-    if (argv[i][0] == '-' && argv[i][1])
-      return dt_cli_usage_error("inspect", "dtrain inspect --help", "unknown flag '%s'", argv[i]);
+    if (i < files_from && argv[i][0] == '-' && argv[i][1])
+      return dt_cli_usage_error("inspect", "dtrain inspect --help (a file named -x: dtrain inspect -- -x)",
+                                "unknown flag '%s'", argv[i]);
     nfiles++;
   }
   if (!nfiles)
@@ -269,6 +293,8 @@ int dt_cli_inspect(int argc, char **argv) {
                               "model or an IDX file)", "no file given");
   int rc = 0;
   for (int i = 1; i < argc; i++) {
+    if (i + 1 == files_from && !strcmp(argv[i], "--"))
+      continue;
     int r = inspect_one(argv[i]);
     if (r > rc)
       rc = r;

@@ -100,6 +100,24 @@ static void test_inspect(void **st) {
   expect_out("a\\x0ab");
   if (strstr(out, "\nfake.safetensors"))
     fail_msg("a metadata newline printed as a line:\n%s", out);
+  /* a file whose name starts with '-': after "--" it is a file, without it an unknown flag */
+  {
+    char here[1024], dash[600];
+    assert_non_null(getcwd(here, sizeof here));
+    snprintf(dash, sizeof dash, "%s/-dash.safetensors", tmpdir);
+    assert_int_equal(dt_safetensors_write(dash, &t, 1, &fm, 1), DT_OK);
+    assert_int_equal(chdir(tmpdir), 0);
+    int rc1 = run("-- -dash.safetensors");
+    static char first[sizeof out];
+    memcpy(first, out, sizeof out);
+    int rc2 = run("-dash.safetensors");
+    assert_int_equal(chdir(here), 0);
+    unlink(dash);
+    if (rc1 != 0 || !strstr(first, "-dash.safetensors: safetensors"))
+      fail_msg("inspect -- -dash.safetensors: exit %d: %s", rc1, first);
+    if (rc2 != 2 || !strstr(out, "unknown flag '-dash.safetensors'"))
+      fail_msg("inspect -dash.safetensors: exit %d: %s", rc2, out);
+  }
 
   /* A directory: every checkpoint listed. */
   char ck2[400];
@@ -116,12 +134,20 @@ static void test_inspect(void **st) {
   assert_non_null(sf2);
   fputs("half a checkpoint", sf2);
   fclose(sf2);
+  /* a name like a checkpoint's that no resume reads: mentioned, not silently passed over */
+  char odd[400];
+  snprintf(odd, sizeof odd, "%s/ckpt-x.dtc", tmpdir);
+  sf2 = fopen(odd, "w");
+  assert_non_null(sf2);
+  fclose(sf2);
   snprintf(args, sizeof args, "'%s'", tmpdir);
   assert_int_equal(run(args), 0);
   expect_out("2 checkpoint files");
   expect_out("a resume would use step 9");
   expect_out("a checkpoint write that never finished");
+  expect_out("ignored           ckpt-x.dtc (not ckpt-<step>.dtc");
   assert_int_not_equal(access(stray, F_OK), 0);
+  unlink(odd);
   /* The newest corrupted (torn): reported, and the resume falls back to step 7. */
   assert_int_equal(truncate(ck2, 100), 0);
   assert_int_equal(run(args), 1);
