@@ -119,7 +119,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   o->op = DT_SUM;
   o->timeout_s = 900;
   *worker = 0;
-  int have_coll = 0;
+  int have_coll = 0, op_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -205,6 +205,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
       NEED_VALUE();
       if (dt_op_parse(v, &o->op))
         return dt_cli_usage_error("bench", "ops: sum prod min max avg", "%s", dt_last_error());
+      op_given = 1;
     } else if (!strcmp(a, "--json")) {
       o->json = 1;
     } else if (!strcmp(a, "--window")) {
@@ -230,6 +231,11 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->window && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER && o->coll != B_ALLGATHER)
     return dt_cli_usage_error("bench", "--window with allreduce, reduce_scatter or allgather",
                               "%s has no in-place window path", coll_names[o->coll]);
+  if (o->window && o->nproc < 2)
+    return dt_cli_usage_error("bench", "--window with -n 2 or more", "one rank shares no memory with another");
+  if (op_given && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER)
+    return dt_cli_usage_error("bench", "--op with allreduce or reduce_scatter", "%s reduces nothing: --op %s would "
+                              "not be used", coll_names[o->coll], dt_op_name(o->op));
   if (o->window && o->transport && strcmp(o->transport, "shm"))
     return dt_cli_usage_error("bench", "--window needs --transport shm (all ranks share memory)",
                               "--transport %s has no shared window", o->transport);

@@ -42,7 +42,8 @@ int dt_cli_store(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--world") || !strcmp(a, "-n")) {
       if (store_int(v, 1, 1 << 20, &world))
-        return dt_cli_usage_error("store", STORE_HINT, "%s needs a number of ranks >= 1, got '%s'", a, v ? v : "");
+        return dt_cli_usage_error("store", STORE_HINT, "%s needs a number of ranks in 1..%d, got '%s'", a, 1 << 20,
+                                  v ? v : "");
       i++;
     } else if (!strcmp(a, "--port")) {
       if (store_int(v, 0, 65535, &port))

@@ -230,8 +230,10 @@ int main(void) {
                       /* longer than the parser reads (was cut, measuring 8 B-1 KiB) */
                       {b, "bench", "allreduce", "--sizes", "8:00000000000000000000000000000000000000000000000000000000000000000000001024K", NULL},
                       {b, "bench", "allreduce", "--algo", "allgather=ring", NULL},
-                      {b, "bench", "allreduce", "--transport", "mpi", NULL}};
-    for (int i = 0; i < 13; i++) {
+                      {b, "bench", "allreduce", "--transport", "mpi", NULL},
+                      {b, "bench", "broadcast", "--op", "prod", NULL},
+                      {b, "bench", "allreduce", "-n", "1", "--window", NULL}};
+    for (int i = 0; i < 15; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
     }
