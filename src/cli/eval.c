@@ -88,8 +88,11 @@ int dt_cli_eval(int argc, char **argv) {
   dt_nn_set_threads((int)threads);
   dt_model *m = NULL;
   dt_status rc = dt_train_model_load(model_file, (int)batch, &m);
-  if (rc == DT_ERR_NOMEM)
+  if (rc == DT_ERR_NOMEM && batch > 1)
     return dt_cli_usage_error(CMD, "use a smaller --batch", "--batch %ld: %s", batch, dt_last_error());
+  if (rc == DT_ERR_NOMEM) /* one sample at a time does not fit: the model itself is too large here */
+    return dt_cli_fail(CMD, "model %s does not fit in this host's memory even with --batch 1: %s", model_file,
+                       dt_last_error());
   if (rc != DT_OK)
     return dt_cli_usage_error(CMD, rc == DT_ERR_NOT_FOUND ? "check the path (dtrain train --out DIR "
                                                             "writes DIR/model.safetensors)"

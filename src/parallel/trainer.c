@@ -1192,8 +1192,8 @@ static dt_status train(trainer *t, dt_train_summary *sum) {
     iv.data_ns += (double)(s1 - s0);
     iv.span_ns += (double)span;
     if (!isfinite(loss)) {
-      rc = dt_set_error(DT_ERR_STATE, "loss is %g at step %lld: training diverged (lower --lr or "
-                        "use --clip)", loss, (long long)step);
+      rc = dt_set_error(DT_ERR_STATE, "loss is %s at step %lld: training diverged (lower --lr or "
+                        "use --clip)", isnan(loss) ? "NaN" : loss > 0 ? "+infinity" : "-infinity", (long long)step);
       goto fail;
     }
 
