@@ -52,6 +52,8 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out);
 dt_train_observer dt_monitor_observer(dt_monitor *m);
 /* Ends the progress line (if one is drawn) so later output starts on a fresh line. */
 void dt_monitor_finish(dt_monitor *m);
+/* Whether a write to the metrics file failed (a full disk): its lines from then on are lost. */
+bool dt_monitor_lost(const dt_monitor *m);
 /* Finishes, closes the file. Accepts NULL. */
 void dt_monitor_destroy(dt_monitor *m);
 

@@ -387,6 +387,7 @@ int dt_cli_train(int argc, char **argv) {
   dt_train_summary s;
   dt_status rc = dt_train_run(&cfg, &obs, &s);
   dt_monitor_finish(mon);
+  bool metrics_lost = dt_monitor_lost(mon);
   dt_monitor_destroy(mon);
   if (rc != DT_OK) {
     /* When rank 0 refused the settings or the checkpoints, the other ranks' message says so
@@ -421,6 +422,7 @@ int dt_cli_train(int argc, char **argv) {
     dt__json_str(o, s.model_file);
     fputs(",\"metrics_file\":", o);
     dt__json_str(o, metrics_path);
+    fprintf(o, ",\"metrics_complete\":%s", metrics_lost ? "false" : "true");
     fputs(",\"checkpoint_dir\":", o);
     if (cfg.checkpoint_dir)
       dt__json_str(o, cfg.checkpoint_dir);
@@ -463,6 +465,6 @@ int dt_cli_train(int argc, char **argv) {
   if (cfg.checkpoint_dir)
     printf("checkpoints: %s%s%s%s\n", cfg.checkpoint_dir, s.checkpoint_file[0] ? " (last " : "",
            s.checkpoint_file, s.checkpoint_file[0] ? ")" : "");
-  printf("metrics:     %s\n", metrics_path);
+  printf("metrics:     %s%s\n", metrics_path, metrics_lost ? " (incomplete: a write failed, see the warning)" : "");
   return 0;
 }

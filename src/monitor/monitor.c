@@ -255,6 +255,8 @@ void dt_monitor_finish(dt_monitor *m) {
   }
 }
 
+bool dt_monitor_lost(const dt_monitor *m) { return m && m->metrics_failed; }
+
 void dt_monitor_destroy(dt_monitor *m) {
   if (!m)
     return;

@@ -187,6 +187,7 @@ static void group_json(void) {
   CHECK(tt_json_num(r.out, "world_size") == 1, "world size");
   CHECK(tt_json_num(r.out, "steps") == 2 * 19, "steps: 600 samples / 32 = 19 per epoch: %s", r.out);
   CHECK(tt_json_num(r.out, "peak_rss_mb") > 1, "rss");
+  CHECK(strstr(r.out, "\"metrics_complete\":true"), "metrics_complete: %s", r.out);
   char model[1024];
   CHECK(tt_json_str(r.out, "model_file", model, sizeof model), "model_file missing");
   char want[4096];
@@ -200,8 +201,9 @@ static void group_json(void) {
   CHECK(system(full) == 0, "%s", full);
   r = tt_run(dir, 120, "%s train --data %s --model '%s' --max-steps 2 --batch 32 --threads 1 --out %s/full --json",
              b, data, TINY_MODEL, dir);
-  CHECK(r.code == 0 && strstr(r.err, "metrics.jsonl: write failed: No space left on device"), "exit %d: %s", r.code,
-        r.err);
+  CHECK(r.code == 0 && strstr(r.err, "metrics.jsonl: write failed: No space left on device") &&
+            strstr(r.out, "\"metrics_complete\":false"),
+        "exit %d: %s %s", r.code, r.err, r.out);
   tt_result_free(&r);
 
   /* the model file: named tensors with the model's shapes and the spec in the metadata */
