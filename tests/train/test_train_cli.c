@@ -296,6 +296,7 @@ static void group_json(void) {
     CHECK(r.code == 0, "eval NaN model exit %d: %s", r.code, r.err);
     CHECK(tt_json_is_object(r.out) && strstr(r.out, "\"test_loss\":null"),
           "eval of a NaN model: stdout not JSON with test_loss null: %s", r.out);
+    CHECK(strstr(r.err, "warning: the model's outputs are not finite"), "eval of a NaN model: no warning: %s", r.err);
     tt_result_free(&r);
   }
 
