@@ -72,6 +72,13 @@ int dt__out_tail_count(dt_out *o, int local);
 /* True once a write to our stdout failed with EPIPE (`dtrain run ... | head`): the job should
  * end as a program killed by SIGPIPE would. */
 bool dt__out_stdout_broken(const dt_out *o);
+/* fn(ctx) says the job must stop now: a write to a reader that stopped reading then gives up
+ * (that output is dropped) instead of holding the launcher. */
+void dt__out_set_abandon(dt_out *o, bool (*fn)(void *ctx), void *ctx);
+/* Whether output was dropped that way. */
+bool dt__out_stalled(const dt_out *o);
+/* The job's number of ranks: a worker's "rank R failed" with R outside it is only text. */
+void dt__out_set_world(dt_out *o, int world);
 /* True if the line looks like a warning or error ("error", "warn", "fatal", "hint",
  * "exception", "traceback", any case): the lines other ranks show in DT_OUT_RANK0 mode. */
 bool dt__out_is_alert(const char *s, size_t n);

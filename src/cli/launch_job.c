@@ -167,6 +167,7 @@ dt_status dt__launch_start(dt_job *job, const dt_launch_opts *opts, dt_out *out)
   job->opts = opts;
   job->out = out;
   job->first_failed = -1;
+  dt__out_set_world(out, opts->nnodes * opts->nproc);
   job->w = calloc((size_t)opts->nproc, sizeof *job->w);
   if (!job->w)
     return dt_set_error(DT_ERR_NOMEM, "dtrain run: %d workers", opts->nproc);
@@ -378,6 +379,23 @@ static int job_refuser(dt_job *job, int i) {
 
 void dt__launch_supervise(dt_job *job) { dt__launch_supervise_poll(job, NULL, NULL); }
 
+/* What a stalled write to our stdout asks (dt__out_set_abandon): must the job stop now? */
+typedef struct job_abandon {
+  const int *seen_sigs;
+  const int64_t *deadline;
+  const bool *stopping;
+} job_abandon;
+
+static bool job_over(void *ctx) {
+  (void)ctx;
+  return true;
+}
+
+static bool job_must_stop(void *ctx) {
+  const job_abandon *a = ctx;
+  return job_sig_count != *a->seen_sigs || dt__expired(*a->deadline) || *a->stopping;
+}
+
 void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ctx) {
   const dt_launch_opts *o = job->opts;
   int n = o->nproc;
@@ -387,6 +405,8 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
                 .drain_until = DT_NO_DEADLINE};
   int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
   int seen_sigs = 0;
+  job_abandon ab = {.seen_sigs = &seen_sigs, .deadline = &job_deadline, .stopping = &s.stopping};
+  dt__out_set_abandon(job->out, job_must_stop, &ab);
   job->outcome = DT_JOB_OK;
   for (int i = 0; i < n; i++) {
     if (job->w[i].exec_errno) {
@@ -537,6 +557,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
   for (int i = 0; i < n; i++)
     if (job->w[i].pid > 0 && !job->w[i].exited)
       job->stuck++;
+  dt__out_set_abandon(job->out, job_over, NULL); /* the job is over: nothing may hold the summary */
   free(pf);
   free(who);
 }

@@ -8,6 +8,8 @@
  * own stdout/stderr. */
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +56,20 @@ struct dt_out {
   size_t scratch_cap;
   int64_t verdict_ns; /* when a worker first printed "rank R failed", 0 before */
   int verdict_rank;   /* that R */
+  bool stalled[3];    /* dropped: its reader stopped reading while the job had to stop */
+  int world;          /* ranks in the job (0: unknown): a verdict naming another is a worker's text */
+  bool (*abandon)(void *ctx); /* the job must stop (a signal, --timeout): a stalled write gives up */
+  void *abandon_ctx;
 };
+
+void dt__out_set_abandon(dt_out *o, bool (*fn)(void *ctx), void *ctx) {
+  o->abandon = fn;
+  o->abandon_ctx = ctx;
+}
+
+bool dt__out_stalled(const dt_out *o) { return o->stalled[1] || o->stalled[2]; }
+
+void dt__out_set_world(dt_out *o, int world) { o->world = world; }
 
 dt_out *dt__out_create(int nlocal, int rank_base, dt_out_mode mode, bool raw_stdout,
                        int tail_lines) {
@@ -99,13 +114,26 @@ void dt__out_destroy(dt_out *o) {
 }
 
 /* Writes all of buf; on a broken pipe or other error drops this and later output to fd (the
- * reader went away; the workers must not die of it). EINTR retries: the signal flags are
- * acted on by the caller's loop once this line is out. */
+ * reader went away; the workers must not die of it). A reader that stops reading holds the
+ * write, but never the job's stop: the fd is waited on with poll(2) and written a pipe's atomic
+ * size at a time, and once the job must stop (a signal, --timeout: o->abandon) output that
+ * cannot go out within OUT_STALL_MS is dropped, said at the end (dt__out_stalled). A stdout
+ * left non-blocking by our parent is waited on the same way. */
+#define OUT_STALL_MS 200
 static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
   while (n && !o->dead[fd]) {
-    ssize_t w = write(fd, buf, n);
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    int ready = poll(&p, 1, OUT_STALL_MS);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) {
+      if (o->abandon && o->abandon(o->abandon_ctx)) {
+        o->dead[fd] = o->stalled[fd] = true;
+        return;
+      }
+      continue;
+    }
+    ssize_t w = write(fd, buf, DT_MIN(n, (size_t)PIPE_BUF));
     if (w < 0) {
-      if (errno == EINTR)
+      if (errno == EINTR || errno == EAGAIN)
         continue;
       o->dead[fd] = true;
       if (fd == 1 && errno == EPIPE)
@@ -210,7 +238,7 @@ static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, 
   int rank = o->rank_base + local;
   const char *t = o->r[local].tail[(o->r[local].head + o->r[local].count - 1) % o->tail_cap].text;
   for (const char *p = t ? strstr(t, "rank ") : NULL; p; p = strstr(p + 5, "rank ")) {
-    if (!o->verdict_ns && dt__run_failed_rank(p) >= 0) {
+    if (!o->verdict_ns && dt__run_failed_rank(p) >= 0 && (o->world <= 0 || dt__run_failed_rank(p) < o->world)) {
       o->verdict_ns = dt_now_ns();
       o->verdict_rank = dt__run_failed_rank(p);
     }

@@ -1,5 +1,6 @@
 /* main.c - the dtrain command: dispatches to one subcommand per file under src/cli/. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -105,6 +106,20 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* A standard descriptor closed by our parent (>&-) is opened on /dev/null, so that the next
+   * file or socket we open does not take its number (a socket on fd 1 took the workers' output,
+   * and its EPIPE read as "the reader went away"); a closed stdout is then reported as the
+   * write error it would have been. */
+  for (int fd = 0; fd <= 2; fd++)
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int nfd = open("/dev/null", fd ? O_WRONLY : O_RDONLY);
+      if (nfd >= 0 && nfd != fd) {
+        dup2(nfd, fd);
+        close(nfd);
+      }
+      if (fd == 1)
+        dt_cli_stdout_failed(EBADF);
+    }
   /* Past a file-size limit (ulimit -f) a write then fails with EFBIG, which the command reports
    * naming the file (and a checkpoint's temporary file is removed), instead of SIGXFSZ ending the
    * process without a word and leaving the partial file behind. */

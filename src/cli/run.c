@@ -250,6 +250,9 @@ int dt__run_report(dt_job *job) {
   char what[128];
   int rc = 0;
   dt__out_settle(job->out);
+  if (dt__out_stalled(job->out))
+    fprintf(stderr, "dtrain run: the workers' output was dropped once the job had to stop: the reader of our output "
+                    "was not reading\n");
   if (job->outcome == DT_JOB_EXEC) {
     const dt_worker *w = &job->w[job->first_failed];
     fprintf(stderr, "dtrain run: cannot execute '%s' (rank %d): %s\n", o->argv[0], w->rank,

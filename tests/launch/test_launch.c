@@ -713,6 +713,63 @@ static void test_fail_refuser_hangs(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
 }
 
+/* Starts `dtrain ARGS` with stdout on fd out (or closed when out < 0) and stderr to dir/err. */
+static pid_t spawn_with_stdout(const char *const *args, int out, int keep_closed) {
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = bin;
+  while (*args && n < 63)
+    argv[n++] = *args++;
+  argv[n] = NULL;
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int e = open(pathf("err"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(e, 2);
+    if (out >= 0)
+      dup2(out, 1);
+    else
+      close(1);
+    if (keep_closed >= 0)
+      close(keep_closed);
+    execv(bin, (char *const *)argv);
+    _exit(99);
+  }
+  return pid;
+}
+
+/* A reader of our stdout that stops reading (a paused pager) holds neither --timeout nor a
+ * signal: the job ends (124), saying that the rest of the output was dropped. */
+static void test_stalled_reader(void **state) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  const char *args[] = {"run", "-n", "1", "--timeout", "1", "--kill-after", "1", "--", "sh", "-c", "yes hello", NULL};
+  pid_t pid = spawn_with_stdout(args, p[1], p[0]);
+  close(p[1]);
+  int st = wait_bounded(pid, 30000);
+  close(p[0]);
+  char *err = slurp(pathf("err"));
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 124 && strstr(err, "output was dropped once the job had to stop")))
+    fail_msg("stalled reader: status %d: %s", st, err);
+  free(err);
+}
+
+/* Started with stdout closed (>&-): the job runs to its end (a socket took fd 1 and its EPIPE
+ * stopped the job at once, exit 141 without a word), then exit 1 naming the closed stdout. */
+static void test_closed_stdout(void **state) {
+  const char *args[] = {"run", "-n", "1", "--", "sh", "-c", "echo hi; sleep 0.3; echo done >&2", NULL};
+  int st = wait_bounded(spawn_with_stdout(args, -1, -1), 30000);
+  char *err = slurp(pathf("err"));
+  if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(err, "[rank 0] done") &&
+        strstr(err, "writing standard output: Bad file descriptor")))
+    fail_msg("closed stdout: status %d: %s", st, err);
+  free(err);
+  /* a worker's own words "rank 7 failed" in a 2-rank job are text, not a verdict */
+  const char *args2[] = {"run", "-n", "2", "--", "sh", "-c",
+                         "[ $RANK = 1 ] && echo 'rank 7 failed: to parse line 3'; sleep 0.3; exit 0", NULL};
+  assert_int_equal(run_dtrain(30000, args2), 0);
+}
+
 static void test_fail_timeout(void **state) {
   const char *args[] = {"run", "-n", "2", "--timeout", "0.3", "--", "sh", "-c",
                         "echo $$ > \"$1/pid.$DTRAIN_RANK\"; exec sleep 60", "sh", dir, NULL};
@@ -985,6 +1042,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_fail_refused, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_refuser_hangs, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_timeout, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_stalled_reader, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_closed_stdout, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_all_ok_some_early, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_ok_with_failure_words, setup_dir, teardown_dir),
   };
