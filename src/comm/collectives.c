@@ -460,6 +460,31 @@ static bool bufs_clash(dt__coll kind, const void *sbuf, const void *rbuf, size_t
   return a < b + rn && b < a + sn;
 }
 
+/* A buffer of a call that starts in the shared window but does not fit in this rank's part:
+ * written past the part's end it reaches the next rank's part or the transport's own memory
+ * (seen: another rank crashed), and a buffer in another rank's part races with that rank. bytes:
+ * the most the call touches there. NULL if the buffer is fine; else the reason, into why. */
+static const char *window_misuse(const dt_comm *c, const void *buf, size_t bytes, const char *what, char *why,
+                                 size_t cap) {
+  if (!buf || buf == DT_IN_PLACE)
+    return NULL;
+  uintptr_t b = (uintptr_t)buf;
+  for (int r = 0; r < c->size; r++) {
+    uintptr_t p = (uintptr_t)dt_comm_window_part(c, r);
+    if (!p || b < p || b - p >= c->win_bytes)
+      continue;
+    if (r != c->rank)
+      snprintf(why, cap, "%s lies in rank %d's part of the shared window (each rank calls on its own part)", what, r);
+    else if (bytes > c->win_bytes - (b - p))
+      snprintf(why, cap, "%s starts %zu bytes into this rank's shared window of %zu bytes but the call covers %zu "
+               "bytes from there", what, (size_t)(b - p), c->win_bytes, bytes);
+    else
+      return NULL;
+    return why;
+  }
+  return NULL;
+}
+
 dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rbuf, size_t count, dt_dtype t,
                            dt_op op, int root, dt__coll_call *k) {
   const char *name = dt__coll_name(kind);
@@ -528,6 +553,15 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
     }
     if (!bad && bufs_clash(kind, sbuf, rbuf, count * dt_dtype_size(t), c->size, c->rank, is_root))
       bad = "sendbuf and recvbuf overlap without being the same buffer (DT_IN_PLACE works in place)";
+    if (!bad && c->win) { /* the most each buffer may cover: n blocks where a call has them */
+      size_t one = count * dt_dtype_size(t), all = one * (size_t)c->size;
+      bool s_all = kind == DT_COLL_REDUCE_SCATTER || kind == DT_COLL_ALLTOALL || kind == DT_COLL_SCATTER;
+      bool r_all = kind == DT_COLL_ALLGATHER || kind == DT_COLL_ALLTOALL || kind == DT_COLL_GATHER ||
+                   (kind == DT_COLL_REDUCE_SCATTER && sbuf == DT_IN_PLACE);
+      bad = window_misuse(c, rbuf, r_all ? all : one, kind == DT_COLL_BROADCAST ? "buf" : "recvbuf", why, sizeof why);
+      if (!bad)
+        bad = window_misuse(c, sbuf, s_all ? all : one, "sendbuf", why, sizeof why);
+    }
   }
   if (!bad)
     return DT_OK;

@@ -236,6 +236,18 @@ static int body_misuse(int rank, int size, void *arg) {
   CHECK(dt_comm_window(c, 64 * 1024, (void **)&w) == DT_OK, "window: %s", dt_last_error());
   static float priv[4096];
   dt_status st;
+  if (which >= 4) { /* rank 1's buffer runs past its part (it reached the next part or the transport's memory
+                      * and crashed another rank), or lies in rank 0's part: invalid there, aborted elsewhere */
+    float *mine = which == 4 ? w + 16384 - 1000 : (float *)dt_comm_window_part(c, 0);
+    st = dt_comm_allreduce(c, DT_IN_PLACE, rank == 1 ? mine : w, 4096, DT_F32, DT_SUM);
+    const char *want = which == 4 ? "recvbuf starts 61536 bytes into this rank's shared window of 65536 bytes"
+                                  : "recvbuf lies in rank 0's part of the shared window";
+    CHECK(rank == 1 ? st == DT_ERR_INVALID : (st == DT_ERR_ABORTED || st == DT_ERR_PEER), "case %d gave %s: %s",
+          which, dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), want), "case %d: message: %s", which, dt_last_error());
+    dt_comm_destroy(c);
+    return 0;
+  }
   if (which == 0) /* different offsets */
     st = dt_comm_allreduce(c, DT_IN_PLACE, w + (rank ? 16 : 0), 4096, DT_F32, DT_SUM);
   else /* rank 1 outside the window */
@@ -289,7 +301,7 @@ int main(void) {
       bad++;
     }
   }
-  for (int which = 0; which < 4; which++) {
+  for (int which = 0; which < 6; which++) {
     ran++;
     if (mp_run(2, body_misuse, &which, 60)) {
       fprintf(stderr, "FAIL: window misuse case %d\n", which);
