@@ -577,11 +577,27 @@ dt_status dt__coll_prepare(dt_comm *c, dt__coll kind, const void *sbuf, void *rb
   return dt__comm_fail(c, DT_ERR_INVALID);
 }
 
-#define RUN(kind, s, r, cnt, t, op, root)                                  \
-  do {                                                                     \
-    dt__coll_call call_;                                                   \
-    DT_CHECK(dt__coll_prepare(c, kind, s, r, cnt, t, op, root, &call_));   \
-    return dt__progress_run(c, &call_);                                    \
+dt_status dt__comm_enter(dt_comm *c, dt__coll kind) {
+  if (c && atomic_exchange_explicit(&c->in_call, 1, memory_order_acquire))
+    return dt_set_error(DT_ERR_STATE, "rank %d: %s while another thread of this process is in a call on the same "
+                        "communicator (one thread at a time: dtrain/comm.h)", c->rank, dt__coll_name(kind));
+  return DT_OK;
+}
+
+void dt__comm_leave(dt_comm *c) {
+  if (c)
+    atomic_store_explicit(&c->in_call, 0, memory_order_release);
+}
+
+#define RUN(kind, s, r, cnt, t, op, root)                                    \
+  do {                                                                       \
+    DT_CHECK(dt__comm_enter(c, kind));                                       \
+    dt__coll_call call_;                                                     \
+    dt_status st_ = dt__coll_prepare(c, kind, s, r, cnt, t, op, root, &call_); \
+    if (st_ == DT_OK)                                                        \
+      st_ = dt__progress_run(c, &call_);                                     \
+    dt__comm_leave(c);                                                       \
+    return st_;                                                              \
   } while (0)
 
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op) {

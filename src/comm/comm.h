@@ -103,11 +103,18 @@ struct dt_comm {
   uint8_t *win;         /* this rank's part of the shared window (dt_comm_window), or NULL */
   size_t win_bytes;
   pthread_mutex_t lock; /* serializes operations between the caller and the progress thread */
+  _Atomic int in_call;  /* an application thread is in a collective call (dt__comm_enter) */
   /* DTRAIN_ALGO as read when the communicator was made (dt__coll_algo_load): the algorithm forced
    * per collective (DT_ALGO_AUTO: none), or algo_bad, the error every collective then returns */
   uint8_t algo[DT_COLL_COUNT];
   char algo_bad[320];
 };
+
+/* Around a collective call of the application: one thread at a time (dtrain/comm.h). A second
+ * thread calling while another is in a call gets DT_ERR_STATE at once, naming it, instead of the
+ * two calls mixing into a hang or a "mismatch" on another rank. */
+dt_status dt__comm_enter(dt_comm *c, dt__coll kind);
+void dt__comm_leave(dt_comm *c);
 
 /* "rank 3", or "rank 1 (world rank 3)" in a split communicator. */
 void dt__comm_peer_name(const dt_comm *c, int peer, char *buf, size_t n);

@@ -278,9 +278,13 @@ dt_status dt_request_test(dt_request *req, int *done) {
     if (!req)                                                                      \
       return dt_set_error(DT_ERR_INVALID, "%s: request pointer is NULL", dt__coll_name(kind)); \
     *req = NULL;                                                                   \
+    DT_CHECK(dt__comm_enter(c, kind));                                             \
     dt__coll_call call_;                                                           \
-    DT_CHECK(dt__coll_prepare(c, kind, s, r, cnt, t, op, root, &call_));           \
-    return dt__progress_submit(c, &call_, req);                                    \
+    dt_status st_ = dt__coll_prepare(c, kind, s, r, cnt, t, op, root, &call_);     \
+    if (st_ == DT_OK)                                                              \
+      st_ = dt__progress_submit(c, &call_, req);                                   \
+    dt__comm_leave(c);                                                             \
+    return st_;                                                                    \
   } while (0)
 
 dt_status dt_comm_iallreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op,

@@ -13,6 +13,8 @@
  * shm nothing of the collective passes through the rings the recv watches).
  * Invalid arguments: DT_ERR_INVALID naming the call on the rank that made it, and the other
  * ranks stop with DT_ERR_ABORTED instead of waiting for it. */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +223,41 @@ static int p2p_ok_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Two threads of rank 0 in collectives on one communicator at once: the second is told at once
+ * (DT_ERR_STATE naming the cause) while the first completes; the calls no longer mix into a
+ * hang or a "mismatch" on the other rank. */
+static void *second_thread(void *arg) {
+  dt_comm *c = arg;
+  usleep(100000); /* the first thread is waiting for rank 1 by now */
+  float x = 1;
+  dt_status st = dt_comm_allreduce(c, DT_IN_PLACE, &x, 1, DT_F32, DT_SUM);
+  return (void *)(intptr_t)(st == DT_ERR_STATE && strstr(dt_last_error(), "another thread of this process") ? 0 : 1);
+}
+
+static int two_threads_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  float x = (float)rank + 1;
+  pthread_t th;
+  if (rank == 0)
+    CHECK(pthread_create(&th, NULL, second_thread, c) == 0, "pthread_create");
+  else
+    usleep(500000); /* rank 0's first call waits for this one meanwhile */
+  dt_status st = dt_comm_allreduce(c, DT_IN_PLACE, &x, 1, DT_F32, DT_SUM);
+  CHECK(st == DT_OK && x == 3, "the first thread's allreduce: %s, %g", dt_last_error(), x);
+  if (rank == 0) {
+    void *r;
+    pthread_join(th, &r);
+    CHECK(r == NULL, "the second thread was not told");
+  }
+  CHECK(dt_comm_barrier(c) == DT_OK, "after: %s", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
 static int invalid_body(int rank, int size, void *arg) {
   (void)size;
   (void)arg;
@@ -412,6 +449,11 @@ int main(void) {
     ran++;
     if (mp_run(2, p2p_ok_body, NULL, 60)) {
       fprintf(stderr, "FAIL: send/recv next to collectives on %s\n", tps[t]);
+      bad++;
+    }
+    ran++;
+    if (mp_run(2, two_threads_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: two threads in collectives at once on %s\n", tps[t]);
       bad++;
     }
     ran++;
