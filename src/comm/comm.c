@@ -846,16 +846,19 @@ static dt_status comm_p2p_check(dt_comm *c, const void *buf, size_t count, dt_dt
                                 size_t *bytes) {
   if (!c)
     return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: communicator is NULL", what);
+  /* a bad argument fails the job as in a collective: the peer must not wait for (or lose) the
+   * message this call would have moved, nor the next call go on as if it had */
   size_t es = dt_dtype_size(t);
   if (!es)
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: invalid dtype %d", what, (int)t);
+    return dt__comm_fail(c, dt_set_error(DT_ERR_INVALID, "dt_comm_%s: invalid dtype %d", what, (int)t));
   if (peer < 0 || peer >= c->size || peer == c->rank)
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: rank %d: peer %d is not another rank of 0..%d", what, c->rank, peer,
-                        c->size - 1);
+    return dt__comm_fail(c, dt_set_error(DT_ERR_INVALID, "dt_comm_%s: rank %d: peer %d is not another rank of 0..%d",
+                                         what, c->rank, peer, c->size - 1));
   if (count > SIZE_MAX / es)
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: count %zu x %zu bytes overflows", what, count, es);
+    return dt__comm_fail(c, dt_set_error(DT_ERR_INVALID, "dt_comm_%s: count %zu x %zu bytes overflows", what, count,
+                                         es));
   if (count && !buf)
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_%s: buffer is NULL with count %zu", what, count);
+    return dt__comm_fail(c, dt_set_error(DT_ERR_INVALID, "dt_comm_%s: buffer is NULL with count %zu", what, count));
   if (dt__comm_aborted(c))
     return dt__comm_abort_status(c);
   *bytes = count * es;

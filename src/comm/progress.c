@@ -275,8 +275,8 @@ dt_status dt_request_test(dt_request *req, int *done) {
 
 #define SUBMIT(kind, s, r, cnt, t, op, root)                                       \
   do {                                                                             \
-    if (!req)                                                                      \
-      return dt_set_error(DT_ERR_INVALID, "%s: request pointer is NULL", dt__coll_name(kind)); \
+    if (!req) /* fails the job as any bad argument of a collective does */        \
+      return dt__comm_fail(c, dt_set_error(DT_ERR_INVALID, "%s: request pointer is NULL", dt__coll_name(kind))); \
     *req = NULL;                                                                   \
     DT_CHECK(dt__comm_enter(c, kind));                                             \
     dt__coll_call call_;                                                           \

@@ -258,6 +258,35 @@ static int two_threads_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* A recv with a NULL buffer (or any bad point-to-point argument) fails the job as a bad
+ * collective argument does: the sender's next call is aborted instead of its message being
+ * dropped while both went on. */
+static int p2p_invalid_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  float a[4] = {1, 2, 3, 4};
+  dt_status st;
+  if (rank == 0) {
+    st = dt_comm_recv(c, NULL, 4, DT_F32, 1, 0);
+    CHECK(st == DT_ERR_INVALID && strstr(dt_last_error(), "buffer is NULL"), "recv NULL gave %s: %s",
+          dt_strerror(st), dt_last_error());
+    CHECK(dt_comm_iallreduce(c, a, a, 4, DT_F32, DT_SUM, NULL) == DT_ERR_INVALID, "NULL request pointer");
+  } else {
+    st = dt_comm_send(c, a, 4, DT_F32, 0, 0); /* eager: may return before anyone looks */
+    CHECK(st == DT_OK || st == DT_ERR_ABORTED || st == DT_ERR_PEER, "send gave %s", dt_strerror(st));
+    int64_t t0 = dt_now_ns();
+    st = dt_comm_barrier(c);
+    CHECK(st == DT_ERR_ABORTED || st == DT_ERR_PEER, "barrier after the peer's bad recv gave %s: %s",
+          dt_strerror(st), dt_last_error());
+    CHECK(dt_now_ns() - t0 < 25 * 1000000000ll, "took until the deadline");
+  }
+  dt_comm_destroy(c);
+  return 0;
+}
+
 static int invalid_body(int rank, int size, void *arg) {
   (void)size;
   (void)arg;
@@ -454,6 +483,11 @@ int main(void) {
     ran++;
     if (mp_run(2, two_threads_body, NULL, 60)) {
       fprintf(stderr, "FAIL: two threads in collectives at once on %s\n", tps[t]);
+      bad++;
+    }
+    ran++;
+    if (mp_run(2, p2p_invalid_body, NULL, 60)) {
+      fprintf(stderr, "FAIL: bad point-to-point arguments on %s\n", tps[t]);
       bad++;
     }
     ran++;
