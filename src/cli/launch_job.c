@@ -275,7 +275,7 @@ static int job_collect(dt_job *job) {
 }
 
 typedef struct {
-  bool stopping, killed, draining, drain_stopped;
+  bool stopping, killed, draining, drain_stopped, drain_killed;
   int hold;         /* local index of a refuser whose own exit the SIGTERM waits for, or -1 */
   int64_t kill_at;  /* SIGKILL when this passes */
   int64_t give_up;  /* after SIGKILL: stop waiting */
@@ -501,6 +501,14 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
     if (all_exited && !s.draining) {
       s.draining = true;
       s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
+    }
+    if (dt__expired(s.drain_until) && s.drain_stopped && !s.drain_killed && job->pgid > 0) {
+      /* left behind in the workers' group and deaf to SIGTERM: SIGKILL, as for a worker */
+      s.drain_killed = true;
+      s.drain_until = dt__deadline_after_ms(JOB_DRAIN_MS);
+      kill(-job->pgid, SIGKILL);
+      fprintf(stderr, "dtrain run: every worker exited, but processes they started still held their output "
+                      "after SIGTERM; killed them\n");
     }
     if (dt__expired(s.drain_until) && s.drain_stopped) {
       /* what still holds the pipes left the workers' process group (setsid): not ours to wait for */

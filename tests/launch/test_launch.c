@@ -800,6 +800,20 @@ static void test_detached_grandchild(void **state) {
   kill(g, SIGKILL);
 }
 
+/* A process a worker left behind in its group that ignores SIGTERM and holds the output: killed
+ * (SIGKILL, said), not left running until the end with a message blaming setsid. */
+static void test_deaf_grandchild(void **state) {
+  const char *args[] = {"run", "-n", "1", "--", "sh", "-c",
+                        "sh -c 'trap \"\" TERM; echo $$ > \"$1/pid.g\"; sleep 60; echo late' sh \"$1\" & echo hi", "sh",
+                        dir, NULL};
+  assert_int_equal(run_dtrain(30000, args), 0);
+  char *err = slurp(pathf("err"));
+  if (!strstr(err, "still held their output after SIGTERM; killed them") || strstr(err, "setsid"))
+    fail_msg("stderr: %s", err);
+  free(err);
+  assert_true(pid_gone(read_pid(pathf("pid.g")), 5000));
+}
+
 static void test_all_ok_some_early(void **state) {
   /* Rank 0 finishing long before the others is not a failure. */
   const char *args[] = {"run", "-n", "3", "--", "sh", "-c",
@@ -1030,6 +1044,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_output_rank0, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0_as_is, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_detached_grandchild, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_deaf_grandchild, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_full, setup_dir, teardown_dir),
   };
