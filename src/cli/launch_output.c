@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -50,8 +51,11 @@ struct dt_out {
   bool tty[3];     /* fd 1, 2 are terminals */
   bool dead[3];    /* writes to fd failed (EPIPE): drop further output there */
   bool broken_stdout; /* our stdout's reader went away (EPIPE) */
-  int pend_fd;     /* a terminal whose cursor sits after a \r progress line, or -1 */
+  int pend_fd;     /* a terminal whose cursor sits after a \r progress line, or an fd whose last
+                    * line went out as is without its end (pend_partial), or -1 */
   int pend_src;    /* local*3+stream that wrote it */
+  bool pend_partial;
+  bool same12;     /* fd 1 and 2 are one file (2>&1): a line on one continues on the other */
   char *scratch;
   size_t scratch_cap;
   int64_t verdict_ns; /* when a worker first printed "rank R failed", 0 before */
@@ -82,6 +86,8 @@ dt_out *dt__out_create(int nlocal, int rank_base, dt_out_mode mode, bool raw_std
   o->raw_stdout = raw_stdout;
   o->tail_cap = tail_lines > 0 ? tail_lines : 1;
   o->pend_fd = -1;
+  struct stat s1, s2;
+  o->same12 = fstat(1, &s1) == 0 && fstat(2, &s2) == 0 && s1.st_dev == s2.st_dev && s1.st_ino == s2.st_ino;
   o->tty[1] = isatty(1);
   o->tty[2] = isatty(2);
   o->r = calloc((size_t)nlocal, sizeof *o->r);
@@ -149,19 +155,28 @@ static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
 
 /* Before writing from src: a progress line of another source left on a terminal ends with a
  * newline, so the new text does not overwrite it and the next progress update starts below. */
-static void out_settle_for(dt_out *o, int src) {
-  if (o->pend_fd >= 0 && o->pend_src != src) {
-    out_write(o, o->pend_fd, "\n", 1);
-    o->pend_fd = -1;
-  }
+static void out_settle_for(dt_out *o, int src, int fd) {
+  if (o->pend_fd < 0 || o->pend_src == src)
+    return;
+  /* a line left open in another file may go on: as-is output stays as it came (fd -1: the
+   * summary, on stderr) */
+  if (o->pend_partial && fd != o->pend_fd && !o->same12)
+    return;
+  out_write(o, o->pend_fd, "\n", 1);
+  o->pend_fd = -1;
 }
 
-void dt__out_settle(dt_out *o) { out_settle_for(o, -1); }
+void dt__out_settle(dt_out *o) { out_settle_for(o, -1, -1); }
 
+/* After src wrote to fd ending in last: a progress line on a terminal, or a line written as is
+ * without its end (rank 0's in rank0 mode, cut at its length limit or at the end of its
+ * stream), gets a newline before anything else is written (out_settle_for), so that another
+ * rank's line or the summary does not continue it. */
 static void out_note_end(dt_out *o, int fd, int src, char last) {
-  if (last == '\r' && o->tty[fd]) {
+  if ((last == '\r' && o->tty[fd]) || (last != '\n' && last != '\r')) {
     o->pend_fd = fd;
     o->pend_src = src;
+    o->pend_partial = last != '\r';
   } else if (o->pend_src == src) {
     o->pend_fd = -1;
   }
@@ -266,7 +281,7 @@ static void out_line(dt_out *o, int local, int stream, const char *s, size_t n, 
   size_t len = (size_t)np + n + nt;
   if (len == 0)
     return;
-  out_settle_for(o, src);
+  out_settle_for(o, src, fd);
   out_write(o, fd, b, len);
   out_note_end(o, fd, src, b[len - 1]);
 }
@@ -319,7 +334,7 @@ void dt__out_feed(dt_out *o, int local, int stream, const char *buf, size_t n) {
     return;
   if (o->raw_stdout && o->rank_base + local == 0 && stream == 1) {
     int src = local * 3 + stream;
-    out_settle_for(o, src);
+    out_settle_for(o, src, 1);
     out_write(o, 1, buf, n);
     out_note_end(o, 1, src, buf[n - 1]);
   }

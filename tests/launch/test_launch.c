@@ -476,6 +476,18 @@ static void test_output_rank0_as_is(void **state) {
   free(out);
 }
 
+/* ...but another rank's line written to the same file after a partial rank-0 line starts on a
+ * line of its own (it used to continue rank 0's line). */
+static void test_output_rank0_partial(void **state) {
+  const char *script = "if [ $DTRAIN_RANK = 0 ]; then printf 'final loss=0.25'; else sleep 0.3; "
+                       "echo 'warning: slow disk'; fi";
+  const char *args[] = {"run", "-n", "2", "--output", "rank0", "--", "sh", "-c", script, NULL};
+  assert_int_equal(run_dtrain(30000, args), 0);
+  char *out = slurp(pathf("out"));
+  assert_string_equal(out, "final loss=0.25\n[rank 1] warning: slow disk\n");
+  free(out);
+}
+
 static void test_output_rank0(void **state) {
   const char *script = "echo \"progress of $DTRAIN_RANK\"; "
                        "echo \"WARNING: low memory on $DTRAIN_RANK\" >&2; "
@@ -1043,6 +1055,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_output_prefix, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_rank0_as_is, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_output_rank0_partial, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_detached_grandchild, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_deaf_grandchild, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_output_raw_stdout, setup_dir, teardown_dir),
