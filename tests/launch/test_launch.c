@@ -73,8 +73,11 @@ static int count_of(const char *hay, const char *needle) {
   return c;
 }
 
-/* Starts `dtrain ARGS...` (NULL-terminated) with stdout/stderr to dir/out, dir/err. */
-static pid_t spawn_dtrain(const char *const *args) {
+/* Starts `dtrain ARGS...` (NULL-terminated) with stderr to dir/err and stdout on fd out, or to
+ * dir/out (OUT_FILE), or closed (OUT_CLOSED); keep_closed (>= 0): an fd the child closes. */
+#define OUT_FILE (-2)
+#define OUT_CLOSED (-1)
+static pid_t spawn_with_stdout(const char *const *args, int out, int keep_closed) {
   const char *argv[64];
   int n = 0;
   argv[n++] = bin;
@@ -84,15 +87,24 @@ static pid_t spawn_dtrain(const char *const *args) {
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
-    int o = open(pathf("out"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int e = open(pathf("err"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(o, 1);
     dup2(e, 2);
+    if (out == OUT_FILE)
+      out = open(pathf("out"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out >= 0)
+      dup2(out, 1);
+    else
+      close(1);
+    if (keep_closed >= 0)
+      close(keep_closed);
     execv(bin, (char *const *)argv);
     _exit(99);
   }
   return pid;
 }
+
+/* Starts `dtrain ARGS...` (NULL-terminated) with stdout/stderr to dir/out, dir/err. */
+static pid_t spawn_dtrain(const char *const *args) { return spawn_with_stdout(args, OUT_FILE, -1); }
 
 /* Waits at most ms for pid; returns its wait status, or -1 (after killing it) on timeout. */
 static int wait_bounded(pid_t pid, int ms) {
@@ -725,30 +737,6 @@ static void test_fail_refuser_hangs(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.0")), 5000));
 }
 
-/* Starts `dtrain ARGS` with stdout on fd out (or closed when out < 0) and stderr to dir/err. */
-static pid_t spawn_with_stdout(const char *const *args, int out, int keep_closed) {
-  const char *argv[64];
-  int n = 0;
-  argv[n++] = bin;
-  while (*args && n < 63)
-    argv[n++] = *args++;
-  argv[n] = NULL;
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    int e = open(pathf("err"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(e, 2);
-    if (out >= 0)
-      dup2(out, 1);
-    else
-      close(1);
-    if (keep_closed >= 0)
-      close(keep_closed);
-    execv(bin, (char *const *)argv);
-    _exit(99);
-  }
-  return pid;
-}
 
 /* A reader of our stdout that stops reading (a paused pager) holds neither --timeout nor a
  * signal: the job ends (124), saying that the rest of the output was dropped. */
@@ -770,7 +758,7 @@ static void test_stalled_reader(void **state) {
  * stopped the job at once, exit 141 without a word), then exit 1 naming the closed stdout. */
 static void test_closed_stdout(void **state) {
   const char *args[] = {"run", "-n", "1", "--", "sh", "-c", "echo hi; sleep 0.3; echo done >&2", NULL};
-  int st = wait_bounded(spawn_with_stdout(args, -1, -1), 30000);
+  int st = wait_bounded(spawn_with_stdout(args, OUT_CLOSED, -1), 30000);
   char *err = slurp(pathf("err"));
   if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(err, "[rank 0] done") &&
         strstr(err, "writing standard output: Bad file descriptor")))
