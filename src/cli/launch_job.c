@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@ static int wake_fd[2] = {-1, -1};           /* self-pipe: a handler wakes poll(2
 
 static void on_signal(int sig) {
   int e = errno;
-  if (sig != SIGCHLD) {
+  if (sig != SIGCHLD && sig != SIGALRM) { /* SIGALRM: --timeout's moment (job_arm_deadline) */
     job_sig = sig;
     job_sig_count++;
   }
@@ -63,6 +64,7 @@ static dt_status job_install_signals(void) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_NOCLDSTOP; /* no SA_RESTART: a blocked write to our stdout must see a stop */
   sigaction(SIGCHLD, &sa, NULL);
+  sigaction(SIGALRM, &sa, NULL);
   for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
     sigaction(stop_signals[i], &sa, NULL);
   signal(SIGPIPE, SIG_IGN); /* a closed stdout reader must not kill the supervisor */
@@ -379,6 +381,19 @@ static int job_refuser(dt_job *job, int i) {
 
 void dt__launch_supervise(dt_job *job) { dt__launch_supervise_poll(job, NULL, NULL); }
 
+/* SIGALRM at the job's deadline (0: none; a pending one is cancelled): a write of the workers'
+ * output that a stalled reader holds then returns EINTR and gives up (dt__out_set_abandon), as
+ * it does on a stop signal, so that --timeout ends the job. */
+static void job_arm_deadline(int64_t deadline) {
+  struct itimerval it = {{0, 0}, {0, 0}};
+  if (deadline != DT_NO_DEADLINE) {
+    int64_t ns = DT_MAX((int64_t)1000000, deadline - dt_now_ns() + 1000000);
+    it.it_value.tv_sec = (time_t)(ns / 1000000000);
+    it.it_value.tv_usec = (suseconds_t)(ns % 1000000000 / 1000);
+  }
+  setitimer(ITIMER_REAL, &it, NULL);
+}
+
 /* What a stalled write to our stdout asks (dt__out_set_abandon): must the job stop now? */
 typedef struct job_abandon {
   const int *seen_sigs;
@@ -407,6 +422,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
   int seen_sigs = 0;
   job_abandon ab = {.seen_sigs = &seen_sigs, .deadline = &job_deadline, .stopping = &s.stopping};
   dt__out_set_abandon(job->out, job_must_stop, &ab);
+  job_arm_deadline(job_deadline);
   job->outcome = DT_JOB_OK;
   for (int i = 0; i < n; i++) {
     if (job->w[i].exec_errno) {
@@ -566,6 +582,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
     if (job->w[i].pid > 0 && !job->w[i].exited)
       job->stuck++;
   dt__out_set_abandon(job->out, job_over, NULL); /* the job is over: nothing may hold the summary */
+  job_arm_deadline(DT_NO_DEADLINE);
   free(pf);
   free(who);
 }

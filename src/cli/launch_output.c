@@ -8,7 +8,6 @@
  * own stdout/stderr. */
 #include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,26 +120,28 @@ void dt__out_destroy(dt_out *o) {
 
 /* Writes all of buf; on a broken pipe or other error drops this and later output to fd (the
  * reader went away; the workers must not die of it). A reader that stops reading holds the
- * write, but never the job's stop: the fd is waited on with poll(2) and written a pipe's atomic
- * size at a time, and once the job must stop (a signal, --timeout: o->abandon) output that
- * cannot go out within OUT_STALL_MS is dropped, said at the end (dt__out_stalled). A stdout
- * left non-blocking by our parent is waited on the same way. */
+ * write, but never the job's stop: a stop signal, a worker's exit or --timeout's SIGALRM
+ * interrupts it (the launcher's handlers do not restart system calls), and once the job must
+ * stop (o->abandon) the output that cannot go out is dropped, said at the end
+ * (dt__out_stalled). A stdout left non-blocking by our parent is waited on with poll(2).
+ * (Polling before every write instead halved the rate of a chatty worker's lines.) */
 #define OUT_STALL_MS 200
 static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
   while (n && !o->dead[fd]) {
-    struct pollfd p = {.fd = fd, .events = POLLOUT};
-    int ready = poll(&p, 1, OUT_STALL_MS);
-    if (ready == 0 || (ready < 0 && errno == EINTR)) {
+    ssize_t w = write(fd, buf, n);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
+      bool again = errno == EAGAIN;
       if (o->abandon && o->abandon(o->abandon_ctx)) {
         o->dead[fd] = o->stalled[fd] = true;
         return;
       }
+      if (again) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        (void)poll(&p, 1, OUT_STALL_MS);
+      }
       continue;
     }
-    ssize_t w = write(fd, buf, DT_MIN(n, (size_t)PIPE_BUF));
     if (w < 0) {
-      if (errno == EINTR || errno == EAGAIN)
-        continue;
       o->dead[fd] = true;
       if (fd == 1 && errno == EPIPE)
         o->broken_stdout = true;
