@@ -394,15 +394,8 @@ dt_status dt_ckpt_parse(const void *buf, size_t n, const char *name, dt_ckpt **o
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_ckpt_parse: out is NULL");
   *out = NULL;
-  if (!name)
-    name = "(buffer)";
-  if (!buf && n)
-    return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", name);
-  char *b = dt__alloc(n ? n : 1);
-  if (!b)
-    return dt__error_prefix(DT_ERR_NOMEM, "%s", name);
-  if (n)
-    memcpy(b, buf, n);
+  void *b;
+  DT_CHECK(dt__ckpt_copy_buffer(buf, n, &name, &b));
   return parse_owned(b, n, name, out);
 }
 

@@ -28,6 +28,9 @@ dt_status dt__afile_commit(dt__afile *f);
 void dt__afile_abort(dt__afile *f);
 /* Reads a whole regular file into a 64-byte aligned dt__alloc buffer. */
 dt_status dt__ckpt_read_file(const char *path, void **buf, size_t *n);
+/* What dt_ckpt_parse and dt_safetensors_parse do first: *name defaults to "(buffer)", a NULL
+ * buffer with n > 0 is refused, and *copy receives a dt__alloc'd copy of its n bytes. */
+dt_status dt__ckpt_copy_buffer(const void *buf, size_t n, const char **name, void **copy);
 /* True for names of temporary files made by dt__afile_open; *pid receives the writer's pid. */
 int dt__afile_is_temp(const char *name, long *pid);
 

@@ -120,6 +120,18 @@ int dt__afile_is_temp(const char *name, long *pid) {
   return 1;
 }
 
+dt_status dt__ckpt_copy_buffer(const void *buf, size_t n, const char **name, void **copy) {
+  if (!*name)
+    *name = "(buffer)";
+  if (!buf && n)
+    return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", *name);
+  if (!(*copy = dt__alloc(n ? n : 1)))
+    return dt__error_prefix(DT_ERR_NOMEM, "%s", *name);
+  if (n)
+    memcpy(*copy, buf, n);
+  return DT_OK;
+}
+
 dt_status dt__ckpt_read_file(const char *path, void **buf, size_t *n) {
   return dt__read_file(path, UINT64_MAX, buf, n);
 }

@@ -769,15 +769,8 @@ dt_status dt_safetensors_parse(const void *buf, size_t len, const char *name, dt
   if (!out)
     return dt_set_error(DT_ERR_INVALID, "dt_safetensors_parse: out is NULL");
   *out = NULL;
-  if (!name)
-    name = "(buffer)";
-  if (!buf && len)
-    return dt_set_error(DT_ERR_INVALID, "%s: NULL buffer", name);
-  void *copy = dt__alloc(len ? len : 1);
-  if (!copy)
-    return dt__error_prefix(DT_ERR_NOMEM, "%s", name);
-  if (len)
-    memcpy(copy, buf, len);
+  void *copy;
+  DT_CHECK(dt__ckpt_copy_buffer(buf, len, &name, &copy));
   return st_parse_take(copy, len, name, out);
 }
 

@@ -273,17 +273,18 @@ static int inspect_one(const char *path) {
 }
 
 int dt_cli_inspect(int argc, char **argv) {
-  int nfiles = 0, files_from = argc; /* after "--" every argument is a file, "-x" too */
+  int nfiles = 0, dashdash = argc; /* after "--" every argument is a file, "-x" too */
   for (int i = 1; i < argc; i++) {
-    if (i < files_from && !strcmp(argv[i], "--")) {
-      files_from = i + 1;
+    if (i < dashdash && !strcmp(argv[i], "--")) {
+      dashdash = i;
       continue;
     }
-    if (i < files_from && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
+    bool files_from = i > dashdash;
+    if (!files_from && (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))) {
       help(stdout);
       return 0;
     }
-    if (i < files_from && argv[i][0] == '-' && argv[i][1])
+    if (!files_from && argv[i][0] == '-' && argv[i][1])
       return dt_cli_usage_error("inspect", "dtrain inspect --help (a file named -x: dtrain inspect -- -x)",
                                 "unknown flag '%s'", argv[i]);
     nfiles++;
@@ -293,7 +294,7 @@ int dt_cli_inspect(int argc, char **argv) {
                               "model or an IDX file)", "no file given");
   int rc = 0;
   for (int i = 1; i < argc; i++) {
-    if (i + 1 == files_from && !strcmp(argv[i], "--"))
+    if (i == dashdash)
       continue;
     int r = inspect_one(argv[i]);
     if (r > rc)

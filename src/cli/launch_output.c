@@ -130,14 +130,12 @@ static void out_write(dt_out *o, int fd, const char *buf, size_t n) {
   while (n && !o->dead[fd]) {
     ssize_t w = write(fd, buf, n);
     if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
-      bool again = errno == EAGAIN;
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      if (errno == EAGAIN && poll(&p, 1, OUT_STALL_MS) > 0)
+        continue; /* a non-blocking stdout took a while: no reason to ask */
       if (o->abandon && o->abandon(o->abandon_ctx)) {
         o->dead[fd] = o->stalled[fd] = true;
         return;
-      }
-      if (again) {
-        struct pollfd p = {.fd = fd, .events = POLLOUT};
-        (void)poll(&p, 1, OUT_STALL_MS);
       }
       continue;
     }

@@ -296,7 +296,7 @@ int dt__run_report(dt_job *job) {
     rc = 128 + job->stop_signal;
   } else if (job->outcome == DT_JOB_TIMED_OUT) {
     fprintf(stderr, "dtrain run: --timeout %.3g s passed; stopped %d running worker%s%s\n",
-            (double)(o->timeout_given_ms ? o->timeout_given_ms : o->timeout_ms) / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
+            (double)o->timeout_given_ms / 1e3, job->stopped, job->stopped == 1 ? "" : "s",
             run_kill_note(job));
     rc = 124;
   }
@@ -351,7 +351,7 @@ void dt__run_event(const char *event, int node, int gen, int64_t t_ns, int world
     static bool said; /* the agent's own thread only */
     if (!said)
       fprintf(stderr, "dtrain run: DTRAIN_RUN_EVENTS=%s: %s: no events will be written\n", path,
-              errno == ENXIO ? "a FIFO that nobody reads" : strerror(errno));
+              dt__open_failure(path, errno));
     said = true;
     return;
   }

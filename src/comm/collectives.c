@@ -468,19 +468,20 @@ static const char *window_misuse(const dt_comm *c, const void *buf, size_t bytes
                                  size_t cap) {
   if (!buf || buf == DT_IN_PLACE)
     return NULL;
-  uintptr_t b = (uintptr_t)buf;
+  uintptr_t b = (uintptr_t)buf, own = (uintptr_t)c->win;
+  if (b - own < c->win_bytes) { /* the common case, the trainer's: in this rank's own part */
+    if (bytes <= c->win_bytes - (b - own))
+      return NULL;
+    snprintf(why, cap, "%s starts %zu bytes into this rank's shared window of %zu bytes but the call covers %zu "
+             "bytes from there", what, (size_t)(b - own), c->win_bytes, bytes);
+    return why;
+  }
   for (int r = 0; r < c->size; r++) {
     uintptr_t p = (uintptr_t)dt_comm_window_part(c, r);
-    if (!p || b < p || b - p >= c->win_bytes)
-      continue;
-    if (r != c->rank)
+    if (r != c->rank && p && b >= p && b - p < c->win_bytes) {
       snprintf(why, cap, "%s lies in rank %d's part of the shared window (each rank calls on its own part)", what, r);
-    else if (bytes > c->win_bytes - (b - p))
-      snprintf(why, cap, "%s starts %zu bytes into this rank's shared window of %zu bytes but the call covers %zu "
-               "bytes from there", what, (size_t)(b - p), c->win_bytes, bytes);
-    else
-      return NULL;
-    return why;
+      return why;
+    }
   }
   return NULL;
 }

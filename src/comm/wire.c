@@ -19,9 +19,9 @@
 #include "comm/wire.h"
 #include "core/sha256.h"
 
-/* Domain separation for the MACs: a client's proof can never be replayed as a server's. */
 #define SECRET_WAIT_MS 10000 /* a job secret read from a pipe: how long its writer may take */
 
+/* Domain separation for the MACs: a client's proof can never be replayed as a server's. */
 static const char auth_label[] = "dtrain-auth-v1";
 
 

@@ -107,6 +107,9 @@ static inline uint64_t dt__mix64(uint64_t z) {
  * A missing file is DT_ERR_NOT_FOUND, one larger than max_bytes DT_ERR_INVALID; every message
  * names the path. */
 dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n);
+/* Why an open of path for writing without waiting (O_NONBLOCK) failed with err: ENXIO is a FIFO
+ * that nobody reads or a socket; otherwise strerror(err). */
+const char *dt__open_failure(const char *path, int err);
 /* Creates the missing parent directories of path (mkdir -p of its dirname). */
 dt_status dt__mkdir_parents(const char *path);
 

@@ -29,6 +29,13 @@ dt_status dt__mkdir_parents(const char *path) {
   return DT_OK;
 }
 
+const char *dt__open_failure(const char *path, int err) {
+  struct stat st;
+  if (err == ENXIO && stat(path, &st) == 0)
+    return S_ISSOCK(st.st_mode) ? "a socket, not a file" : "a FIFO that nobody reads";
+  return strerror(err);
+}
+
 dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t *n) {
   *buf = NULL;
   *n = 0;

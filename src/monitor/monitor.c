@@ -51,14 +51,12 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
     int fd = open(o.metrics_path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | (o.append ? O_APPEND : 0), 0644);
     if (fd < 0 && errno == ENXIO) {
       dt__free(m);
-      return dt_set_error(DT_ERR_INVALID, "metrics file %s is a FIFO that nobody reads", o.metrics_path);
+      return dt_set_error(DT_ERR_INVALID, "metrics file %s is %s", o.metrics_path, dt__open_failure(o.metrics_path, ENXIO));
     }
     struct stat fst;
-    if (fd >= 0 && fstat(fd, &fst) == 0 && S_ISSOCK(fst.st_mode)) {
-      close(fd);
-      dt__free(m);
-      return dt_set_error(DT_ERR_INVALID, "metrics file %s is a socket, not a file", o.metrics_path);
-    }
+    /* an earlier run's records are truncated with our first record, not now: a run refused at
+     * start (its checkpoints, its data) leaves them as they were */
+    m->metrics_fresh = fd >= 0 && !o.append && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && fst.st_size > 0;
     if (fd >= 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
       int e = errno;
       close(fd);
@@ -76,9 +74,6 @@ dt_status dt_monitor_create(const dt_monitor_opts *opts, dt_monitor **out) {
       errno = e;
       fd = -1;
     }
-    /* An earlier run's records are truncated with our first record, not now: a run refused at
-     * start (its checkpoints, its data) leaves them as they were. */
-    m->metrics_fresh = fd >= 0 && !o.append && fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode) && fst.st_size > 0;
     m->metrics = fd >= 0 ? fdopen(fd, o.append ? "a" : "w") : NULL;
     if (fd >= 0 && !m->metrics)
       close(fd);

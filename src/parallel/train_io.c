@@ -21,8 +21,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>

@@ -90,12 +90,15 @@ static void test_inspect(void **st) {
   /* half types too (F16 Inf and NaN, BF16 NaN and -Inf), and a newline in metadata or a name
    * prints as \x0a instead of a line of its own */
   uint16_t h16[4] = {0x3c00, 0x7c00, 0x7e00, 0x0000}, b16[4] = {0x3f80, 0x7fc0, 0xff80, 0x4000};
-  dt_tensor_view th[2] = {{.name = "a\nb", .dtype = DT_ST_F16, .ndim = 1, .shape = {4}, .data = h16, .nbytes = 8},
-                          {.name = "c", .dtype = DT_ST_BF16, .ndim = 1, .shape = {4}, .data = b16, .nbytes = 8}};
+  uint8_t f8[4] = {0x7c, 0x3c, 0x7f, 0x38}; /* E5M2 infinity, one; E4M3 NaN, one */
+  dt_tensor_view th[4] = {{.name = "a\nb", .dtype = DT_ST_F16, .ndim = 1, .shape = {4}, .data = h16, .nbytes = 8},
+                          {.name = "c", .dtype = DT_ST_BF16, .ndim = 1, .shape = {4}, .data = b16, .nbytes = 8},
+                          {.name = "e5", .dtype = DT_ST_F8_E5M2, .ndim = 1, .shape = {2}, .data = f8, .nbytes = 2},
+                          {.name = "e4", .dtype = DT_ST_F8_E4M3, .ndim = 1, .shape = {2}, .data = f8 + 2, .nbytes = 2}};
   dt_kv hm = {"note", "x\nfake.safetensors: safetensors, valid"};
-  assert_int_equal(dt_safetensors_write(sfn, th, 2, &hm, 1), DT_OK);
+  assert_int_equal(dt_safetensors_write(sfn, th, 4, &hm, 1), DT_OK);
   assert_int_equal(run(args), 0);
-  expect_out("valid; 4 values not finite (NaN or infinity)");
+  expect_out("valid; 6 values not finite (NaN or infinity)");
   expect_out("note = x\\x0afake.safetensors");
   expect_out("a\\x0ab");
   if (strstr(out, "\nfake.safetensors"))

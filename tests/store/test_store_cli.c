@@ -306,6 +306,12 @@ static void test_store_unwritable_and_fifo(void **unused) {
               "timeout 20 \"$BIN\" store --world 2; r=$?; rm -rf \"$d\"; exit $r", err, sizeof err);
   if (rc != 1 || !strstr(err, "is empty"))
     fail_msg("secret FIFO without a writer: exit %d: %s", rc, err);
+  /* ...and one whose writer (the shell, fd 3) stays silent: refused after 10 s, not waited on */
+  rc = sh_run("d=$(mktemp -d) && mkfifo \"$d/f\" && chmod 600 \"$d/f\" && exec 3<>\"$d/f\" && unset DTRAIN_JOB_SECRET "
+              "&& DTRAIN_JOB_SECRET_FILE=\"$d/f\" timeout 30 \"$BIN\" store --world 2; r=$?; rm -rf \"$d\"; exit $r",
+              err, sizeof err);
+  if (rc != 1 || !strstr(err, "nothing to read after 10 s"))
+    fail_msg("secret FIFO with a silent writer: exit %d: %s", rc, err);
 }
 
 int main(void) {

@@ -18,7 +18,9 @@
  *           refused before any step, so is a directory holding an earlier run's checkpoints
  *           (without --resume) and one locked by another job; resuming with another --momentum
  *           is refused as a settings mismatch, with another --lr warned about */
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include "dtrain/ckpt.h"
 #include "train_test.h"
@@ -329,6 +331,19 @@ static void group_json(void) {
              TINY_MODEL, dir);
   CHECK(r.code == 2 && strstr(r.err, "is a FIFO that nobody reads"), "FIFO metrics: exit %d: %s", r.code, r.err);
   tt_result_free(&r);
+  /* a socket there is named as one (open(2) says ENXIO for both) */
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  int sl = snprintf(sa.sun_path, sizeof sa.sun_path, "%s/sock/metrics.jsonl", dir);
+  snprintf(fifo, sizeof fifo, "mkdir -p %s/sock", dir);
+  CHECK(sfd >= 0 && sl < (int)sizeof sa.sun_path && system(fifo) == 0 &&
+            bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0,
+        "socket at %s", sa.sun_path);
+  r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 1 --batch 32 --threads 1 --out %s/sock", b, data,
+             TINY_MODEL, dir);
+  CHECK(r.code == 2 && strstr(r.err, "is a socket, not a file"), "socket metrics: exit %d: %s", r.code, r.err);
+  tt_result_free(&r);
+  close(sfd);
 }
 
 /* dir/<prefix>-{images,labels} of n samples: images of the given dims after N (ndim 2 or 3). */
