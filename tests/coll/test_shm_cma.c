@@ -12,9 +12,18 @@
  *   - ranks that may not read each other's memory (run as an unprivileged user, one of them
  *     PR_SET_DUMPABLE 0: rank 0 itself, or another): every rank takes the staged paths, with
  *     correct results; all of them dumpable, the single copies are on (the probe is real).
- *     Needs root to become that user; skipped otherwise.
+ *     Needs root to become that user; skipped otherwise;
+ *   - huge pages for the callers' large buffers: a buffer met once is left on small pages, met
+ *     twice its whole 2 MiB pages are collapsed onto huge pages (its contents unchanged, the
+ *     results right); DTRAIN_SHM_THP=off, or a buffer advised MADV_NOHUGEPAGE, stays on small
+ *     pages with the same results. Where transparent huge pages are "madvise" (elsewhere the
+ *     kernel decides alone) and the kernel collapses a scratch buffer (Linux 6.1); skipped
+ *     otherwise.
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +166,108 @@ static int badbuf_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* KiB of the mapping holding p that are on huge pages (its AnonHugePages line in smaps), -1 if
+ * none was found. */
+static long huge_kib(const void *p) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f)
+    return -1;
+  char line[256];
+  long kib = -1;
+  bool in = false;
+  uintptr_t at = (uintptr_t)p;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+      in = lo <= at && at < hi;
+    else if (in && sscanf(line, "AnonHugePages: %ld kB", &kib) == 1)
+      break;
+  }
+  fclose(f);
+  return kib;
+}
+
+/* `bytes` of private anonymous memory 2 MiB aligned, between two inaccessible pages (so that the
+ * kernel cannot merge it with a neighbouring mapping, whose huge pages smaps would count too). */
+static void *thp_map(size_t bytes) {
+  size_t h = 2u << 20, g = 4096;
+  uint8_t *m = mmap(NULL, bytes + 2 * h, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return NULL;
+  uint8_t *p = (uint8_t *)(((uintptr_t)m + h - 1) & ~(uintptr_t)(h - 1));
+  if (p - m < (ptrdiff_t)g)
+    p += h;
+  return mprotect(p, bytes, PROT_READ | PROT_WRITE) == 0 ? p : NULL;
+}
+
+/* Whether this host can show the collapse: transparent huge pages "madvise" and MADV_COLLAPSE of
+ * a scratch buffer taking. Says why not. */
+static bool thp_testable(void) {
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  char line[128] = "";
+  if (f) {
+    if (!fgets(line, sizeof line, f))
+      line[0] = 0;
+    fclose(f);
+  }
+  if (!strstr(line, "[madvise]")) {
+    printf("skipped: huge pages for large buffers (transparent huge pages are not 'madvise' here: %s)\n",
+           line[0] ? line : "no setting");
+    return false;
+  }
+  size_t bytes = 4u << 20;
+  uint8_t *p = thp_map(bytes);
+  bool ok = p && (memset(p, 1, bytes), madvise(p, bytes, 25 /* MADV_COLLAPSE */) == 0) && huge_kib(p) > 0;
+  if (!ok)
+    printf("skipped: huge pages for large buffers (the kernel did not collapse a scratch buffer: %s)\n",
+           strerror(errno));
+  return ok;
+}
+
+/* arg 0: default; 1: DTRAIN_SHM_THP=off; 2: the buffers advised MADV_NOHUGEPAGE. 8 MiB allreduces
+ * (plus the last one in place) and 8 MiB broadcasts of mmap'd buffers, three of each. */
+static int thp_body(int rank, int size, void *arg) {
+  int kind = *(const int *)arg;
+  if (kind == 1)
+    setenv("DTRAIN_SHM_THP", "off", 1);
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  enum { N = 2 << 20 };
+  size_t bytes = N * sizeof(float);
+  float *in = thp_map(bytes), *out = thp_map(bytes), *bc = thp_map(bytes);
+  CHECK(in && out && bc, "mmap: %s", strerror(errno));
+  if (kind == 2)
+    CHECK(madvise(in, bytes, MADV_NOHUGEPAGE) == 0 && madvise(out, bytes, MADV_NOHUGEPAGE) == 0 &&
+              madvise(bc, bytes, MADV_NOHUGEPAGE) == 0, "madvise: %s", strerror(errno));
+  float k = (float)size * (float)(size + 1) / 2;
+  for (int call = 0; call < 3; call++) {
+    for (int i = 0; i < N; i++) {
+      in[i] = (float)(rank + 1) * (float)(i % 1000 + call);
+      bc[i] = rank == 0 ? (float)(i % 777 + call) : -1.0f;
+    }
+    CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce %d: %s", call, dt_last_error());
+    CHECK(dt_comm_broadcast(c, bc, N, DT_F32, 0) == DT_OK, "broadcast %d: %s", call, dt_last_error());
+    for (int i = 0; i < N; i++) {
+      CHECK(out[i] == k * (float)(i % 1000 + call), "call %d element %d: %g", call, i, out[i]);
+      CHECK(bc[i] == (float)(i % 777 + call), "broadcast %d element %d: %g", call, i, bc[i]);
+    }
+    long hin = huge_kib(in), hout = huge_kib(out), hbc = huge_kib(bc);
+    CHECK(hin >= 0 && hout >= 0 && hbc >= 0, "no smaps entry for the buffers");
+    if (call == 0 || kind != 0)
+      CHECK(hin == 0 && hout == 0 && hbc == 0, "kind %d call %d: %ld, %ld and %ld KiB of the buffers on huge pages, "
+            "expected none", kind, call, hin, hout, hbc);
+    else
+      /* (all of them, unless the kernel ran short of huge pages meanwhile) */
+      CHECK(hin > 0 && hout > 0 && hbc > 0, "call %d: %ld, %ld and %ld KiB of the %zu KiB buffers on huge pages", call,
+            hin, hout, hbc, bytes >> 10);
+  }
+  CHECK(dt_comm_allreduce(c, DT_IN_PLACE, out, N, DT_F32, DT_SUM) == DT_OK, "in place: %s", dt_last_error());
+  for (int i = 0; i < N; i++)
+    CHECK(out[i] == (float)size * k * (float)(i % 1000 + 2), "in place element %d: %g", i, out[i]);
+  dt_comm_destroy(c);
+  return 0;
+}
+
 /* arg: the rank made non-dumpable, or -1 for none. */
 static int nodump_body(int rank, int size, void *arg) {
   int which = *(const int *)arg;
@@ -208,6 +319,14 @@ int main(void) {
     bad++;
   }
   unsetenv("DTRAIN_SHM_CHUNK");
+  if (thp_testable())
+    for (int kind = 0; kind < 3; kind++) {
+      ran++;
+      if (mp_run(2, thp_body, &kind, 60)) {
+        fprintf(stderr, "FAIL: huge pages for large buffers, case %d\n", kind);
+        bad++;
+      }
+    }
   for (int kind = 0; kind < 2; kind++) {
     ran++;
     if (mp_run(2, badbuf_body, &kind, 60)) {
@@ -217,7 +336,7 @@ int main(void) {
   }
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
-                        "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999"};
+                        "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {
