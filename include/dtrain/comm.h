@@ -127,8 +127,10 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * Every rank must choose the same: dt_comm_create fails on every rank with DT_ERR_MISMATCH, naming
  * both values, when one rank's DTRAIN_ALGO chooses another algorithm for any collective (a
  * spelling that chooses the same, "ring" and "allreduce=ring", is fine).
- * On shm, buffers of 64 KiB and more are copied straight between the ranks' memory; large ones
- * on transparent huge pages (madvise(MADV_HUGEPAGE) before first use) move about 20% faster
+ * On shm, buffers of 64 KiB and more are copied straight between the ranks' memory; a buffer of
+ * 4 MiB or more that such a call meets a second time is collapsed onto transparent huge pages
+ * (madvise(MADV_COLLAPSE), once; contents unchanged), which makes later calls on it faster and
+ * costs the call that does it up to a few ms per MiB. DTRAIN_SHM_THP=off leaves memory alone
  * (docs/TRANSPORTS.md, "Single copies"). */
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
 dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);
