@@ -129,8 +129,9 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * spelling that chooses the same, "ring" and "allreduce=ring", is fine).
  * On shm, buffers of 64 KiB and more are copied straight between the ranks' memory; a buffer of
  * 4 MiB or more that such a call meets a second time is collapsed onto transparent huge pages
- * (madvise(MADV_COLLAPSE), once; contents unchanged), which makes later calls on it faster and
- * costs the call that does it up to a few ms per MiB. DTRAIN_SHM_THP=off leaves memory alone
+ * (madvise(MADV_COLLAPSE), once, at most 256 MiB per call; contents unchanged), which makes later
+ * calls on it faster and costs the calls that do it up to a few ms per MiB. DTRAIN_SHM_THP=off
+ * leaves memory alone
  * (docs/TRANSPORTS.md, "Single copies"). */
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
 dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);

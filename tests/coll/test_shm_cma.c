@@ -15,8 +15,9 @@
  *     Needs root to become that user; skipped otherwise;
  *   - huge pages for the callers' large buffers: a buffer met once is left on small pages, met
  *     twice its whole 2 MiB pages are collapsed onto huge pages (its contents unchanged, the
- *     results right); DTRAIN_SHM_THP=off, or a buffer advised MADV_NOHUGEPAGE, stays on small
- *     pages with the same results. Where transparent huge pages are "madvise" (elsewhere the
+ *     results right); DTRAIN_SHM_THP=2M collapses one huge page per buffer and call;
+ *     DTRAIN_SHM_THP=off, or a buffer advised MADV_NOHUGEPAGE, stays on small pages with the same
+ *     results. Where transparent huge pages are "madvise" (elsewhere the
  *     kernel decides alone) and the kernel collapses a scratch buffer (Linux 6.1); skipped
  *     otherwise.
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
@@ -224,12 +225,13 @@ static bool thp_testable(void) {
   return ok;
 }
 
-/* arg 0: default; 1: DTRAIN_SHM_THP=off; 2: the buffers advised MADV_NOHUGEPAGE. 8 MiB allreduces
- * (plus the last one in place) and 8 MiB broadcasts of mmap'd buffers, three of each. */
+/* arg 0: default; 1: DTRAIN_SHM_THP=off; 2: the buffers advised MADV_NOHUGEPAGE; 3:
+ * DTRAIN_SHM_THP=2M (one huge page per buffer and call). 8 MiB allreduces (plus the last one in
+ * place) and 8 MiB broadcasts of mmap'd buffers, three of each (five for 3). */
 static int thp_body(int rank, int size, void *arg) {
   int kind = *(const int *)arg;
-  if (kind == 1)
-    setenv("DTRAIN_SHM_THP", "off", 1);
+  if (kind == 1 || kind == 3)
+    setenv("DTRAIN_SHM_THP", kind == 1 ? "off" : "2M", 1);
   dt_comm *c = sw_join(rank);
   CHECK(c, "create: %s", dt_last_error());
   enum { N = 2 << 20 };
@@ -240,7 +242,8 @@ static int thp_body(int rank, int size, void *arg) {
     CHECK(madvise(in, bytes, MADV_NOHUGEPAGE) == 0 && madvise(out, bytes, MADV_NOHUGEPAGE) == 0 &&
               madvise(bc, bytes, MADV_NOHUGEPAGE) == 0, "madvise: %s", strerror(errno));
   float k = (float)size * (float)(size + 1) / 2;
-  for (int call = 0; call < 3; call++) {
+  const int calls = kind == 3 ? 5 : 3;
+  for (int call = 0; call < calls; call++) {
     for (int i = 0; i < N; i++) {
       in[i] = (float)(rank + 1) * (float)(i % 1000 + call);
       bc[i] = rank == 0 ? (float)(i % 777 + call) : -1.0f;
@@ -253,9 +256,13 @@ static int thp_body(int rank, int size, void *arg) {
     }
     long hin = huge_kib(in), hout = huge_kib(out), hbc = huge_kib(bc);
     CHECK(hin >= 0 && hout >= 0 && hbc >= 0, "no smaps entry for the buffers");
-    if (call == 0 || kind != 0)
+    if (call == 0 || kind == 1 || kind == 2)
       CHECK(hin == 0 && hout == 0 && hbc == 0, "kind %d call %d: %ld, %ld and %ld KiB of the buffers on huge pages, "
             "expected none", kind, call, hin, hout, hbc);
+    else if (kind == 3) /* 2 MiB more of each buffer per call from the second */
+      CHECK(hin == 2048L * call && hout == 2048L * call && hbc == 2048L * call,
+            "call %d: %ld, %ld and %ld KiB of the buffers on huge pages, expected %ld each", call, hin, hout, hbc,
+            2048L * call);
     else
       /* (all of them, unless the kernel ran short of huge pages meanwhile) */
       CHECK(hin > 0 && hout > 0 && hbc > 0, "call %d: %ld, %ld and %ld KiB of the %zu KiB buffers on huge pages", call,
@@ -263,7 +270,7 @@ static int thp_body(int rank, int size, void *arg) {
   }
   CHECK(dt_comm_allreduce(c, DT_IN_PLACE, out, N, DT_F32, DT_SUM) == DT_OK, "in place: %s", dt_last_error());
   for (int i = 0; i < N; i++)
-    CHECK(out[i] == (float)size * k * (float)(i % 1000 + 2), "in place element %d: %g", i, out[i]);
+    CHECK(out[i] == (float)size * k * (float)(i % 1000 + calls - 1), "in place element %d: %g", i, out[i]);
   dt_comm_destroy(c);
   return 0;
 }
@@ -320,7 +327,7 @@ int main(void) {
   }
   unsetenv("DTRAIN_SHM_CHUNK");
   if (thp_testable())
-    for (int kind = 0; kind < 3; kind++) {
+    for (int kind = 0; kind < 4; kind++) {
       ran++;
       if (mp_run(2, thp_body, &kind, 60)) {
         fprintf(stderr, "FAIL: huge pages for large buffers, case %d\n", kind);
@@ -336,7 +343,8 @@ int main(void) {
   }
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
-                        "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes"};
+                        "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes", "DTRAIN_SHM_THP=1M",
+                        "DTRAIN_SHM_THP=-2M"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {

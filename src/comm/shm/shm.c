@@ -67,15 +67,18 @@
 #define SHM_DEFAULT_CMA (64u << 10)
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
- * SHM_THP_SEEN met) has its whole 2 MiB pages collapsed onto transparent huge pages
- * (madvise(MADV_COLLAPSE), Linux 6.1; the contents stay as they are), once. The 2-rank allreduce
+ * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
+ * transparent huge pages (madvise(MADV_COLLAPSE), Linux 6.1; the contents stay as they are),
+ * once, at most SHM_THP_STEP bytes per call (so that no call of a huge buffer stalls its peers
+ * for long: the rest follows at the next meetings; DTRAIN_SHM_THP=B sets another step). The 2-rank allreduce
  * of 16-256 MiB of malloc'd memory then took 3.4-3.7 ms instead of 4.6-7.4 at 16 MiB and 12-15
  * instead of 20-25 at 64 MiB on the EPYC guest (BENCHMARKS, "Collapsing the callers' buffers");
  * the collapse itself took 24 ms to 1 s per 64-256 MiB there, paid once per buffer, which is why
  * a buffer met only once is left alone. DTRAIN_SHM_THP=off leaves all memory alone, as does a
  * host whose transparent huge pages are "never". */
 #define SHM_THP_MIN (4u << 20)
-#define SHM_THP_SEEN 8
+#define SHM_THP_SEEN 64
+#define SHM_THP_STEP ((size_t)256 << 20)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels refuse it with EINVAL, which is only a lost hint */
 #endif
@@ -216,11 +219,11 @@ struct dt_transport {
   unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
   size_t cma_min;     /* single-copy collectives from this many bytes (0: never), as rank 0 set */
   uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
-  bool thp;           /* collapse buffers met twice onto huge pages (SHM_THP_MIN) */
+  size_t thp_step;    /* collapse buffers met twice onto huge pages, this much per call (0: never) */
   struct {
     uintptr_t at;
     size_t bytes;
-    bool collapsed; /* tried (whatever came of it): never again for this entry */
+    size_t done; /* bytes of its whole huge pages collapsed so far (all of them after a failure) */
   } seen[SHM_THP_SEEN]; /* the last large buffers single copies met, round robin */
   unsigned seen_next;
 };
@@ -746,22 +749,27 @@ static dt_status shm_cma_verdict(dt_transport *t, int64_t deadline) {
   return DT_OK;
 }
 
-/* DTRAIN_SHM_THP: on (the default) or off; on means off where the host's transparent huge pages
- * are "never" (MADV_COLLAPSE would ignore that setting; we do not). */
-static dt_status shm_thp_setting(bool *on) {
+/* DTRAIN_SHM_THP: on (the default), off, or the most bytes one call collapses (on: SHM_THP_STEP);
+ * *step 0 is off, as where the host's transparent huge pages are "never" (MADV_COLLAPSE would
+ * ignore that setting; we do not). */
+static dt_status shm_thp_setting(size_t *step) {
   const char *e = dt__env_str("DTRAIN_SHM_THP");
-  *on = !e || !strcmp(e, "on");
-  if (e && !*on && strcmp(e, "off"))
-    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_THP=%s: on or off (whether single-copy collectives collapse "
-                        "large buffers they meet twice onto huge pages)", e);
-  FILE *f = *on ? fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r") : NULL;
+  uint64_t v = SHM_THP_STEP;
+  if (e && !strcmp(e, "off"))
+    v = 0;
+  else if (e && strcmp(e, "on") && (dt__env_size("DTRAIN_SHM_THP", SHM_THP_STEP, &v) != DT_OK || v < (2u << 20)))
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_THP=%s: on, off, or the bytes one call may collapse onto huge "
+                        "pages, at least 2M", e);
+  FILE *f = v ? fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r") : NULL;
   char line[128] = "";
   if (f) {
     if (!fgets(line, sizeof line, f))
       line[0] = 0;
     fclose(f);
-    *on = !strstr(line, "[never]");
+    if (strstr(line, "[never]"))
+      v = 0;
   }
+  *step = (size_t)v;
   return DT_OK;
 }
 
@@ -795,7 +803,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   }
   t->spin_ns = spin_us * 1000;
   t->yield_ns = yield_us * 1000;
-  if (shm_thp_setting(&t->thp) != DT_OK) {
+  if (shm_thp_setting(&t->thp_step) != DT_OK) {
     shm_destroy(t);
     return DT_ERR_INVALID;
   }
@@ -1166,25 +1174,28 @@ static dt_status shm_cma_move(dt_transport *t, int r, bool write, void *mine, ui
 }
 
 /* A large buffer met a second time (SHM_THP_MIN): its whole 2 MiB pages collapsed onto huge
- * pages, once. Before the addresses are published, so no peer copies from or into it meanwhile. */
+ * pages, SHM_THP_STEP at a time, each part once. Before the addresses are published, so no peer
+ * copies from or into it meanwhile. */
 static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
-  if (!t->thp || bytes < SHM_THP_MIN)
+  if (!t->thp_step || bytes < SHM_THP_MIN)
     return;
-  uintptr_t at = (uintptr_t)p;
-  for (unsigned i = 0; i < SHM_THP_SEEN; i++)
-    if (t->seen[i].at == at && t->seen[i].bytes == bytes) {
-      if (!t->seen[i].collapsed) {
-        uintptr_t h = (uintptr_t)2 << 20, lo = (at + h - 1) & ~(h - 1), hi = (at + bytes) & ~(h - 1);
-        t->seen[i].collapsed = true;
-        if (hi > lo && madvise((void *)lo, hi - lo, MADV_COLLAPSE) != 0)
-          DT_LOG_DEBUG("shared memory: madvise(MADV_COLLAPSE) of %zu bytes: %s (the buffer stays on small pages)",
-                       (size_t)(hi - lo), strerror(errno));
-      }
-      return;
+  const uintptr_t h = (uintptr_t)2 << 20, at = (uintptr_t)p, lo = (at + h - 1) & ~(h - 1),
+                  hi = (at + bytes) & ~(h - 1);
+  for (unsigned i = 0; i < SHM_THP_SEEN; i++) {
+    if (t->seen[i].at != at || t->seen[i].bytes != bytes)
+      continue;
+    size_t from = t->seen[i].done, len = hi > lo + from ? DT_MIN(t->thp_step, hi - lo - from) : 0;
+    t->seen[i].done = len ? from + len : bytes;
+    if (len && madvise((void *)(lo + from), len, MADV_COLLAPSE) != 0) {
+      t->seen[i].done = bytes; /* no huge pages to spare, MADV_NOHUGEPAGE, an older kernel: leave it */
+      DT_LOG_DEBUG("shared memory: madvise(MADV_COLLAPSE) of %zu bytes: %s (the buffer stays on small pages)", len,
+                   strerror(errno));
     }
+    return;
+  }
   t->seen[t->seen_next].at = at;
   t->seen[t->seen_next].bytes = bytes;
-  t->seen[t->seen_next].collapsed = false;
+  t->seen[t->seen_next].done = 0;
   t->seen_next = (t->seen_next + 1) % SHM_THP_SEEN;
 }
 
