@@ -576,6 +576,12 @@ static int bench_worker(const bench_opts *o) {
     printf("%s\n]\n", jbuf);
     fflush(stdout);
   }
+  if (r == 0 && !o->hugepages && !o->json && !o->window) {
+    unsigned long kib = bench_huge_kib(sbuf, rbuf, cap);
+    if (kib)
+      printf("# %lu MiB of rank 0's buffers ended on huge pages (the shm transport collapses large buffers it meets "
+             "twice; DTRAIN_SHM_THP=off leaves them alone)\n", kib >> 10);
+  }
   if (r == 0 && o->hugepages) {
     unsigned long kib = bench_huge_kib(sbuf, o->window ? NULL : rbuf, cap);
     if (!o->json)
