@@ -344,10 +344,29 @@ TGT static inline void vb_store(uint16_t *p, __m256 even, __m256 odd) {
   __m256i e = _mm256_srli_epi32(vb_round_hi(even), 16), o = vb_round_hi(odd);
   _mm256_storeu_si256((__m256i *)p, _mm256_blend_epi16(e, o, 0xAA));
 }
-#define VB_PAIR(o, a, b, VOP, DIV)                                                            \
-  do {                                                                                        \
-    __m256i wa_ = ld_si(a), wb_ = ld_si(b);                                                   \
-    vb_store(o, DIV(VOP(vb_even(wa_), vb_even(wb_))), DIV(VOP(vb_odd(wa_), vb_odd(wb_))));    \
+/* The same rounding without the NaN test, for what an add, a multiply or a division made of
+ * widened bf16: a NaN among those has its low 16 bits zero (the default NaN, or an operand's with
+ * the quiet bit set), and adding at most 0x8000 to them carries nothing into the top half, which
+ * is already that NaN's quiet bf16. min and max can pass a signalling NaN through unquieted:
+ * they keep vb_store. bf16 sums 11-14 -> 14-16 GB/s of output at 8-256 KiB (one core of the EPYC
+ * guest, bench/reduce_bw.c; bench/results/bf16-round-2026-11-27-epyc.txt). */
+TGT static inline __m256i vb_round_hi_arith(__m256 v) {
+  __m256i b = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+}
+TGT static inline void vb_store_arith(uint16_t *p, __m256 even, __m256 odd) {
+  __m256i e = _mm256_srli_epi32(vb_round_hi_arith(even), 16), o = vb_round_hi_arith(odd);
+  _mm256_storeu_si256((__m256i *)p, _mm256_blend_epi16(e, o, 0xAA));
+}
+#define VB_STORE_v_f32_sum vb_store_arith
+#define VB_STORE_v_f32_prod vb_store_arith
+#define VB_STORE_v_f32_min vb_store
+#define VB_STORE_v_f32_max vb_store
+#define VB_PAIR(o, a, b, VOP, DIV)                                                                    \
+  do {                                                                                                \
+    __m256i wa_ = ld_si(a), wb_ = ld_si(b);                                                           \
+    VB_STORE_##VOP(o, DIV(VOP(vb_even(wa_), vb_even(wb_))), DIV(VOP(vb_odd(wa_), vb_odd(wb_))));      \
   } while (0)
 #define VB_NODIV(x) (x)
 #define VB_DIV(x) _mm256_div_ps((x), vd)
