@@ -227,7 +227,8 @@ static bool thp_testable(void) {
 
 /* arg 0: default; 1: DTRAIN_SHM_THP=off; 2: the buffers advised MADV_NOHUGEPAGE; 3:
  * DTRAIN_SHM_THP=2M (one huge page per buffer and call). 8 MiB allreduces (plus the last one in
- * place) and 8 MiB broadcasts of mmap'd buffers, three of each (five for 3). */
+ * place), 8 MiB broadcasts and allgathers of 4 MiB blocks into 8 MiB of mmap'd buffers, three of
+ * each (five for 3). */
 static int thp_body(int rank, int size, void *arg) {
   int kind = *(const int *)arg;
   if (kind == 1 || kind == 3)
@@ -236,11 +237,12 @@ static int thp_body(int rank, int size, void *arg) {
   CHECK(c, "create: %s", dt_last_error());
   enum { N = 2 << 20 };
   size_t bytes = N * sizeof(float);
-  float *in = thp_map(bytes), *out = thp_map(bytes), *bc = thp_map(bytes);
-  CHECK(in && out && bc, "mmap: %s", strerror(errno));
+  float *in = thp_map(bytes), *out = thp_map(bytes), *bc = thp_map(bytes), *ag = thp_map(bytes);
+  CHECK(in && out && bc && ag, "mmap: %s", strerror(errno));
   if (kind == 2)
     CHECK(madvise(in, bytes, MADV_NOHUGEPAGE) == 0 && madvise(out, bytes, MADV_NOHUGEPAGE) == 0 &&
-              madvise(bc, bytes, MADV_NOHUGEPAGE) == 0, "madvise: %s", strerror(errno));
+              madvise(bc, bytes, MADV_NOHUGEPAGE) == 0 && madvise(ag, bytes, MADV_NOHUGEPAGE) == 0,
+          "madvise: %s", strerror(errno));
   float k = (float)size * (float)(size + 1) / 2;
   const int calls = kind == 3 ? 5 : 3;
   for (int call = 0; call < calls; call++) {
@@ -250,12 +252,21 @@ static int thp_body(int rank, int size, void *arg) {
     }
     CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce %d: %s", call, dt_last_error());
     CHECK(dt_comm_broadcast(c, bc, N, DT_F32, 0) == DT_OK, "broadcast %d: %s", call, dt_last_error());
+    CHECK(dt_comm_allgather(c, in, ag, N / 2, DT_F32) == DT_OK, "allgather %d: %s", call, dt_last_error());
     for (int i = 0; i < N; i++) {
       CHECK(out[i] == k * (float)(i % 1000 + call), "call %d element %d: %g", call, i, out[i]);
       CHECK(bc[i] == (float)(i % 777 + call), "broadcast %d element %d: %g", call, i, bc[i]);
+      int from = i / (N / 2), j = i % (N / 2); /* block `from` is rank from's first N / 2 inputs */
+      CHECK(ag[i] == (float)(from + 1) * (float)(j % 1000 + call), "allgather %d element %d: %g", call, i, ag[i]);
     }
-    long hin = huge_kib(in), hout = huge_kib(out), hbc = huge_kib(bc);
-    CHECK(hin >= 0 && hout >= 0 && hbc >= 0, "no smaps entry for the buffers");
+    long hin = huge_kib(in), hout = huge_kib(out), hbc = huge_kib(bc), hag = huge_kib(ag);
+    CHECK(hin >= 0 && hout >= 0 && hbc >= 0 && hag >= 0, "no smaps entry for the buffers");
+    if (call == 0 || kind == 1 || kind == 2)
+      CHECK(hag == 0, "kind %d call %d: %ld KiB of the allgather's output on huge pages", kind, call, hag);
+    else if (kind == 3)
+      CHECK(hag == 2048L * call, "call %d: %ld KiB of the allgather's output on huge pages", call, hag);
+    else
+      CHECK(hag > 0, "call %d: the allgather's output is not on huge pages", call);
     if (call == 0 || kind == 1 || kind == 2)
       CHECK(hin == 0 && hout == 0 && hbc == 0, "kind %d call %d: %ld, %ld and %ld KiB of the buffers on huge pages, "
             "expected none", kind, call, hin, hout, hbc);

@@ -70,8 +70,8 @@
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
  * transparent huge pages (madvise(MADV_COLLAPSE), Linux 6.1; the contents stay as they are),
  * once, at most SHM_THP_STEP bytes per call (so that no call of a huge buffer stalls its peers
- * for long: the rest follows at the next meetings; DTRAIN_SHM_THP=B sets another step). The 2-rank allreduce
- * of 16-256 MiB of malloc'd memory then took 3.4-3.7 ms instead of 4.6-7.4 at 16 MiB and 12-15
+ * for long: the rest follows at the next meetings; DTRAIN_SHM_THP=B sets another step). The
+ * 2-rank allreduce of 16-256 MiB of malloc'd memory then took 3.4-3.7 ms instead of 4.6-7.4 at 16 MiB and 12-15
  * instead of 20-25 at 64 MiB on the EPYC guest (BENCHMARKS, "Collapsing the callers' buffers");
  * the collapse itself took 24 ms to 1 s per 64-256 MiB there, paid once per buffer, which is why
  * a buffer met only once is left alone. DTRAIN_SHM_THP=off leaves all memory alone, as does a
@@ -1199,12 +1199,13 @@ static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
   t->seen_next = (t->seen_next + 1) % SHM_THP_SEEN;
 }
 
-/* in/out: this rank's buffers, in_bytes and out_bytes long (the same buffer: in == out). */
+/* in/out: this rank's buffers, in_bytes and out_bytes long (the same buffer: in == out; in_bytes
+ * 0: in lies within out). */
 static dt_status shm_cma_begin(dt_transport *t, const void *in, size_t in_bytes, void *out, size_t out_bytes,
                                const dt__fp *fp, int64_t deadline) {
   DT_CHECK(shm_usable(t));
   shm_thp_meet(t, in, in_bytes);
-  if (out != in)
+  if (out != in || out_bytes != in_bytes)
     shm_thp_meet(t, out, out_bytes);
   shm_board_set(t, fp);
   shm_rank *me = &t->ranks[t->rank];
@@ -1281,7 +1282,7 @@ static dt_status shm_allgather_cma(dt_transport *t, const uint8_t *in, uint8_t *
   uint8_t *own = out + (size_t)t->rank * bytes;
   if (in != own)
     memcpy(own, in, bytes);
-  dt_status st = shm_cma_begin(t, own, bytes, out, bytes * (size_t)t->n, fp, deadline);
+  dt_status st = shm_cma_begin(t, own, 0, out, bytes * (size_t)t->n, fp, deadline);
   for (int i = 1; i < t->n && st == DT_OK; i++) { /* rank + 1 first, so that no rank is everybody's first */
     int r = (t->rank + i) % t->n;
     st = shm_cma_move(t, r, true, own, t->ranks[r].cma_out + (size_t)t->rank * bytes, bytes);
