@@ -75,18 +75,6 @@ static int parse_int(const char *s, int lo, int hi, int *out) {
 }
 
 /* Parses argv (argv[0] = "bench"); returns 0, or the exit code 2 after printing the error. */
-#define BENCH_THP "/sys/kernel/mm/transparent_hugepage/enabled"
-/* Whether transparent huge pages may back an advised range: "[always]" or "[madvise]". */
-static int bench_thp_on(void) {
-  char line[128] = "";
-  FILE *f = fopen(BENCH_THP, "r");
-  if (f) {
-    if (!fgets(line, sizeof line, f))
-      line[0] = '\0';
-    fclose(f);
-  }
-  return strstr(line, "[always]") || strstr(line, "[madvise]");
-}
 
 /* KiB of huge pages backing the mappings that hold [a, a + n) or [b, b + n) (/proc/self/smaps). */
 static unsigned long bench_huge_kib(const void *a, const void *b, size_t n) {
@@ -239,9 +227,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->window && o->transport && strcmp(o->transport, "shm"))
     return dt_cli_usage_error("bench", "--window needs --transport shm (all ranks share memory)",
                               "--transport %s has no shared window", o->transport);
-  if (o->hugepages && !bench_thp_on())
+  if (o->hugepages && dt__thp_enabled() != 1)
     return dt_cli_usage_error("bench", "--hugepages where transparent huge pages are 'always' or 'madvise'",
-                              "transparent huge pages are off on this host (%s)", BENCH_THP);
+                              "transparent huge pages are not on here (/sys/kernel/mm/transparent_hugepage/enabled)");
   /* Each size is rounded down to whole elements (per rank, where each rank owns a block); sizes
    * below one are skipped (a row would time a call that moves nothing), and some must remain. */
   uint64_t top = o->lo; /* the largest size measured: lo, 2 lo, ... up to hi */

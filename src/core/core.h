@@ -110,6 +110,9 @@ dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t
 /* Why an open of path for writing without waiting (O_NONBLOCK) failed with err: ENXIO is a FIFO
  * that nobody reads or a socket; otherwise strerror(err). */
 const char *dt__open_failure(const char *path, int err);
+/* The host's transparent huge pages (/sys/kernel/mm/transparent_hugepage/enabled): 1 when an
+ * advised range may get them ("always" or "madvise"), 0 when "never", -1 when it cannot tell. */
+int dt__thp_enabled(void);
 /* Creates the missing parent directories of path (mkdir -p of its dirname). */
 dt_status dt__mkdir_parents(const char *path);
 

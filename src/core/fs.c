@@ -87,3 +87,14 @@ dt_status dt__read_file(const char *path, uint64_t max_bytes, void **buf, size_t
   *n = off;
   return DT_OK;
 }
+
+int dt__thp_enabled(void) {
+  char line[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (!f)
+    return -1;
+  if (!fgets(line, sizeof line, f))
+    line[0] = '\0';
+  fclose(f);
+  return strstr(line, "[always]") || strstr(line, "[madvise]") ? 1 : strstr(line, "[never]") ? 0 : -1;
+}

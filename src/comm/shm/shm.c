@@ -760,16 +760,7 @@ static dt_status shm_thp_setting(size_t *step) {
   else if (e && strcmp(e, "on") && (dt__env_size("DTRAIN_SHM_THP", SHM_THP_STEP, &v) != DT_OK || v < (2u << 20)))
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_THP=%s: on, off, or the bytes one call may collapse onto huge "
                         "pages, at least 2M", e);
-  FILE *f = v ? fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r") : NULL;
-  char line[128] = "";
-  if (f) {
-    if (!fgets(line, sizeof line, f))
-      line[0] = 0;
-    fclose(f);
-    if (strstr(line, "[never]"))
-      v = 0;
-  }
-  *step = (size_t)v;
+  *step = dt__thp_enabled() == 0 ? 0 : (size_t)v;
   return DT_OK;
 }
 
