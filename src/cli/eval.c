@@ -75,7 +75,8 @@ int dt_cli_eval(int argc, char **argv) {
     } else {
       long n = strtol(v, &end, 10);
       if (errno || end == v || *end || n < 1 || n > (which == 3 ? (1 << 24) : 1024))
-        return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %.*s", v, (int)nl, a);
+        return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %.*s: a whole number from 1 to %d", v, (int)nl,
+                                  a, which == 3 ? (1 << 24) : 1024);
       if (which == 3)
         batch = n;
       else

@@ -107,10 +107,17 @@ static const char *flag_value(flags *f, const char *eq) {
   return f->argv[++f->i];
 }
 
+/* What the last refused value should have been, for the usage error ("" when unknown). */
+static char expected[96];
+
 static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   char *end;
   errno = 0;
   long long v = strtoll(s, &end, 10);
+  if (hi >= INT64_MAX / 2)
+    snprintf(expected, sizeof expected, ": a whole number from %lld up", (long long)lo);
+  else
+    snprintf(expected, sizeof expected, ": a whole number from %lld to %lld", (long long)lo, (long long)hi);
   if (errno || end == s || *end || v < lo || v > hi)
     return -1;
   *out = v;
@@ -121,6 +128,7 @@ static int parse_f(const char *s, double lo, double hi, double *out) {
   char *end;
   errno = 0;
   double v = strtod(s, &end);
+  snprintf(expected, sizeof expected, ": a decimal number from %g to %g", lo, hi);
   /* decimal only: strtod also reads hex (0x10) and leading spaces */
   if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi || isspace((unsigned char)*s) ||
       strpbrk(s, "xXpP"))
@@ -239,6 +247,7 @@ int dt_cli_train(int argc, char **argv) {
       errno = 0;
       unsigned long long s = strtoull(v, &end, 10);
       bad = errno || end == v || *end || !isdigit((unsigned char)*v); /* no sign, no space: strtoull wraps " -1" */
+      snprintf(expected, sizeof expected, ": a whole number from 0 up");
       cfg.seed = s;
     } else if (!strcmp(name, "--epochs")) {
       bad = parse_i64(v, 1, 1000000, &iv);
@@ -288,10 +297,11 @@ int dt_cli_train(int argc, char **argv) {
     } else if (!strcmp(name, "--bucket-size")) {
       uint64_t sz;
       bad = dt__parse_size(v, &sz) != DT_OK || sz < 4 || sz > ((uint64_t)1 << 40);
+      snprintf(expected, sizeof expected, ": a size in bytes from 4 to 1T, e.g. 25M");
       cfg.bucket_bytes = (size_t)sz;
     }
     if (bad)
-      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %s", v, name);
+      return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %s%s", v, name, expected);
   }
 
   if (!strcmp(optimizer, "sgd"))

@@ -121,6 +121,13 @@ static void group_usage(void) {
                "bad value ' -1' for --seed");
   expect_usage("--lr 0x10", tt_run(dir, 30, "%s train --data %s --max-steps 1 --lr 0x10 --out %s/sd", b, data, dir),
                "bad value '0x10' for --lr");
+  /* a refused number says what was expected */
+  expect_usage("--batch 0", tt_run(dir, 30, "%s train --data %s --batch 0 --out %s/sd", b, data, dir),
+               "bad value '0' for --batch: a whole number from 1 to 16777216");
+  expect_usage("--momentum 2", tt_run(dir, 30, "%s train --data %s --momentum 2 --out %s/sd", b, data, dir),
+               "bad value '2' for --momentum: a decimal number from 0 to 1");
+  expect_usage("eval --batch 0", tt_run(dir, 30, "%s eval --model-file x --batch 0", b),
+               "bad value '0' for --batch: a whole number from 1 to 16777216");
   {
     tt_result r = tt_run(dir, 60, "%s train --data %s --model '%s' --max-steps 1 --lr 1e-50 --progress off --out %s/lr0",
                          b, data, TINY_MODEL, dir);
