@@ -112,8 +112,9 @@ const char *dt_comm_transport(const dt_comm *c); /* "shm", "tcp", "mpi" */
 dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
 
 /* Splits into sub-communicators: ranks with the same color form one, ordered by (key, rank).
- * color < 0 (DT_COMM_UNDEFINED) leaves the rank out: *out = NULL. Collective over c. A split
- * may outlive c: destroying c first leaves the split working (and the rendezvous store, if this
+ * color < 0 (DT_COMM_UNDEFINED) leaves the rank out: *out = NULL. Collective over c, in order
+ * with its other collectives: the colors and keys go round as an allgather of c (2 x i32), so a
+ * rank making another call meanwhile is a DT_ERR_MISMATCH naming both. A split may outlive c: destroying c first leaves the split working (and the rendezvous store, if this
  * rank hosts it, up until the last of them is destroyed). */
 #define DT_COMM_UNDEFINED (-1)
 dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);

@@ -764,31 +764,24 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
     return dt_set_error(DT_ERR_NOMEM, "split of %d ranks", c->size);
   dt_status st = DT_OK;
   dt_comm *n = NULL;
-  char k[128];
-  int32_t mine[2] = {color, key};
-  dt__comm_key(c, k, sizeof k, "split/%llu/%d", (unsigned long long)id, c->rank);
-  DT_CHECK_GOTO(dt__store_set(c->store, k, mine, sizeof mine, deadline), st, done);
-  for (int r = 0; r < c->size; r++) {
-    int32_t v[2];
-    size_t len = 0;
-    dt__comm_key(c, k, sizeof k, "split/%llu/%d", (unsigned long long)id, r);
-    st = comm_wait_key(c, k, v, sizeof v, &len, deadline);
-    if (st == DT_ERR_TIMEOUT) {
-      char fmt[128], miss[256];
-      snprintf(fmt, sizeof fmt, "%ssplit/%llu/%%d", c->prefix, (unsigned long long)id);
-      comm_missing(c, fmt, NULL, c->size, miss, sizeof miss, 0);
-      st = dt_set_error(DT_ERR_TIMEOUT, "rank %d: split #%llu: waited %d ms but these never called split: %s", c->rank,
-                        (unsigned long long)id, c->timeout_ms, miss);
-      goto done;
-    }
-    if (st != DT_OK)
-      goto done;
-    if (len != sizeof v) {
-      st = dt_set_error(DT_ERR_PROTOCOL, "split #%llu: record of rank %d has %zu bytes", (unsigned long long)id, r, len);
-      goto done;
-    }
-    all[r] = (comm_member){v[0] < 0 ? DT_COMM_UNDEFINED : v[0], v[1], r};
+  /* Colors and keys go round as an allgather of this communicator: checked against every rank's
+   * call like any collective (a rank in another collective is a mismatch at once, not a wait to
+   * the deadline) and ordered after this rank's pending nonblocking calls. */
+  int32_t mine[2] = {color, key}, *pairs = dt__calloc(sizeof *pairs * 2 * (size_t)c->size);
+  if (!pairs) {
+    st = dt_set_error(DT_ERR_NOMEM, "split of %d ranks", c->size);
+    goto done;
   }
+  st = dt_comm_allgather(c, mine, pairs, 2, DT_I32);
+  if (st != DT_OK) {
+    char why[900];
+    snprintf(why, sizeof why, "%s", dt_last_error());
+    st = dt_set_error(st, "split #%llu (its colors and keys exchanged by an allgather): %s", (unsigned long long)id,
+                      why);
+    goto done;
+  }
+  for (int r = 0; r < c->size; r++)
+    all[r] = (comm_member){pairs[2 * r] < 0 ? DT_COMM_UNDEFINED : pairs[2 * r], pairs[2 * r + 1], r};
   if (color == DT_COMM_UNDEFINED)
     goto done;
   int m = 0;
@@ -832,6 +825,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
 
 done:
   dt__free(all);
+  dt__free(pairs);
   if (st != DT_OK) {
     comm_free(n);
     return dt__comm_fail(c, st);

@@ -3,11 +3,14 @@
  * so group ranks differ from world order); each group runs every collective and checks the
  * reference over its own members; the world communicator keeps working in between, and a
  * nonblocking allreduce on the group overlaps a blocking one on the world. A mismatch inside a
- * group names group ranks with their world ranks ("rank 0 (world rank 3)"). shm and tcp. */
+ * group names group ranks with their world ranks ("rank 0 (world rank 3)"). A split on one rank
+ * against an allreduce on the other fails on both at once as a mismatch naming both calls (it
+ * used to wait out the deadline as "never called split"). shm and tcp. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/check.h"
 #include "common/mp.h"
@@ -94,6 +97,37 @@ static int body(int rank, int size, void *arg) {
   return 0;
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* rank 0 splits, rank 1 reduces: both fail well before the 60 s deadline, as a mismatch */
+static int split_mismatch_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *w, *g = NULL;
+  if (dt_comm_create(NULL, &w)) {
+    fprintf(stderr, "rank %d: create: %s\n", rank, dt_last_error());
+    return 2;
+  }
+  dt_comm_set_timeout(w, 60000);
+  float x[4] = {1, 2, 3, 4}, y[4];
+  CHECK(dt_comm_allreduce(w, x, y, 4, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  double t0 = now_s();
+  dt_status st = rank == 0 ? dt_comm_split(w, 0, 0, &g) : dt_comm_allreduce(w, x, y, 4, DT_F32, DT_SUM);
+  double took = now_s() - t0;
+  CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED, "rank %d: %s returned %s: %s", rank,
+        rank == 0 ? "split" : "allreduce", dt_strerror(st), dt_last_error());
+  CHECK(took < 20, "rank %d: failed only after %.1f s", rank, took);
+  if (rank == 0)
+    CHECK(g == NULL && strstr(dt_last_error(), "split") && strstr(dt_last_error(), "allreduce"),
+          "split's message names neither call: %s", dt_last_error());
+  dt_comm_destroy(w);
+  return 0;
+}
+
 int main(void) {
   int bad = 0, ran = 0;
   const char *tps[] = {"shm", "tcp"};
@@ -102,6 +136,11 @@ int main(void) {
     ran++;
     if (mp_run(5, body, NULL, 120)) {
       fprintf(stderr, "FAIL: split collectives on %s\n", tps[t]);
+      bad++;
+    }
+    ran++;
+    if (mp_run(2, split_mismatch_body, NULL, 120)) {
+      fprintf(stderr, "FAIL: split against allreduce on %s\n", tps[t]);
       bad++;
     }
   }
