@@ -160,9 +160,11 @@ dt_status dt_comm_barrier(dt_comm *c);
  * this rank's window; the rest of the window is the caller's. *out: this rank's part, zeroed,
  * 64-byte aligned, valid until dt_comm_destroy. Collective over c; at most one per
  * communicator; waits for the nonblocking calls in flight first. DT_ERR_UNSUPPORTED (on every
- * rank) when the transport shares no memory (tcp, mpi, or a single rank); DT_ERR_MISMATCH on
- * every rank when ranks ask for different sizes (naming both); DT_ERR_SYSTEM on every rank when
- * any rank could not map it (a full /dev/shm). */
+ * rank) when the transport shares no memory (tcp, mpi, or a single rank). The ranks' requests
+ * go round first (an allgather of c, checked like any collective), so these fail on every rank
+ * at once and leave c usable: DT_ERR_INVALID or DT_ERR_STATE when any rank passed bad arguments
+ * or has a window already (naming it), DT_ERR_MISMATCH when ranks ask for different sizes
+ * (naming both); DT_ERR_SYSTEM on every rank when any rank could not map it (a full /dev/shm). */
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 /* Rank `rank`'s part of the window as this process maps it (every rank's part is mapped in every
  * rank), or NULL without a window or for a rank outside the communicator. The parts lie back to

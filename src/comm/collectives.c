@@ -637,24 +637,59 @@ dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_
 
 dt_status dt_comm_barrier(dt_comm *c) { RUN(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }
 
+/* What a rank asks dt_comm_window for, as the ranks exchange it: the bytes, or one of these. */
+#define WIN_BAD_ARGS (-1)
+#define WIN_HAS_ONE (-2)
+
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
-  if (!out)
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_window: out is NULL");
-  *out = NULL;
+  if (out)
+    *out = NULL;
   if (!c)
     return dt_set_error(DT_ERR_INVALID, "dt_comm_window: communicator is NULL");
-  if (bytes == 0 || bytes > ((size_t)1 << 40))
-    return dt_set_error(DT_ERR_INVALID, "dt_comm_window: %zu bytes (1 byte to 1 TiB)", bytes);
-  if (c->win)
-    return dt_set_error(DT_ERR_STATE, "dt_comm_window: this communicator has a window already");
-  if (c->size < 2 || !c->ops->window)
+  if (c->size < 2 || !c->ops->window) /* the same on every rank: nothing to tell each other */
     return dt_set_error(DT_ERR_UNSUPPORTED, "dt_comm_window: transport %s with %d rank%s shares no memory",
                         c->ops->name, c->size, c->size == 1 ? "" : "s");
+  /* Every rank's request goes round first, by an allgather checked like any collective: a rank
+   * in another call is a mismatch at once, and bad arguments or a second window on any rank, or
+   * different sizes, fail the call on every rank at once, naming that rank, before any memory is
+   * made. Those leave the communicator usable (a later window may succeed). */
+  int64_t mine = !out || bytes == 0 || bytes > ((size_t)1 << 40) ? WIN_BAD_ARGS
+                 : c->win                                        ? WIN_HAS_ONE
+                                                                 : (int64_t)bytes;
+  int64_t *all = dt__calloc(sizeof *all * (size_t)c->size);
+  if (!all)
+    return dt_set_error(DT_ERR_NOMEM, "dt_comm_window: %d ranks' requests", c->size);
+  dt_status st = dt_comm_allgather(c, &mine, all, 1, DT_I64);
+  if (st != DT_OK) {
+    dt__free(all);
+    return st;
+  }
+  int other = -1, differs = -1;
+  for (int r = 0; r < c->size; r++) {
+    if (r != c->rank && all[r] < 0 && other < 0)
+      other = r;
+    if (all[r] != all[0] && differs < 0)
+      differs = r;
+  }
+  if (mine == WIN_BAD_ARGS)
+    st = dt_set_error(DT_ERR_INVALID, out ? "dt_comm_window: %zu bytes (1 byte to 1 TiB)" : "dt_comm_window: out is NULL",
+                      bytes);
+  else if (mine == WIN_HAS_ONE)
+    st = dt_set_error(DT_ERR_STATE, "dt_comm_window: this communicator has a window already");
+  else if (other >= 0)
+    st = dt_set_error(all[other] == WIN_HAS_ONE ? DT_ERR_STATE : DT_ERR_INVALID, "dt_comm_window: rank %d %s", other,
+                      all[other] == WIN_HAS_ONE ? "has a window already" : "passed invalid arguments (its own error says which)");
+  else if (differs >= 0)
+    st = dt_set_error(DT_ERR_MISMATCH, "dt_comm_window: rank %d asked for %lld bytes per rank, rank 0 for %lld", differs,
+                      (long long)all[differs], (long long)all[0]);
+  dt__free(all);
+  if (st != DT_OK)
+    return st;
   dt__progress_drain(c); /* nothing of ours runs on the transport meanwhile */
   bytes = (bytes + 63) / 64 * 64;
   void *w = NULL;
   pthread_mutex_lock(&c->lock);
-  dt_status st = c->ops->window(c->tp, bytes, &w, dt__comm_deadline(c));
+  st = c->ops->window(c->tp, bytes, &w, dt__comm_deadline(c));
   pthread_mutex_unlock(&c->lock);
   if (st != DT_OK)
     return st;

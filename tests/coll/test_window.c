@@ -11,12 +11,15 @@
  *     ordinary path;
  *   - bad use gives an error on every rank, never a hang: different offsets, one rank in the
  *     window and one outside, different sizes, more than /dev/shm holds (then a smaller one
- *     works), 0 bytes, a second window; tcp and a single rank have none;
+ *     works), 0 bytes, a second window, 0 bytes on one rank only (both fail at once, then a
+ *     window works), a window on one rank against an allreduce on the other (a mismatch at once);
+ *     tcp and a single rank have none;
  *   - a rank that dies before the call is named by the survivors. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 
 #include "common/check.h"
@@ -207,6 +210,12 @@ static int body_results(int rank, int size, void *arg) {
   return 0;
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Misuse: each case must fail on every rank with the named status, within the deadline. */
 static int body_misuse(int rank, int size, void *arg) {
   int which = *(int *)arg;
@@ -222,6 +231,27 @@ static int body_misuse(int rank, int size, void *arg) {
           dt_last_error());
     CHECK(dt_comm_window(c, 0, (void **)&w) == DT_ERR_INVALID && !w, "0 bytes: %s", dt_last_error());
     CHECK(dt_comm_window(c, 4096, (void **)&w) == DT_OK && w, "a window after the failed one: %s", dt_last_error());
+    dt_comm_destroy(c);
+    return 0;
+  }
+  if (which == 6) { /* bad arguments on rank 1 only: both fail at once, then a good window works */
+    double t0 = now_s();
+    dt_status st = dt_comm_window(c, rank == 1 ? 0 : 4096, (void **)&w);
+    CHECK(st == DT_ERR_INVALID && !w && now_s() - t0 < 10, "one rank's 0 bytes gave %s after %.1f s: %s",
+          dt_strerror(st), now_s() - t0, dt_last_error());
+    CHECK(strstr(dt_last_error(), rank == 1 ? "0 bytes (1 byte to 1 TiB)" : "rank 1 passed invalid arguments"),
+          "message: %s", dt_last_error());
+    CHECK(dt_comm_window(c, 4096, (void **)&w) == DT_OK && w, "a window after the refused one: %s", dt_last_error());
+    dt_comm_destroy(c);
+    return 0;
+  }
+  if (which == 7) { /* window on rank 0 against an allreduce on rank 1: a mismatch at once, not the deadline */
+    double t0 = now_s();
+    float x[4] = {0};
+    dt_status st = rank == 0 ? dt_comm_window(c, 4096, (void **)&w) : dt_comm_allreduce(c, x, x + 2, 2, DT_F32, DT_SUM);
+    CHECK((st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED) && now_s() - t0 < 10, "rank %d got %s after %.1f s: %s",
+          rank, dt_strerror(st), now_s() - t0, dt_last_error());
+    CHECK(st != DT_ERR_MISMATCH || strstr(dt_last_error(), "allreduce"), "message: %s", dt_last_error());
     dt_comm_destroy(c);
     return 0;
   }
@@ -301,7 +331,7 @@ int main(void) {
       bad++;
     }
   }
-  for (int which = 0; which < 6; which++) {
+  for (int which = 0; which < 8; which++) {
     ran++;
     if (mp_run(2, body_misuse, &which, 60)) {
       fprintf(stderr, "FAIL: window misuse case %d\n", which);
