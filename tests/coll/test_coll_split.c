@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/check.h"
 #include "common/mp.h"
@@ -97,12 +96,6 @@ static int body(int rank, int size, void *arg) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* rank 0 splits, rank 1 reduces: both fail well before the 60 s deadline, as a mismatch */
 static int split_mismatch_body(int rank, int size, void *arg) {
   (void)size;
@@ -115,9 +108,9 @@ static int split_mismatch_body(int rank, int size, void *arg) {
   dt_comm_set_timeout(w, 60000);
   float x[4] = {1, 2, 3, 4}, y[4];
   CHECK(dt_comm_allreduce(w, x, y, 4, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
-  double t0 = now_s();
+  double t0 = check_now_s();
   dt_status st = rank == 0 ? dt_comm_split(w, 0, 0, &g) : dt_comm_allreduce(w, x, y, 4, DT_F32, DT_SUM);
-  double took = now_s() - t0;
+  double took = check_now_s() - t0;
   CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED, "rank %d: %s returned %s: %s", rank,
         rank == 0 ? "split" : "allreduce", dt_strerror(st), dt_last_error());
   CHECK(took < 20, "rank %d: failed only after %.1f s", rank, took);

@@ -43,12 +43,6 @@
 
 #define BIG (4u << 20) /* floats: 16 MiB, a few ms per call here */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Rank 2 of 3 has a child kill it 300 ms into the loop, most likely while a copy into or out of
  * its buffers is under way; ranks 0 and 1 loop for at most 20 s. */
 static int kill_body(int rank, int size, void *arg) {
@@ -67,11 +61,11 @@ static int kill_body(int rank, int size, void *arg) {
       _exit(0);
     }
   }
-  double t0 = now_s(), seen = 0;
+  double t0 = check_now_s(), seen = 0;
   dt_status st = DT_OK;
-  for (int i = 0; i < 100000 && st == DT_OK && now_s() - t0 < 20; i++)
+  for (int i = 0; i < 100000 && st == DT_OK && check_now_s() - t0 < 20; i++)
     st = dt_comm_allreduce(c, i % 2 ? DT_IN_PLACE : buf, out, BIG, DT_F32, DT_SUM);
-  seen = now_s() - t0;
+  seen = check_now_s() - t0;
   CHECK(rank != 2, "rank 2 survived its own SIGKILL");
   CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "allreduce with rank 2 killed returned %s: %s", dt_strerror(st),
         dt_last_error());

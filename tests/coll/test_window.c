@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 
 #include "common/check.h"
@@ -210,12 +209,6 @@ static int body_results(int rank, int size, void *arg) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Misuse: each case must fail on every rank with the named status, within the deadline. */
 static int body_misuse(int rank, int size, void *arg) {
   int which = *(int *)arg;
@@ -235,10 +228,10 @@ static int body_misuse(int rank, int size, void *arg) {
     return 0;
   }
   if (which == 6) { /* bad arguments on rank 1 only: both fail at once, then a good window works */
-    double t0 = now_s();
+    double t0 = check_now_s();
     dt_status st = dt_comm_window(c, rank == 1 ? 0 : 4096, (void **)&w);
-    CHECK(st == DT_ERR_INVALID && !w && now_s() - t0 < 10, "one rank's 0 bytes gave %s after %.1f s: %s",
-          dt_strerror(st), now_s() - t0, dt_last_error());
+    CHECK(st == DT_ERR_INVALID && !w && check_now_s() - t0 < 10, "one rank's 0 bytes gave %s after %.1f s: %s",
+          dt_strerror(st), check_now_s() - t0, dt_last_error());
     CHECK(strstr(dt_last_error(), rank == 1 ? "0 bytes (1 byte to 1 TiB)" : "rank 1 passed invalid arguments"),
           "message: %s", dt_last_error());
     CHECK(dt_comm_window(c, 4096, (void **)&w) == DT_OK && w, "a window after the refused one: %s", dt_last_error());
@@ -246,11 +239,11 @@ static int body_misuse(int rank, int size, void *arg) {
     return 0;
   }
   if (which == 7) { /* window on rank 0 against an allreduce on rank 1: a mismatch at once, not the deadline */
-    double t0 = now_s();
+    double t0 = check_now_s();
     float x[4] = {0};
     dt_status st = rank == 0 ? dt_comm_window(c, 4096, (void **)&w) : dt_comm_allreduce(c, x, x + 2, 2, DT_F32, DT_SUM);
-    CHECK((st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED) && now_s() - t0 < 10, "rank %d got %s after %.1f s: %s",
-          rank, dt_strerror(st), now_s() - t0, dt_last_error());
+    CHECK((st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED) && check_now_s() - t0 < 10, "rank %d got %s after %.1f s: %s",
+          rank, dt_strerror(st), check_now_s() - t0, dt_last_error());
     CHECK(st != DT_ERR_MISMATCH || strstr(dt_last_error(), "allreduce"), "message: %s", dt_last_error());
     dt_comm_destroy(c);
     return 0;

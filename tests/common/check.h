@@ -1,11 +1,19 @@
 /* tests/common/check.h - CHECK(cond, fmt, ...) for multi-process test bodies: on failure writes
  * "rank R: line L: <message>" to stderr in one write(2) (lines from several ranks never mix) and
- * returns 1 from the body. Needs an int `rank` in scope. */
+ * returns 1 from the body. Needs an int `rank` in scope. check_now_s(): monotonic seconds, for
+ * the tests that bound how long a failure may take to be reported. */
 #ifndef DT_TEST_CHECK_H
 #define DT_TEST_CHECK_H
 
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
+
+static inline double check_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 #define CHECK(cond, ...)                                                            \
   do {                                                                              \
