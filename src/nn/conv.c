@@ -23,7 +23,9 @@
  * machine): conv1 forward 4.6 -> 1.0 ms, conv2 forward 15.7 -> 12.2 ms, conv1 weight gradient
  * 6.2 -> 3.5 ms, conv2 backward 35.5 -> 30.5 ms.
  *
- * It does nothing without AVX-512F: callers check dt__nn_conv_direct() first. */
+ * Without AVX-512F, on CPUs with AVX2 and FMA, the forward and the stride-1 input gradient run
+ * the same way with 6 x 16 tiles of 256-bit vectors (fwd_tile2); the weight gradient stays with
+ * im2col and OpenBLAS there. Callers check dt__nn_conv_fwd_direct() / dt__nn_conv_direct(). */
 /* O3: GCC 12 at O2 leaves the kernels' per-row code as loops. Each kernel runs one flat loop
  * over offset tables (koff, pixoff) rather than nested loops, which are simpler for it too. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -43,6 +45,19 @@
 static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 bool dt__nn_conv_direct(void) { return strcmp(dt__nn_gemm_name(), "avx512") == 0; }
+
+static bool g_force_avx2; /* tests: the AVX2 tiles on a CPU with AVX-512F too */
+
+bool dt__nn_conv_force_avx2(bool on) {
+  bool was = g_force_avx2;
+  g_force_avx2 = on && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return was;
+}
+
+bool dt__nn_conv_fwd_direct(void) {
+  return dt__nn_conv_direct() || (!dt__nn_gemm_blas_forced() && __builtin_cpu_supports("avx2") &&
+                                  __builtin_cpu_supports("fma"));
+}
 
 /* One convolution as the kernels see it: input (H, W, C), window k x k, stride S, padding P,
  * output (OH, OW, OC). The input gradient of a stride-1 layer is such a convolution too. */
@@ -222,6 +237,96 @@ AVX512 static void fwd_dispatch(int mr, const float *a, int lda, const int *koff
 }
 #undef FWD_CASE
 
+/* The same forward tile for CPUs with AVX2 and FMA but no AVX-512F: 16 registers hold a 6 x 16
+ * tile (12 accumulators, 2 vectors of B, 1 broadcast), so a 14 x 32 tile of the packed layout is
+ * done as up to 3 x 2 of these, each a whole run over the window. */
+#define AVX2 __attribute__((target("avx2,fma")))
+#define MR2 6
+#define REP6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+AVX2 static inline __m256i lanes8(int n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
+}
+
+AVX2 static inline __attribute__((always_inline)) void fwd_tile2(
+    const int mr, const float *restrict a, int lda, const int *restrict koff, int K,
+    const float *restrict Bp, const float *bias, bool relu, float *y, int ldy, int nr) {
+#define DECL(i) __m256 c0_##i = _mm256_setzero_ps(), c1_##i = _mm256_setzero_ps();
+  REP6(DECL)
+#undef DECL
+  for (int k = 0; k < K; k++, Bp += NR) {
+    const float *ak = a + koff[k];
+    __m256 b0 = _mm256_load_ps(Bp), b1 = _mm256_load_ps(Bp + 8);
+#define STEP(i)                                                                                    \
+  if (i < mr) {                                                                                    \
+    __m256 av = _mm256_broadcast_ss(ak + (size_t)(i) * lda);                                       \
+    c0_##i = _mm256_fmadd_ps(av, b0, c0_##i);                                                      \
+    c1_##i = _mm256_fmadd_ps(av, b1, c1_##i);                                                      \
+  }
+    REP6(STEP)
+#undef STEP
+  }
+  __m256i m0 = lanes8(nr), m1 = lanes8(nr - 8);
+  __m256 bv0 = _mm256_setzero_ps(), bv1 = _mm256_setzero_ps();
+  if (bias) {
+    bv0 = _mm256_maskload_ps(bias, m0);
+    bv1 = _mm256_maskload_ps(bias + 8, m1);
+  }
+  __m256 z = _mm256_setzero_ps();
+#define OUT(i)                                                                                     \
+  if (i < mr) {                                                                                    \
+    __m256 v0 = _mm256_add_ps(c0_##i, bv0), v1 = _mm256_add_ps(c1_##i, bv1);                       \
+    if (relu) { /* as the AVX-512 tile: max(v, 0) */                                               \
+      v0 = _mm256_max_ps(v0, z);                                                                   \
+      v1 = _mm256_max_ps(v1, z);                                                                   \
+    }                                                                                              \
+    float *yr = y + (size_t)(i) * ldy;                                                             \
+    if (nr == 16) {                                                                                \
+      _mm256_storeu_ps(yr, v0);                                                                    \
+      _mm256_storeu_ps(yr + 8, v1);                                                                \
+    } else {                                                                                       \
+      _mm256_maskstore_ps(yr, m0, v0);                                                             \
+      _mm256_maskstore_ps(yr + 8, m1, v1);                                                         \
+    }                                                                                              \
+  }
+  REP6(OUT)
+#undef OUT
+}
+
+#define FWD2_CASE(n)                                                                               \
+  case n:                                                                                          \
+    if (relu)                                                                                      \
+      fwd_tile2(n, ai, lda, koff, K, bp, bi, true, yi, ldy, w);                                    \
+    else                                                                                           \
+      fwd_tile2(n, ai, lda, koff, K, bp, bi, false, yi, ldy, w);                                   \
+    break;
+
+/* One 14 x 32 tile of fwd_dispatch's as 6 x 16 pieces: each half of the panel (B at column 0 or
+ * 16, stride NR as packed), rows 6 at a time. */
+AVX2 static void fwd_dispatch2(int mr, const float *a, int lda, const int *koff, int K,
+                               const float *Bp, const float *bias, bool relu, float *y, int ldy,
+                               int nr) {
+  for (int h = 0; h * 16 < nr; h++)
+    for (int i0 = 0; i0 < mr; i0 += MR2) {
+      int m = mr - i0 < MR2 ? mr - i0 : MR2, w = nr - h * 16 < 16 ? nr - h * 16 : 16;
+      const float *ai = a + (size_t)i0 * lda, *bi = bias ? bias + h * 16 : NULL;
+      float *yi = y + (size_t)i0 * ldy + h * 16;
+      const float *bp = Bp + h * 16;
+      switch (m) {
+        FWD2_CASE(6)
+        FWD2_CASE(5)
+        FWD2_CASE(4)
+        FWD2_CASE(3)
+        FWD2_CASE(2)
+        FWD2_CASE(1)
+      default:
+        break;
+      }
+    }
+}
+#undef FWD2_CASE
+
 /* Weights (OC, K) into NR-channel panels Wp[q][k][j] = W[(q*NR + j)*K + k], zero past OC. */
 static void pack_weights(const float *W, int OC, int K, float *Wp) {
   int npan = (OC + NR - 1) / NR;
@@ -257,6 +362,7 @@ static void conv_run(const geom *g, const ws_parts *w, const float *wpk, const f
                      int nb, const float *bias, bool relu) {
   const int K = g->k * g->k * g->C, npan = (g->OC + NR - 1) / NR, OC = g->OC;
   const size_t in_sz = (size_t)g->H * g->W * g->C, out_sz = (size_t)g->OH * g->OW * OC;
+  const bool avx512 = dt__nn_conv_direct() && !g_force_avx2;
   for (int n = 0; n < nb; n++) {
     pad_input(g, x + (size_t)n * in_sz, w->xp);
     float *ys = y + (size_t)n * out_sz;
@@ -266,9 +372,9 @@ static void conv_run(const geom *g, const ws_parts *w, const float *wpk, const f
         const float *a = w->xp + w->pixoff[oh * g->OW + ow0];
         float *yt = ys + ((size_t)oh * g->OW + ow0) * OC;
         for (int q = 0; q < npan; q++)
-          fwd_dispatch(mr, a, g->S * g->C, w->koff, K, wpk + (size_t)q * K * NR,
-                       bias ? bias + q * NR : NULL, relu, yt + q * NR, OC,
-                       OC - q * NR < NR ? OC - q * NR : NR);
+          (avx512 ? fwd_dispatch : fwd_dispatch2)(mr, a, g->S * g->C, w->koff, K, wpk + (size_t)q * K * NR,
+                                                  bias ? bias + q * NR : NULL, relu, yt + q * NR, OC,
+                                                  OC - q * NR < NR ? OC - q * NR : NR);
       }
   }
 }

@@ -63,6 +63,7 @@ enum { GEMM_BLAS, GEMM_OWN };
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_mode = GEMM_BLAS;
 static bool g_dot; /* gemm_dot may take x W^T (DOT_MIN_L1) */
+static bool g_blas_forced; /* DTRAIN_GEMM=blas: no kernel of ours at all */
 static dt_status g_status = DT_OK; /* why DTRAIN_GEMM cannot be honoured */
 static char g_err[160];
 
@@ -75,6 +76,7 @@ static void gemm_init(void) {
     return;
   if (!strcmp(e, "blas")) {
     g_mode = GEMM_BLAS;
+    g_blas_forced = true;
   } else if (!strcmp(e, "own")) {
     if (!have) {
       g_status = DT_ERR_UNSUPPORTED;
@@ -92,6 +94,11 @@ dt_status dt__nn_gemm_check(void) {
   if (g_status != DT_OK)
     return dt_set_error(g_status, "%s", g_err);
   return DT_OK;
+}
+
+bool dt__nn_gemm_blas_forced(void) {
+  pthread_once(&g_once, gemm_init);
+  return g_blas_forced;
 }
 
 const char *dt__nn_gemm_name(void) {

@@ -304,7 +304,7 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
       size_t ch = (size_t)target / rowf;
       l->chunk = (int)(ch < 1 ? 1 : ch > Bt ? Bt : ch);
       colf = DT_MAX(colf, (size_t)l->chunk * rowf);
-      if (dt__nn_conv_direct())
+      if (dt__nn_conv_fwd_direct())
         colf = DT_MAX(colf, dt__nn_conv_ws_floats(l));
     } else if (l->kind == NN_MAXPOOL) {
       total += align16(osz); /* int32 arg-max, same size as a float */
@@ -320,7 +320,7 @@ dt_status dt_model_create(const char *spec, int max_batch, uint64_t seed, dt_mod
   m->arena = dt__alloc(total * sizeof(float));
   m->col_arena = colf ? dt__alloc(2 * (size_t)T * align16(colf) * sizeof(float)) : NULL;
   size_t wpkf = 0; /* conv.c's packed weights, every conv layer, every thread */
-  if (dt__nn_conv_direct())
+  if (dt__nn_conv_fwd_direct())
     for (int i = 0; i < n; i++)
       if (m->layers[i].kind == NN_CONV) {
         m->layers[i].wpk_floats = dt__nn_conv_packed_floats(&m->layers[i]);

@@ -197,43 +197,61 @@ static dt_model *ref_model(const char *spec, int B, uint64_t seed, float **x) {
 }
 
 /* Direct convolution in double from the definition: input (C, H, W), output channels-last,
- * weight (OC, K, K, IC). */
+ * weight (OC, K, K, IC), bias, and relu where the spec fuses it. Shapes that take each path of
+ * the forward kernels: stride 2 with few channels; output rows wider than a 14-pixel tile and
+ * more than one 32-channel panel with a partial last one (OC = 35: with AVX2, 16-channel halves
+ * and 6-row pieces with masked columns); the cnn preset's two layers, relu fused. */
 static void test_conv_reference(void **s) {
-  const int B = 3, C = 2, H = 7, W = 6, OC = 4, K = 3, S = 2, P = 1;
-  float *x;
-  dt_model *m = ref_model("in=2x7x6,conv3x3:4:s2:p1,flatten", B, 21, &x);
-  const dt_tensor *tw = dt_model_find_tensor(m, "conv1.weight");
-  const dt_tensor *tb = dt_model_find_tensor(m, "conv1.bias");
-  assert_non_null(tw);
-  assert_int_equal(tw->shape[0], OC);
-  assert_int_equal(tw->shape[1], K);
-  assert_int_equal(tw->shape[3], C);
-  const float *w = dt_model_params(m) + tw->offset, *b = dt_model_params(m) + tb->offset;
-  const float *y;
-  assert_int_equal(dt_model_forward(m, x, B, 0, &y), DT_OK);
-  int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
-  assert_int_equal(dt_model_output_size(m), (size_t)OH * OW * OC);
-  double maxerr = 0;
-  for (int n = 0; n < B; n++)
-    for (int oh = 0; oh < OH; oh++)
-      for (int ow = 0; ow < OW; ow++)
-        for (int oc = 0; oc < OC; oc++) {
-          double acc = b[oc];
-          for (int kh = 0; kh < K; kh++)
-            for (int kw = 0; kw < K; kw++)
-              for (int c = 0; c < C; c++) {
-                int ih = oh * S - P + kh, iw = ow * S - P + kw;
-                if (ih < 0 || ih >= H || iw < 0 || iw >= W)
-                  continue;
-                acc += (double)w[((oc * K + kh) * K + kw) * C + c] *
-                       x[(((size_t)n * C + c) * H + ih) * W + iw];
-              }
-          double got = y[(((size_t)n * OH + oh) * OW + ow) * OC + oc];
-          maxerr = fmax(maxerr, fabs(got - acc));
-        }
-  assert_true(maxerr < 1e-5 * 20); /* 18-term float sums of O(1) values */
-  free(x);
-  dt_model_destroy(m);
+  static const struct { int C, H, W, k, OC, S, P, relu; } cases[] = {
+      {2, 7, 6, 3, 4, 2, 1, 0}, {3, 5, 20, 3, 35, 1, 1, 0}, {3, 5, 20, 3, 35, 1, 1, 1},
+      {1, 28, 28, 5, 32, 1, 2, 1}, {32, 14, 14, 5, 64, 1, 2, 1}, {5, 4, 9, 3, 21, 1, 0, 0},
+  };
+  const int B = 3;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int C = cases[ci].C, H = cases[ci].H, W = cases[ci].W, K = cases[ci].k;
+    const int OC = cases[ci].OC, S = cases[ci].S, P = cases[ci].P;
+    char spec[96];
+    snprintf(spec, sizeof spec, "in=%dx%dx%d,conv%dx%d:%d:s%d:p%d%s,flatten", C, H, W, K, K, OC, S, P,
+             cases[ci].relu ? ",relu" : "");
+    float *x;
+    dt_model *m = ref_model(spec, B, 21 + ci, &x);
+    const dt_tensor *tw = dt_model_find_tensor(m, "conv1.weight");
+    const dt_tensor *tb = dt_model_find_tensor(m, "conv1.bias");
+    assert_non_null(tw);
+    assert_int_equal(tw->shape[0], OC);
+    assert_int_equal(tw->shape[1], K);
+    assert_int_equal(tw->shape[3], C);
+    const float *w = dt_model_params(m) + tw->offset, *b = dt_model_params(m) + tb->offset;
+    const float *y;
+    assert_int_equal(dt_model_forward(m, x, B, 0, &y), DT_OK);
+    int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    assert_int_equal(dt_model_output_size(m), (size_t)OH * OW * OC);
+    double worst = 0; /* |error| / (1e-5 x the sum of the absolute terms), <= 1 passes */
+    for (int n = 0; n < B; n++)
+      for (int oh = 0; oh < OH; oh++)
+        for (int ow = 0; ow < OW; ow++)
+          for (int oc = 0; oc < OC; oc++) {
+            double acc = b[oc], mag = fabs(b[oc]);
+            for (int kh = 0; kh < K; kh++)
+              for (int kw = 0; kw < K; kw++)
+                for (int c = 0; c < C; c++) {
+                  int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                  if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                    continue;
+                  double t = (double)w[((oc * K + kh) * K + kw) * C + c] * x[(((size_t)n * C + c) * H + ih) * W + iw];
+                  acc += t;
+                  mag += fabs(t);
+                }
+            if (cases[ci].relu && acc < 0)
+              acc = 0;
+            double got = y[(((size_t)n * OH + oh) * OW + ow) * OC + oc];
+            worst = fmax(worst, fabs(got - acc) / (1e-5 * mag + 1e-7));
+          }
+    if (worst > 1.0)
+      fail_msg("%s: forward off the float64 reference (worst ratio %.3g)", spec, worst);
+    free(x);
+    dt_model_destroy(m);
+  }
 }
 
 /* Convolution gradients (weight, bias, input) against float64 sums from the definition, on the
@@ -320,6 +338,19 @@ static void test_conv_grad_reference(void **s) {
     free(rw), free(aw), free(rx), free(ax), free(rb), free(ab), free(g), free(x);
     dt_model_destroy(m);
   }
+}
+
+/* The same two on the AVX2 kernels (which a CPU without AVX-512F runs anyway). */
+static void test_conv_reference_avx2(void **s) {
+  bool was = dt__nn_conv_force_avx2(true);
+  test_conv_reference(s);
+  dt__nn_conv_force_avx2(was);
+}
+
+static void test_conv_grad_reference_avx2(void **s) {
+  bool was = dt__nn_conv_force_avx2(true);
+  test_conv_grad_reference(s);
+  dt__nn_conv_force_avx2(was);
 }
 
 static void test_pool_reference(void **s) {
@@ -414,6 +445,8 @@ int main(void) {
       cmocka_unit_test(test_negative_control),
       cmocka_unit_test(test_conv_reference),
       cmocka_unit_test(test_conv_grad_reference),
+      cmocka_unit_test(test_conv_reference_avx2),
+      cmocka_unit_test(test_conv_grad_reference_avx2),
       cmocka_unit_test(test_pool_reference),
       cmocka_unit_test(test_layernorm_gelu_reference),
       cmocka_unit_test(test_loss_reference),
