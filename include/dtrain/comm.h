@@ -114,8 +114,9 @@ dt_status dt_comm_set_timeout(dt_comm *c, int timeout_ms);
 /* Splits into sub-communicators: ranks with the same color form one, ordered by (key, rank).
  * color < 0 (DT_COMM_UNDEFINED) leaves the rank out: *out = NULL. Collective over c, in order
  * with its other collectives: the colors and keys go round as an allgather of c (2 x i32), so a
- * rank making another call meanwhile is a DT_ERR_MISMATCH naming both. A split may outlive c: destroying c first leaves the split working (and the rendezvous store, if this
- * rank hosts it, up until the last of them is destroyed). */
+ * rank making another call meanwhile is a DT_ERR_MISMATCH naming both. A split may outlive c:
+ * destroying c first leaves the split working (and the rendezvous store, if this rank hosts it,
+ * up until the last of them is destroyed). */
 #define DT_COMM_UNDEFINED (-1)
 dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
 
@@ -162,8 +163,8 @@ dt_status dt_comm_barrier(dt_comm *c);
  * communicator; waits for the nonblocking calls in flight first. DT_ERR_UNSUPPORTED (on every
  * rank) when the transport shares no memory (tcp, mpi, or a single rank). The ranks' requests
  * go round first (an allgather of c, checked like any collective), so these fail on every rank
- * at once and leave c usable: DT_ERR_INVALID or DT_ERR_STATE when any rank passed bad arguments
- * or has a window already (naming it), DT_ERR_MISMATCH when ranks ask for different sizes
+ * at once and leave c usable: DT_ERR_INVALID when any rank passed bad arguments or has a
+ * window already (DT_ERR_STATE on that rank; the others name it), DT_ERR_MISMATCH when ranks ask for different sizes
  * (naming both); DT_ERR_SYSTEM on every rank when any rank could not map it (a full /dev/shm). */
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 /* Rank `rank`'s part of the window as this process maps it (every rank's part is mapped in every

@@ -73,10 +73,10 @@ int dt_cli_eval(int argc, char **argv) {
     } else if (which == 2) {
       data = v;
     } else {
-      long n = strtol(v, &end, 10);
-      if (errno || end == v || *end || n < 1 || n > (which == 3 ? (1 << 24) : 1024))
-        return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %.*s: a whole number from 1 to %d", v, (int)nl,
-                                  a, which == 3 ? (1 << 24) : 1024);
+      long n = strtol(v, &end, 10), most = which == 3 ? (1 << 24) : 1024;
+      if (errno || end == v || *end || n < 1 || n > most)
+        return dt_cli_usage_error(CMD, HELP_HINT, "bad value '%s' for %.*s: a whole number from 1 to %ld", v, (int)nl,
+                                  a, most);
       if (which == 3)
         batch = n;
       else

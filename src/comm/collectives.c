@@ -637,9 +637,9 @@ dt_status dt_comm_alltoall(dt_comm *c, const void *sendbuf, void *recvbuf, size_
 
 dt_status dt_comm_barrier(dt_comm *c) { RUN(DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, -1); }
 
-/* What a rank asks dt_comm_window for, as the ranks exchange it: the bytes, or one of these. */
-#define WIN_BAD_ARGS (-1)
-#define WIN_HAS_ONE (-2)
+/* What a rank asks dt_comm_window for, as the ranks exchange it: the bytes, or this when its
+ * own call is refused (bad arguments, or a window already: every rank has one or none). */
+#define WIN_REFUSED (-1)
 
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
   if (out)
@@ -653,9 +653,8 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
    * in another call is a mismatch at once, and bad arguments or a second window on any rank, or
    * different sizes, fail the call on every rank at once, naming that rank, before any memory is
    * made. Those leave the communicator usable (a later window may succeed). */
-  int64_t mine = !out || bytes == 0 || bytes > ((size_t)1 << 40) ? WIN_BAD_ARGS
-                 : c->win                                        ? WIN_HAS_ONE
-                                                                 : (int64_t)bytes;
+  const bool bad = !out || bytes == 0 || bytes > ((size_t)1 << 40);
+  int64_t mine = bad || c->win ? WIN_REFUSED : (int64_t)bytes;
   int64_t *all = dt__calloc(sizeof *all * (size_t)c->size);
   if (!all)
     return dt_set_error(DT_ERR_NOMEM, "dt_comm_window: %d ranks' requests", c->size);
@@ -671,14 +670,13 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
     if (all[r] != all[0] && differs < 0)
       differs = r;
   }
-  if (mine == WIN_BAD_ARGS)
+  if (bad)
     st = dt_set_error(DT_ERR_INVALID, out ? "dt_comm_window: %zu bytes (1 byte to 1 TiB)" : "dt_comm_window: out is NULL",
                       bytes);
-  else if (mine == WIN_HAS_ONE)
+  else if (mine == WIN_REFUSED)
     st = dt_set_error(DT_ERR_STATE, "dt_comm_window: this communicator has a window already");
   else if (other >= 0)
-    st = dt_set_error(all[other] == WIN_HAS_ONE ? DT_ERR_STATE : DT_ERR_INVALID, "dt_comm_window: rank %d %s", other,
-                      all[other] == WIN_HAS_ONE ? "has a window already" : "passed invalid arguments (its own error says which)");
+    st = dt_set_error(DT_ERR_INVALID, "dt_comm_window: rank %d refused the call (its own error says why)", other);
   else if (differs >= 0)
     st = dt_set_error(DT_ERR_MISMATCH, "dt_comm_window: rank %d asked for %lld bytes per rank, rank 0 for %lld", differs,
                       (long long)all[differs], (long long)all[0]);

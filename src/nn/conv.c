@@ -27,7 +27,8 @@
  * the same way with 6 x 16 tiles of 256-bit vectors (fwd_tile2); the weight gradient stays with
  * im2col and OpenBLAS there. On an AMD EPYC (Zen 3) guest, cnn preset, 128 samples, 1 thread,
  * 5 alternated rounds of bench/nn_step against DTRAIN_GEMM=blas (im2col + OpenBLAS): step
- * 142-149 -> 127-131 ms, forward 49-54 -> 43-45 ms (bench/results/conv-avx2-2026-11-27-epyc.txt). Callers check dt__nn_conv_fwd_direct() / dt__nn_conv_direct(). */
+ * 142-149 -> 127-131 ms, forward 49-54 -> 43-45 ms (bench/results/conv-avx2-2026-11-27-epyc.txt).
+ * Callers check dt__nn_conv_fwd_direct() (forward, input gradient) or dt__nn_conv_direct(). */
 /* O3: GCC 12 at O2 leaves the kernels' per-row code as loops. Each kernel runs one flat loop
  * over offset tables (koff, pixoff) rather than nested loops, which are simpler for it too. */
 #if defined(__GNUC__) && !defined(__clang__)

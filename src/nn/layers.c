@@ -174,17 +174,17 @@ static void conv_backward(nn_layer *l, const float *P, const nn_slice *s, bool n
   const int OC = l->out.c, K = l->k * l->k * l->in.c;
   const size_t in_sz = nn_shape_size(l->in), out_sz = nn_shape_size(l->out);
   const int pix = l->out.h * l->out.w;
-  /* Gradients without im2col (conv.c): the weights' with AVX-512, the input's of a stride-1
-   * layer also with AVX2; the rest by im2col and products below */
+  /* Without im2col (conv.c): the input gradient of a stride-1 layer with AVX-512 or AVX2, the
+   * weight gradient with AVX-512; the rest by im2col and products below */
+  if (need_dx && dt__nn_conv_fwd_direct() && dt__nn_conv_dx_direct_ok(l)) {
+    dt__nn_conv_dx_direct(l, P, s, s->col);
+    need_dx = false;
+  }
   const bool dw_direct = dt__nn_conv_direct();
-  const bool dx_direct = need_dx && dt__nn_conv_fwd_direct() && dt__nn_conv_dx_direct_ok(l);
   if (dw_direct)
     dt__nn_conv_dweight_direct(l, s, s->col);
-  if (dx_direct)
-    dt__nn_conv_dx_direct(l, P, s, s->col);
-  if (dw_direct && (!need_dx || dx_direct))
+  if (dw_direct && !need_dx)
     return;
-  need_dx = need_dx && !dx_direct;
   const int nchunks = (s->nb + l->chunk - 1) / l->chunk;
   for (int ci = 0; ci < nchunks; ci++) {
     int c0 = CHUNK_START(s->nb, ci, nchunks), nb = CHUNK_START(s->nb, ci + 1, nchunks) - c0;
