@@ -210,8 +210,8 @@ int main(int argc, char **argv) {
     b[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
     c[i] = 0.0f;
   }
-  printf("{\"gemm\": \"%s\", \"n\": %d, \"reps\": %d, \"results\": [",
-         g_own ? "dtrain-avx512" : "openblas", n, reps);
+  printf("{\"gemm\": \"%s%s\", \"n\": %d, \"reps\": %d, \"results\": [", g_own ? "dtrain-" : "",
+         g_own ? dt__nn_gemm_name() : "openblas", n, reps);
   int first = 1;
   char *save = NULL;
   for (char *tok = strtok_r(threads_arg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {

@@ -59,7 +59,7 @@
 
 /* ---- dispatch ---- */
 
-enum { GEMM_BLAS, GEMM_OWN };
+enum { GEMM_BLAS, GEMM_OWN, GEMM_AVX2 };
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_mode = GEMM_BLAS;
 static bool g_dot; /* gemm_dot may take x W^T (DOT_MIN_L1) */
@@ -69,8 +69,9 @@ static char g_err[160];
 
 static void gemm_init(void) {
   bool have = __builtin_cpu_supports("avx512f");
+  bool have2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char *e = dt__env_str("DTRAIN_GEMM");
-  g_mode = have ? GEMM_OWN : GEMM_BLAS;
+  g_mode = have ? GEMM_OWN : have2 ? GEMM_AVX2 : GEMM_BLAS;
   g_dot = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= DOT_MIN_L1; /* 0 or -1 when unknown: packing */
   if (!e || !strcmp(e, "auto"))
     return;
@@ -78,10 +79,11 @@ static void gemm_init(void) {
     g_mode = GEMM_BLAS;
     g_blas_forced = true;
   } else if (!strcmp(e, "own")) {
-    if (!have) {
+    if (!have && !have2) {
       g_status = DT_ERR_UNSUPPORTED;
       snprintf(g_err, sizeof g_err,
-               "DTRAIN_GEMM=own: this CPU has no AVX-512F (unset it or use DTRAIN_GEMM=blas)");
+               "DTRAIN_GEMM=own: this CPU has neither AVX-512F nor AVX2 with FMA (unset it or use "
+               "DTRAIN_GEMM=blas)");
     }
   } else {
     g_status = DT_ERR_INVALID;
@@ -103,7 +105,7 @@ bool dt__nn_gemm_blas_forced(void) {
 
 const char *dt__nn_gemm_name(void) {
   pthread_once(&g_once, gemm_init);
-  return g_mode == GEMM_OWN ? "avx512" : "openblas";
+  return g_mode == GEMM_OWN ? "avx512" : g_mode == GEMM_AVX2 ? "avx2" : "openblas";
 }
 
 /* ---- per-thread packing buffers ---- */
@@ -138,7 +140,7 @@ static float *ws_get(void) {
 
 void dt__nn_gemm_reserve(void) {
   pthread_once(&g_once, gemm_init);
-  if (g_mode == GEMM_OWN)
+  if (g_mode != GEMM_BLAS)
     (void)ws_get();
 }
 
@@ -452,6 +454,172 @@ AVX512 static void gemm_dot(int M, int N, int K, float alpha, const float *A, in
   }
 }
 
+/* ---- AVX2 + FMA (CPUs without AVX-512F) ----
+ * The same blocking and the same 32-column panels of op(B), with a 6 x 16 register tile: 12
+ * accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers, a panel in two halves. op(A)
+ * is packed into 6-row slivers (or read in place, as above). No dot-product path: it needs a
+ * 48 KiB L1 (DOT_MIN_L1) and AVX-512's folds. */
+#define MR2 6
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* In-place transpose of 8 rows of 8 floats. */
+AVX2 static inline void tr8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; i++) { /* u[4i + c] lane L: column 4L + c of rows 4i..4i+3 */
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int c = 0; c < 4; c++) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+/* The first n of 8 lanes (n <= 0: none, n >= 8: all), as a mask for maskload. */
+AVX2 static inline __m256i lanes8(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* op(A) rows [i0, i0+mr) x k [k0, k0+kc) into Ap[k * MR2 + i], rows mr..MR2-1 zero. Each k's
+ * store is 8 floats wide, the next k's overwriting the 2 extra (WS_A_FLOATS has the slack). */
+AVX2 static void pack_a2(bool ta, const float *A, int lda, int i0, int mr, int k0, int kc, float *Ap) {
+  if (ta) { /* op(A)[i][k] = A[k][i]: each k is a run of mr floats */
+    __m256i m = lanes8(mr);
+    for (int k = 0; k < kc; k++)
+      _mm256_storeu_ps(Ap + (size_t)k * MR2, _mm256_maskload_ps(A + (size_t)(k0 + k) * lda + i0, m));
+    return;
+  }
+  const float *src = A + (size_t)i0 * lda + k0;
+  int k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; i++)
+      r[i] = i < mr ? _mm256_loadu_ps(src + (size_t)i * lda + k) : _mm256_setzero_ps();
+    tr8(r);
+    for (int j = 0; j < 8; j++)
+      _mm256_storeu_ps(Ap + (size_t)(k + j) * MR2, r[j]);
+  }
+  for (; k < kc; k++)
+    for (int i = 0; i < MR2; i++)
+      Ap[(size_t)k * MR2 + i] = i < mr ? src[(size_t)i * lda + k] : 0.0f;
+}
+
+/* As pack_b, for CPUs without AVX-512F. */
+AVX2 static void pack_b2(bool tb, const float *B, int ldb, int k0, int kc, int j0, int nc, float *Bp) {
+  for (int jp = 0; jp < nc; jp += NR) {
+    float *P = Bp + (size_t)jp * kc;
+    int w = nc - jp < NR ? nc - jp : NR;
+    if (!tb) {
+      const float *src = B + (size_t)k0 * ldb + j0 + jp;
+      for (int k = 0; k < kc; k++, src += ldb) {
+        float *d = P + (size_t)k * NR;
+        for (int v = 0; v < NR; v += 8)
+          _mm256_store_ps(d + v, w == NR ? _mm256_loadu_ps(src + v) : _mm256_maskload_ps(src + v, lanes8(w - v)));
+      }
+      continue;
+    }
+    /* op(B)[k][j] = B[j][k]: 8 x 8 blocks through registers, the ragged edges one by one */
+    int k8 = kc / 8 * 8;
+    for (int jb = 0; jb < NR; jb += 8) {
+      const float *src = B + (size_t)(j0 + jp + jb) * ldb + k0;
+      if (jb + 8 <= w) {
+        for (int k = 0; k < k8; k += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; i++)
+            r[i] = _mm256_loadu_ps(src + (size_t)i * ldb + k);
+          tr8(r);
+          for (int i = 0; i < 8; i++)
+            _mm256_store_ps(P + (size_t)(k + i) * NR + jb, r[i]);
+        }
+        for (int k = k8; k < kc; k++)
+          for (int j = 0; j < 8; j++)
+            P[(size_t)k * NR + jb + j] = src[(size_t)j * ldb + k];
+      } else {
+        for (int k = 0; k < kc; k++)
+          for (int j = 0; j < 8; j++)
+            P[(size_t)k * NR + jb + j] = jb + j < w ? src[(size_t)j * ldb + k] : 0.0f;
+      }
+    }
+  }
+}
+
+/* C[0..mr) x [0..nr) (nr <= 16) = alpha * op(A) Bp + beta * C over kc steps, Bp a half of a
+ * 32-column panel (row stride NR); A packed (a[k * MR2 + i], lda == 0) or read in place. */
+AVX2 static inline __attribute__((always_inline)) void kern2(const int mr, const bool direct, int kc,
+                                                             const float *restrict a, int lda,
+                                                             const float *restrict Bp, float *C, int ldc,
+                                                             float alpha, float beta, int nr) {
+  __m256 c0[MR2], c1[MR2];
+  const size_t sa = direct ? (size_t)lda : 1, sk = direct ? 1 : MR2;
+#pragma GCC unroll 6
+  for (int i = 0; i < mr; i++)
+    c0[i] = c1[i] = _mm256_setzero_ps();
+  for (int k = 0; k < kc; k++) {
+    __m256 b0 = _mm256_load_ps(Bp), b1 = _mm256_load_ps(Bp + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < mr; i++) {
+      __m256 av = _mm256_broadcast_ss(a + i * sa);
+      c0[i] = _mm256_fmadd_ps(av, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(av, b1, c1[i]);
+    }
+    a += sk;
+    Bp += NR;
+  }
+  __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  /* unrolled, as the loops above: a loop over i here keeps the tile in memory, not registers */
+#pragma GCC unroll 6
+  for (int i = 0; i < mr; i++) {
+    float *c = C + (size_t)i * ldc;
+    __m256 v0 = _mm256_mul_ps(va, c0[i]), v1 = _mm256_mul_ps(va, c1[i]);
+    if (nr == 16) {
+      if (beta == 1.0f) {
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(c));
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(c + 8));
+      } else if (beta != 0.0f) {
+        v0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(c), v0);
+        v1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(c + 8), v1);
+      }
+      _mm256_storeu_ps(c, v0);
+      _mm256_storeu_ps(c + 8, v1);
+    } else { /* a ragged edge: C's columns past nr are neither read nor written */
+      float t[16];
+      _mm256_storeu_ps(t, v0);
+      _mm256_storeu_ps(t + 8, v1);
+      for (int j = 0; j < nr; j++)
+        c[j] = beta == 0.0f ? t[j] : beta == 1.0f ? t[j] + c[j] : t[j] + beta * c[j];
+    }
+  }
+}
+
+#define KERN2_CASE(n)                                                                              \
+  case n:                                                                                          \
+    if (lda)                                                                                       \
+      kern2(n, true, kc, a, lda, Bp, C, ldc, alpha, beta, nr);                                     \
+    else                                                                                           \
+      kern2(n, false, kc, a, 0, Bp, C, ldc, alpha, beta, nr);                                      \
+    break;
+
+AVX2 static void kern2_dispatch(int mr, int kc, const float *a, int lda, const float *Bp, float *C, int ldc,
+                                float alpha, float beta, int nr) {
+  switch (mr) {
+    KERN2_CASE(6)
+    KERN2_CASE(5)
+    KERN2_CASE(4)
+    KERN2_CASE(3)
+    KERN2_CASE(2)
+    KERN2_CASE(1)
+  default:
+    break;
+  }
+}
+#undef KERN2_CASE
+
 /* ---- driver ---- */
 
 /* C = beta * C for the degenerate products (K == 0 or alpha == 0); beta == 0 writes zeros. */
@@ -466,35 +634,64 @@ static void scale_c(int M, int N, float beta, float *C, int ldc) {
   }
 }
 
-AVX512 static void gemm_own(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                            int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                            float *ws) {
+/* What the blocked product needs of an instruction set: its sliver height, its packing, and
+ * the C tile of one sliver x one 32-column panel. */
+typedef struct gemm_isa {
+  int mr;
+  void (*pack_a)(bool ta, const float *A, int lda, int i0, int mr, int k0, int kc, float *Ap);
+  void (*pack_b)(bool tb, const float *B, int ldb, int k0, int kc, int j0, int nc, float *Bp);
+  /* lda == 0: a is a packed sliver; otherwise the top-left of mr rows of A read in place */
+  void (*panel)(int mr, int kc, const float *a, int lda, const float *Bp, float *C, int ldc, float alpha,
+                float beta, int nr);
+} gemm_isa;
+
+AVX2 static void panel2(int mr, int kc, const float *a, int lda, const float *Bp, float *C, int ldc, float alpha,
+                        float beta, int nr) {
+  kern2_dispatch(mr, kc, a, lda, Bp, C, ldc, alpha, beta, nr < 16 ? nr : 16);
+  if (nr > 16)
+    kern2_dispatch(mr, kc, a, lda, Bp + 16, C + 16, ldc, alpha, beta, nr - 16);
+}
+
+static const gemm_isa isa_avx512 = {MR, pack_a, pack_b, kern_dispatch};
+static const gemm_isa isa_avx2 = {MR2, pack_a2, pack_b2, panel2};
+
+static void gemm_blocked(const gemm_isa *isa, bool ta, bool tb, int M, int N, int K, float alpha,
+                         const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                         float *ws) {
   float *Ap = ws, *Bp = ws + WS_A_FLOATS;
   for (int jc = 0; jc < N; jc += GEMM_NC) {
     int nc = N - jc < GEMM_NC ? N - jc : GEMM_NC;
     for (int pc = 0; pc < K; pc += GEMM_KC) {
       int kc = K - pc < GEMM_KC ? K - pc : GEMM_KC;
       float b = pc == 0 ? beta : 1.0f; /* later K blocks accumulate onto the first */
-      pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
+      isa->pack_b(tb, B, ldb, pc, kc, jc, nc, Bp);
       /* A read in place when packing it would cost about as much as the multiply: one or two
        * B panels (the conv layers' 32 or 64 output channels; measured: conv1 forward 60 -> 125
        * GFLOP/s, conv2 forward 175 -> 207). Short K runs (conv dX, K = 64) gained nothing.
-       * Not for rows 4 KiB apart: all 14 would fall into the same L1 sets. */
+       * Not for rows 4 KiB apart: all of a sliver's rows would fall into the same L1 sets. */
       bool direct = !ta && nc <= 2 * NR && (size_t)lda * sizeof(float) % 4096 != 0;
-      for (int ic = 0; ic < M; ic += MR) {
-        int mr = M - ic < MR ? M - ic : MR;
+      for (int ic = 0; ic < M; ic += isa->mr) {
+        int mr = M - ic < isa->mr ? M - ic : isa->mr;
         const float *a = A + (size_t)ic * lda + pc;
         if (!direct) {
-          pack_a(ta, A, lda, ic, mr, pc, kc, Ap);
+          isa->pack_a(ta, A, lda, ic, mr, pc, kc, Ap);
           a = Ap;
         }
         float *Crow = C + (size_t)ic * ldc + jc;
         for (int jr = 0; jr < nc; jr += NR)
-          kern_dispatch(mr, kc, a, direct ? lda : 0, Bp + (size_t)jr * kc, Crow + jr, ldc, alpha, b,
-                        nc - jr < NR ? nc - jr : NR);
+          isa->panel(mr, kc, a, direct ? lda : 0, Bp + (size_t)jr * kc, Crow + jr, ldc, alpha, b,
+                     nc - jr < NR ? nc - jr : NR);
       }
     }
   }
+}
+
+bool dt__nn_gemm_force_avx2(void) {
+  pthread_once(&g_once, gemm_init);
+  if (g_mode == GEMM_BLAS || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    return false;
+  g_mode = GEMM_AVX2;
+  return true;
 }
 
 bool dt__nn_gemm_force_dot(bool on) {
@@ -506,7 +703,7 @@ bool dt__nn_gemm_force_dot(bool on) {
 
 int dt__nn_sgemm_kblock(void) {
   pthread_once(&g_once, gemm_init);
-  return g_mode == GEMM_OWN ? GEMM_KC : 0;
+  return g_mode != GEMM_BLAS ? GEMM_KC : 0;
 }
 
 void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
@@ -515,13 +712,15 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
     return;
   pthread_once(&g_once, gemm_init);
   float *ws;
-  if (g_mode == GEMM_OWN && (ws = ws_get()) != NULL) {
+  if (g_mode != GEMM_BLAS && (ws = ws_get()) != NULL) {
     if (K <= 0 || alpha == 0.0f)
       scale_c(M, N, beta, C, ldc);
+    else if (g_mode == GEMM_AVX2)
+      gemm_blocked(&isa_avx2, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
     else if (!transA && transB && dot_suits(M, K, A, lda))
       gemm_dot(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
-      gemm_own(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
+      gemm_blocked(&isa_avx512, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
     return;
   }
   cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,

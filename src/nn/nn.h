@@ -157,7 +157,8 @@ dt_status dt__nn_parse_spec(const char *spec, nn_shape *in, nn_spec_layer **laye
  * trans: the semantics of cblas_sgemm(CblasRowMajor, ...), including that beta == 0 never reads
  * C. Single-threaded (callers split the work); never fails and never allocates after this
  * thread's first call (or dt__nn_gemm_reserve). Uses dtrain's AVX-512 kernel when the CPU has
- * AVX-512F, OpenBLAS otherwise; DTRAIN_GEMM=blas|own|auto overrides (read once per process). */
+ * AVX-512F, its AVX2 kernel on CPUs with AVX2 and FMA, OpenBLAS otherwise; DTRAIN_GEMM=blas|own|auto
+ * overrides (read once per process). */
 /* The run of k over which dt__nn_sgemm sums each element before adding it to C: a product with
  * K at most this and beta 1 gives C + (the product with beta 0) exactly; beyond it, and for 0
  * (OpenBLAS), later runs are added onto C one after another. */
@@ -165,9 +166,10 @@ int dt__nn_sgemm_kblock(void);
 void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, const float *A,
                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* DT_ERR_INVALID for a DTRAIN_GEMM value that is not auto/own/blas, DT_ERR_UNSUPPORTED for
- * DTRAIN_GEMM=own on a CPU without AVX-512F (dt__nn_sgemm then uses OpenBLAS). */
+ * DTRAIN_GEMM=own on a CPU with neither AVX-512F nor AVX2 and FMA (dt__nn_sgemm then uses
+ * OpenBLAS). */
 dt_status dt__nn_gemm_check(void);
-/* "avx512" or "openblas": which implementation dt__nn_sgemm runs. */
+/* "avx512", "avx2" or "openblas": which implementation dt__nn_sgemm runs. */
 const char *dt__nn_gemm_name(void);
 /* DTRAIN_GEMM=blas: OpenBLAS for every product, and none of conv.c's kernels either. */
 bool dt__nn_gemm_blas_forced(void);
@@ -177,6 +179,9 @@ void dt__nn_gemm_reserve(void);
  * cache of at least 48 KiB, see gemm.c), so that every CPU with AVX-512F tests it. Returns the
  * setting it replaced. */
 bool dt__nn_gemm_force_dot(bool on);
+/* For tests, before any product: dtrain's AVX2 kernel on a CPU with AVX-512F too. False (and
+ * nothing changed) where it cannot run or OpenBLAS was chosen. */
+bool dt__nn_gemm_force_avx2(void);
 
 /* ---- convolution without im2col (conv.c) ---- */
 /* True when dtrain's AVX-512 product runs (dt__nn_gemm_name() is "avx512"): every function

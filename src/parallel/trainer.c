@@ -946,13 +946,14 @@ static dt_status share_memory(trainer *t) {
    * its blocks of the weight gradients from every rank's activations at once, so no rank writes
    * whole weight gradients that another sums again. Needs the one copy (sharded), one backward
    * per step and no global norm before the update. It pays where dtrain's own product runs
-   * (AVX-512); OpenBLAS's product over a tile of rows at a time is slower than backward's whole
-   * one (2 workers mlp on a Zen 3: 0.85-0.95x the samples/s, docs/BENCHMARKS.md), so there the
-   * default keeps the gradients. DTRAIN_DEFER=1 defers anyway, 0 never (for comparisons). */
+   * (AVX-512, or AVX2: 2 workers mlp on a Zen 3, 1.10-1.24x the samples/s of keeping them);
+   * OpenBLAS's product over a tile of rows at a time is slower than backward's whole one (there
+   * 0.85-0.95x, docs/BENCHMARKS.md), so with OpenBLAS the default keeps the gradients.
+   * DTRAIN_DEFER=1 defers anyway, 0 never (for comparisons). */
   const char *de = dt__env_str("DTRAIN_DEFER");
   if (de && strcmp(de, "0") && strcmp(de, "1"))
     return dt_set_error(DT_ERR_INVALID, "DTRAIN_DEFER=%s: 1 or 0 (unset: 1 where dtrain's own product runs)", de);
-  bool want = de ? !strcmp(de, "1") : !strcmp(dt__nn_gemm_name(), "avx512");
+  bool want = de ? !strcmp(de, "1") : strcmp(dt__nn_gemm_name(), "openblas") != 0;
   int defer = t->zero && want && t->cfg->accumulate == 1 && t->cfg->clip <= 0;
   size_t exsz = defer ? (dt_model_export_size(t->model, t->micro_max) * sizeof(float) + 63) / 64 * 64 : 0;
   /* sharded: the parts back to back hold n gradient arenas, the one copy, then n exports */

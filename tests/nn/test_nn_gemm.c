@@ -5,7 +5,8 @@
  * limits of the few-rows x W^T path.
  *
  * The implementation is chosen once per process from DTRAIN_GEMM, so the test runs itself as
- * child processes: "own" (dtrain's AVX-512 kernel, when this CPU has AVX-512F) and "blas"
+ * child processes: "own" (dtrain's AVX-512 kernel on a CPU with AVX-512F, its AVX2 kernel on one
+ * with AVX2 and FMA), the AVX2 kernel forced (so a CPU with AVX-512F tests it too) and "blas"
  * (OpenBLAS), and checks that a bad DTRAIN_GEMM value is refused. */
 #include <math.h>
 #include <setjmp.h>
@@ -256,13 +257,22 @@ static int run_child(const char *self, const char *mode, const char *arg) {
 
 static const char *g_self;
 
+static bool have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
 static void test_own(void **state) {
-  if (!__builtin_cpu_supports("avx512f")) {
-    print_message("no AVX-512F here: DTRAIN_GEMM=own must be refused\n");
+  if (!__builtin_cpu_supports("avx512f") && !have_avx2()) {
+    print_message("no AVX-512F and no AVX2 with FMA here: DTRAIN_GEMM=own must be refused\n");
     assert_int_equal(run_child(g_self, "own", "--check"), 3);
     skip();
   }
   assert_int_equal(run_child(g_self, "own", "--run"), 0);
+}
+
+/* The AVX2 kernel, also where AVX-512F would be chosen. */
+static void test_avx2(void **state) {
+  if (!have_avx2())
+    skip();
+  assert_int_equal(run_child(g_self, "own", "--run-avx2"), 0);
 }
 
 static void test_blas(void **state) { assert_int_equal(run_child(g_self, "blas", "--run"), 0); }
@@ -278,13 +288,21 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s\n", dt_last_error());
     return st == DT_OK ? 0 : st == DT_ERR_UNSUPPORTED ? 3 : st == DT_ERR_INVALID ? 4 : 5;
   }
-  if (argc > 1 && !strcmp(argv[1], "--run")) {
+  if (argc > 1 && (!strcmp(argv[1], "--run") || !strcmp(argv[1], "--run-avx2"))) {
     openblas_set_num_threads(1); /* as the engine runs it: its own threads split the work */
     if (dt__nn_gemm_check() != DT_OK) {
       fprintf(stderr, "%s\n", dt_last_error());
       return 1;
     }
-    const char *want = strcmp(getenv("DTRAIN_GEMM"), "own") == 0 ? "avx512" : "openblas";
+    bool own = strcmp(getenv("DTRAIN_GEMM"), "own") == 0;
+    const char *want = !own ? "openblas" : __builtin_cpu_supports("avx512f") ? "avx512" : "avx2";
+    if (!strcmp(argv[1], "--run-avx2")) {
+      if (!dt__nn_gemm_force_avx2()) {
+        fprintf(stderr, "the AVX2 kernel could not be forced\n");
+        return 1;
+      }
+      want = "avx2";
+    }
     if (strcmp(dt__nn_gemm_name(), want) != 0) {
       fprintf(stderr, "DTRAIN_GEMM=%s ran %s\n", getenv("DTRAIN_GEMM"), dt__nn_gemm_name());
       return 1;
@@ -301,6 +319,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_own),
+      cmocka_unit_test(test_avx2),
       cmocka_unit_test(test_blas),
       cmocka_unit_test(test_bad_env),
   };

@@ -388,12 +388,12 @@ static tt_result stopped_peer(const char *spec) {
 }
 
 /* The largest difference the window group allows between two ways of summing the same weight
- * gradients. With dtrain's own product (AVX-512) a rank's product over its samples is the same
- * bit for bit whichever rows of dW a call computes, so the paths must agree exactly. OpenBLAS's
+ * gradients. With dtrain's own product (AVX-512 or AVX2) a rank's product over its samples is the
+ * same bit for bit whichever rows of dW a call computes, so the paths must agree exactly. OpenBLAS's
  * kernels (a CPU without AVX-512F, or DTRAIN_GEMM=blas) round a row differently depending on
  * which other rows the call computes, and the deferred update computes dW in tiles and rank
  * ranges where backward computes it whole: there they agree within rounding. */
-static double same_sum_tol(void) { return strcmp(dt__nn_gemm_name(), "avx512") == 0 ? 0.0 : 1e-6; }
+static double same_sum_tol(void) { return strcmp(dt__nn_gemm_name(), "openblas") != 0 ? 0.0 : 1e-6; }
 
 static void group_window(void) {
   double tol = same_sum_tol();
