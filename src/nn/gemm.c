@@ -16,8 +16,9 @@
  *
  * On CPUs with AVX2 and FMA but no AVX-512F the same blocking runs with a 6 x 16 AVX2 tile
  * (below, "AVX2 + FMA"): about OpenBLAS's rate on the engine's shapes (72-96 GFLOP/s against its
- * 74-85 on a Zen 3, but 33-48 against 41-54 on those only 10 or 25 columns wide), and, being dtrain's, bit for bit the same over any rows a call computes, which
- * lets data-parallel training defer the linear weight gradients (trainer.c).
+ * 74-85 on a Zen 3, but 33-48 against 41-54 on those only 10 or 25 columns wide), and, being
+ * dtrain's, bit for bit the same over any rows a call computes, which lets data-parallel
+ * training defer the linear weight gradients (trainer.c).
  *
  * It deliberately does not thread: the engine splits each product across its own pool and every
  * thread calls this on its slice. With neither (or with DTRAIN_GEMM=blas) every call goes to
@@ -525,7 +526,8 @@ AVX2 static void pack_b2(bool tb, const float *B, int ldb, int k0, int kc, int j
       for (int k = 0; k < kc; k++, src += ldb) {
         float *d = P + (size_t)k * NR;
         for (int v = 0; v < NR; v += 8)
-          _mm256_store_ps(d + v, w == NR ? _mm256_loadu_ps(src + v) : _mm256_maskload_ps(src + v, lanes8(w - v)));
+          _mm256_store_ps(d + v, w == NR ? _mm256_loadu_ps(src + v)
+                                         : _mm256_maskload_ps(src + v, lanes8(w - v)));
       }
       continue;
     }
@@ -650,8 +652,8 @@ typedef struct gemm_isa {
                 float beta, int nr);
 } gemm_isa;
 
-AVX2 static void panel2(int mr, int kc, const float *a, int lda, const float *Bp, float *C, int ldc, float alpha,
-                        float beta, int nr) {
+AVX2 static void panel2(int mr, int kc, const float *a, int lda, const float *Bp, float *C, int ldc,
+                        float alpha, float beta, int nr) {
   kern2_dispatch(mr, kc, a, lda, Bp, C, ldc, alpha, beta, nr < 16 ? nr : 16);
   if (nr > 16)
     kern2_dispatch(mr, kc, a, lda, Bp + 16, C + 16, ldc, alpha, beta, nr - 16);
