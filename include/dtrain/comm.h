@@ -164,8 +164,9 @@ dt_status dt_comm_barrier(dt_comm *c);
  * rank) when the transport shares no memory (tcp, mpi, or a single rank). The ranks' requests
  * go round first (an allgather of c, checked like any collective), so these fail on every rank
  * at once and leave c usable: DT_ERR_INVALID when any rank passed bad arguments or has a
- * window already (DT_ERR_STATE on that rank; the others name it), DT_ERR_MISMATCH when ranks ask for different sizes
- * (naming both); DT_ERR_SYSTEM on every rank when any rank could not map it (a full /dev/shm). */
+ * window already (DT_ERR_STATE on that rank; the others name it), DT_ERR_MISMATCH when ranks
+ * ask for different sizes (naming both); DT_ERR_SYSTEM on every rank when any rank could not
+ * map it (a full /dev/shm). */
 dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out);
 /* Rank `rank`'s part of the window as this process maps it (every rank's part is mapped in every
  * rank), or NULL without a window or for a rank outside the communicator. The parts lie back to

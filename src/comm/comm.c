@@ -774,10 +774,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   }
   st = dt_comm_allgather(c, mine, pairs, 2, DT_I32);
   if (st != DT_OK) {
-    char why[900];
-    snprintf(why, sizeof why, "%s", dt_last_error());
-    st = dt_set_error(st, "split #%llu (its colors and keys exchanged by an allgather): %s", (unsigned long long)id,
-                      why);
+    st = dt__error_prefix(st, "split #%llu (its colors and keys exchanged by an allgather)", (unsigned long long)id);
     goto done;
   }
   for (int r = 0; r < c->size; r++)

@@ -57,10 +57,8 @@ bool dt__nn_conv_force_avx2(bool on) {
   return was;
 }
 
-bool dt__nn_conv_fwd_direct(void) {
-  return dt__nn_conv_direct() || (!dt__nn_gemm_blas_forced() && __builtin_cpu_supports("avx2") &&
-                                  __builtin_cpu_supports("fma"));
-}
+/* wherever dtrain's own product runs (AVX-512, or AVX2 + FMA; not with DTRAIN_GEMM=blas) */
+bool dt__nn_conv_fwd_direct(void) { return strcmp(dt__nn_gemm_name(), "openblas") != 0; }
 
 /* One convolution as the kernels see it: input (H, W, C), window k x k, stride S, padding P,
  * output (OH, OW, OC). The input gradient of a stride-1 layer is such a convolution too. */

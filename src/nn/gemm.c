@@ -65,11 +65,10 @@
 
 /* ---- dispatch ---- */
 
-enum { GEMM_BLAS, GEMM_OWN, GEMM_AVX2 };
+enum { GEMM_BLAS, GEMM_AVX512, GEMM_AVX2 };
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_mode = GEMM_BLAS;
 static bool g_dot; /* gemm_dot may take x W^T (DOT_MIN_L1) */
-static bool g_blas_forced; /* DTRAIN_GEMM=blas: no kernel of ours at all */
 static dt_status g_status = DT_OK; /* why DTRAIN_GEMM cannot be honoured */
 static char g_err[160];
 
@@ -77,13 +76,12 @@ static void gemm_init(void) {
   bool have = __builtin_cpu_supports("avx512f");
   bool have2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char *e = dt__env_str("DTRAIN_GEMM");
-  g_mode = have ? GEMM_OWN : have2 ? GEMM_AVX2 : GEMM_BLAS;
+  g_mode = have ? GEMM_AVX512 : have2 ? GEMM_AVX2 : GEMM_BLAS;
   g_dot = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= DOT_MIN_L1; /* 0 or -1 when unknown: packing */
   if (!e || !strcmp(e, "auto"))
     return;
   if (!strcmp(e, "blas")) {
     g_mode = GEMM_BLAS;
-    g_blas_forced = true;
   } else if (!strcmp(e, "own")) {
     if (!have && !have2) {
       g_status = DT_ERR_UNSUPPORTED;
@@ -104,14 +102,9 @@ dt_status dt__nn_gemm_check(void) {
   return DT_OK;
 }
 
-bool dt__nn_gemm_blas_forced(void) {
-  pthread_once(&g_once, gemm_init);
-  return g_blas_forced;
-}
-
 const char *dt__nn_gemm_name(void) {
   pthread_once(&g_once, gemm_init);
-  return g_mode == GEMM_OWN ? "avx512" : g_mode == GEMM_AVX2 ? "avx2" : "openblas";
+  return g_mode == GEMM_AVX512 ? "avx512" : g_mode == GEMM_AVX2 ? "avx2" : "openblas";
 }
 
 /* ---- per-thread packing buffers ---- */

@@ -171,8 +171,6 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
 dt_status dt__nn_gemm_check(void);
 /* "avx512", "avx2" or "openblas": which implementation dt__nn_sgemm runs. */
 const char *dt__nn_gemm_name(void);
-/* DTRAIN_GEMM=blas: OpenBLAS for every product, and none of conv.c's kernels either. */
-bool dt__nn_gemm_blas_forced(void);
 /* Allocates the calling thread's packing buffers now, so that its first product does not. */
 void dt__nn_gemm_reserve(void);
 /* For tests: whether the few-rows x W^T path may run (by default only on CPUs with an L1 data
@@ -187,9 +185,8 @@ bool dt__nn_gemm_force_avx2(void);
 /* True when dtrain's AVX-512 product runs (dt__nn_gemm_name() is "avx512"): every function
  * below may run. */
 bool dt__nn_conv_direct(void);
-/* True when the forward and the stride-1 input gradient run here (dt__nn_conv_direct(), or a
- * CPU with AVX2 and FMA, unless DTRAIN_GEMM=blas); the weight gradient needs
- * dt__nn_conv_direct(). */
+/* True when the forward and the stride-1 input gradient run here: wherever dtrain's own product
+ * runs (dt__nn_gemm_name() is not "openblas"); the weight gradient needs dt__nn_conv_direct(). */
 bool dt__nn_conv_fwd_direct(void);
 /* For tests: the forward and input-gradient kernels of CPUs without AVX-512F run on one with it
  * too (ignored where the CPU lacks AVX2 or FMA). Returns the setting it replaced. */

@@ -946,7 +946,7 @@ static dt_status share_memory(trainer *t) {
    * its blocks of the weight gradients from every rank's activations at once, so no rank writes
    * whole weight gradients that another sums again. Needs the one copy (sharded), one backward
    * per step and no global norm before the update. It pays where dtrain's own product runs
-   * (AVX-512, or AVX2: 2 workers mlp on a Zen 3, 1.10-1.24x the samples/s of keeping them);
+   * (AVX-512, or AVX2: 2 workers mlp on a Zen 3, 1.11-1.22x the samples/s of keeping them);
    * OpenBLAS's product over a tile of rows at a time is slower than backward's whole one (there
    * 0.85-0.95x, docs/BENCHMARKS.md), so with OpenBLAS the default keeps the gradients.
    * DTRAIN_DEFER=1 defers anyway, 0 never (for comparisons). */
