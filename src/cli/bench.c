@@ -39,7 +39,7 @@
 #include "core/core.h"
 #include "dtrain/comm.h"
 
-#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--hugepages] [--json]"
+#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--fresh] [--hugepages] [--json]"
 
 typedef enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCE_SCATTER, B_BROADCAST, B_ALLTOALL, B_COUNT } bench_coll;
 static const char *coll_names[B_COUNT] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
@@ -54,6 +54,7 @@ typedef struct bench_opts {
   dt_op op;
   int json;
   int window; /* buffers in the communicator's shared window, calls in place (dt_comm_window) */
+  int fresh;  /* the input rewritten before every call, as the window's is */
   int hugepages; /* buffers on transparent huge pages */
   int timeout_s;
 } bench_opts;
@@ -134,6 +135,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
              "communicator's shared window (dt_comm_window) and calls in place, so the collective\n"
              "copies nothing in or out; the input is rewritten before every call, untimed.\n"
+             "--fresh rewrites the input (and clears the output) before every call, untimed, as\n"
+             "a training step writes its gradients before their allreduce; without it the calls\n"
+             "reuse one input, as nccl-tests and the MPI benchmarks do.\n"
              "--hugepages puts the buffers on transparent huge pages (2 MiB aligned,\n"
              "madvise(MADV_HUGEPAGE) before first use), as a caller may allocate large buffers;\n"
              "the single-copy shm paths then pin a peer's pages faster (docs/TRANSPORTS.md).\n",
@@ -198,6 +202,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
       o->json = 1;
     } else if (!strcmp(a, "--window")) {
       o->window = 1;
+    } else if (!strcmp(a, "--fresh")) {
+      o->fresh = 1;
     } else if (!strcmp(a, "--hugepages")) {
       o->hugepages = 1;
     } else if (a[0] != '-' && !have_coll) {
@@ -510,12 +516,15 @@ static int bench_worker(const bench_opts *o) {
       fill_inputs(o, r, n, &s, sbuf, rbuf);
     int64_t wrong = 0;
     for (int it = 0; it < o->warmup + o->iters; it++) {
-      if (o->window) {
+      if (o->window || (o->fresh && it > 0)) {
         /* every rank out of the last call first: with more ranks than cores, a rank refilling
          * its input would take the core from one still in the call, and that shows in its time */
         if (it > 0 && dt_comm_barrier(c))
           goto fail;
-        fill_window(o, r, n, &s, rbuf);
+        if (o->window)
+          fill_window(o, r, n, &s, rbuf);
+        else
+          fill_inputs(o, r, n, &s, sbuf, rbuf);
       }
       if (o->coll == B_BROADCAST && r != 0 && it > 0)
         memset(rbuf, 0xa5, s.count * es);

@@ -1,7 +1,8 @@
 /* test_bench_cli.c - `dtrain bench` as a user runs it (the real binary from DTRAIN_BIN):
  * --json rows for every size with the documented keys and no wrong element, on shm and tcp and
  * for every collective; the text table; bad flags exit 2 with a hint; a rank killed with SIGKILL
- * mid-run makes the command exit non-zero naming that rank, without hanging. */
+ * mid-run makes the command exit non-zero naming that rank, without hanging; --window and --fresh
+ * (inputs rewritten before every call) check every row. */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -176,6 +177,18 @@ int main(void) {
     int rows = k == 1 ? 15 : 16; /* allgather of f32: 8 B is less than one element per rank */
     EXPECT(count_substr(out, "\"wrong\": 0") == rows, "%s --window: %d correct rows, want %d: %s", colls[k],
            count_substr(out, "\"wrong\": 0"), rows, out);
+  }
+  /* --fresh: the inputs rewritten before every call, every row checked (with the single copies
+   * from 4 KiB, so that both the staged and the single-copy paths see it) */
+  for (int k = 0; k < 5; k++) {
+    char *argv[] = {b, "bench", (char *)colls[k], "-n", "2", "--fresh", "--sizes", "1K:256K", "--iters", "3",
+                    "--warmup", "1", "--json", NULL};
+    setenv("DTRAIN_SHM_CMA", "4096", 1);
+    int rc = run(argv, out, sizeof out, err, sizeof err, 120, NULL, 0);
+    unsetenv("DTRAIN_SHM_CMA");
+    EXPECT(rc == 0, "%s --fresh: exit %d, stderr: %s", colls[k], rc, err);
+    EXPECT(count_substr(out, "\"wrong\": 0") == 9, "%s --fresh: %d correct rows, want 9: %s", colls[k],
+           count_substr(out, "\"wrong\": 0"), out);
   }
   {
     char *argv[] = {b, "bench", "allreduce", "-n", "1", "--window", "--sizes", "8", NULL};

@@ -41,7 +41,7 @@ dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
   } else {
     buf = rbuf;
     if (sbuf != rbuf)
-      memcpy(rbuf, sbuf, bytes);
+      dt__copy(rbuf, sbuf, bytes);
   }
   dt_status st;
   if (r < 2 * extra) {

@@ -28,7 +28,7 @@ dt_status dt__gather_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t byt
     return c->ops->sendrecv(c->tp, root, sbuf, bytes, pair ? root : -1, NULL, 0, fp, deadline);
   char *out = rbuf;
   if (sbuf != out + (size_t)r * bytes)
-    memcpy(out + (size_t)r * bytes, sbuf, bytes);
+    dt__copy(out + (size_t)r * bytes, sbuf, bytes);
   for (int k = 1; k < n; k++) {
     int src = mod(root + k, n);
     DT_CHECK(c->ops->sendrecv(c->tp, pair ? src : -1, NULL, 0, src, out + (size_t)src * bytes, bytes, fp, deadline));
@@ -60,10 +60,10 @@ dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t
     char *copy = dt__coll_scratch(c, 0, (size_t)n * bytes);
     if (!copy)
       return DT_ERR_NOMEM;
-    memcpy(copy, rbuf, (size_t)n * bytes);
+    dt__copy(copy, rbuf, (size_t)n * bytes);
     in = copy;
   } else {
-    memcpy(out + (size_t)r * bytes, in + (size_t)r * bytes, bytes);
+    dt__copy(out + (size_t)r * bytes, in + (size_t)r * bytes, bytes);
   }
   for (int s = 1; s < n; s++) {
     int dst = mod(r + s, n), src = mod(r - s, n);

@@ -73,7 +73,7 @@ dt_status dt__reduce_tree(dt_comm *c, const void *sbuf, void *rbuf, size_t count
     dt__from_f32(rbuf, acc, count, t);
   } else {
     if (acc != rbuf)
-      memcpy(rbuf, acc, bytes);
+      dt__copy(rbuf, acc, bytes);
     dt__reduce_finish(rbuf, count, t, op, n);
   }
   return DT_OK;

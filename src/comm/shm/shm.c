@@ -911,7 +911,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       s->len = (uint32_t)len;
       s->type = SHM_DATA;
       if (len)
-        memcpy((uint8_t *)s + SHM_SLOT_HDR, (const uint8_t *)sbuf + s_done, len);
+        dt__copy((uint8_t *)s + SHM_SLOT_HDR, (const uint8_t *)sbuf + s_done, len);
       atomic_store_explicit(&sr->head, head + 1, memory_order_release);
       s_done += len;
       s_pending = s_done < sn;
@@ -956,7 +956,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
                             (unsigned long long)s->total, what, t->rank, rn);
       }
       if (s->len)
-        memcpy((uint8_t *)rbuf + r_done, (uint8_t *)s + SHM_SLOT_HDR, s->len);
+        dt__copy((uint8_t *)rbuf + r_done, (uint8_t *)s + SHM_SLOT_HDR, s->len);
       r_done += s->len;
       r_first = false;
       atomic_store_explicit(&rr->tail, tail + 1, memory_order_release);
@@ -1068,9 +1068,9 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
   uint8_t *stage = shm_stage(t, t->rank, b);
   const uint8_t *src = in + k * ce * es;
   if (lo)
-    memcpy(stage, src, lo * es);
+    dt__copy(stage, src, lo * es);
   if (len > hi)
-    memcpy(stage + hi * es, src + hi * es, (len - hi) * es);
+    dt__copy(stage + hi * es, src + hi * es, (len - hi) * es);
   t->ranks[t->rank].fp[b] = *fp;
   shm_publish(t, offsetof(shm_rank, in_seq), g);
   return DT_OK;
@@ -1272,7 +1272,7 @@ static dt_status shm_allgather_cma(dt_transport *t, const uint8_t *in, uint8_t *
                                    int64_t deadline) {
   uint8_t *own = out + (size_t)t->rank * bytes;
   if (in != own)
-    memcpy(own, in, bytes);
+    dt__copy(own, in, bytes);
   dt_status st = shm_cma_begin(t, own, 0, out, bytes * (size_t)t->n, fp, deadline);
   for (int i = 1; i < t->n && st == DT_OK; i++) { /* rank + 1 first, so that no rank is everybody's first */
     int r = (t->rank + i) % t->n;
@@ -1342,7 +1342,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     for (int s = 0; s < t->n && len; s++) {
       shm_slice(len, es, t->n, s, &lo, &hi);
       if (hi > lo)
-        memcpy(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
+        dt__copy(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
     }
     shm_publish(t, offsetof(shm_rank, out_seq), g);
   }
@@ -1351,22 +1351,6 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
 fail:
   t->broken = true;
   return st;
-}
-
-/* Copies a flat piece (at most a few KiB) with plain 32-byte moves: glibc's memcpy switches to
- * `rep movsb` from 2 KiB, which on the EPYC guest took a 4 KiB flat allreduce from 0.51 to 0.71 us
- * (`DTRAIN_ALGO=flat dtrain bench allreduce -n 2 --sizes 2K:64K`, with and without
- * GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold raised). */
-static void shm_flat_copy(uint8_t *dst, const uint8_t *src, size_t n) {
-  if (n < 2048) { /* below rep movsb: glibc's vector copy is the faster one */
-    memcpy(dst, src, n);
-    return;
-  }
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    memcpy(dst + i, src + i, 32);
-  if (i < n)
-    memcpy(dst + i, src + i, n - i);
 }
 
 /* Waits until rank r's flat slot holds round g (spinning, then as shm_pause says), and checks
@@ -1423,7 +1407,7 @@ static void shm_flat_close(dt_transport *t, shm_flat *own, uint64_t g) {
 static void shm_flat_post(dt_transport *t, uint64_t g, const uint64_t *mine, const uint8_t *src, size_t bytes) {
   shm_flat *own = shm_flat_open(t, g, mine);
   if (bytes)
-    shm_flat_copy(own->data, src, bytes);
+    dt__copy(own->data, src, bytes);
   shm_flat_close(t, own, g);
 }
 
@@ -1544,12 +1528,12 @@ static size_t shm_piece(const shm_phase *p, size_t k) {
 static void bcast_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
   size_t m = shm_piece(p, k);
   if (t->rank == p->root && m)
-    memcpy(stage, p->out + k * p->per * p->es, m * p->es);
+    dt__copy(stage, p->out + k * p->per * p->es, m * p->es);
 }
 static dt_status bcast_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
   size_t m = shm_piece(p, k);
   if (t->rank != p->root && m)
-    memcpy(p->out + k * p->per * p->es, shm_stage(t, p->root, b), m * p->es);
+    dt__copy(p->out + k * p->per * p->es, shm_stage(t, p->root, b), m * p->es);
   return DT_OK;
 }
 
@@ -1571,16 +1555,16 @@ static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtyp
 static void gather_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stage) {
   size_t m = shm_piece(p, k);
   if (m)
-    memcpy(stage, p->in + k * p->per * p->es, m * p->es);
+    dt__copy(stage, p->in + k * p->per * p->es, m * p->es);
   size_t blk = p->count * p->es;
   if (m && p->in != p->out + (size_t)t->rank * blk)
-    memcpy(p->out + (size_t)t->rank * blk + k * p->per * p->es, p->in + k * p->per * p->es, m * p->es);
+    dt__copy(p->out + (size_t)t->rank * blk + k * p->per * p->es, p->in + k * p->per * p->es, m * p->es);
 }
 static dt_status gather_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
   size_t m = shm_piece(p, k), blk = p->count * p->es;
   for (int s = 0; s < t->n && m; s++)
     if (s != t->rank)
-      memcpy(p->out + (size_t)s * blk + k * p->per * p->es, shm_stage(t, s, b), m * p->es);
+      dt__copy(p->out + (size_t)s * blk + k * p->per * p->es, shm_stage(t, s, b), m * p->es);
   return DT_OK;
 }
 
@@ -1613,7 +1597,7 @@ static void rs_fill(dt_transport *t, const shm_phase *p, size_t k, uint8_t *stag
   size_t m = shm_piece(p, k);
   for (int s = 0; s < t->n && m; s++)
     if (s != t->rank)
-      memcpy(stage + (size_t)s * p->per * p->es, p->in + ((size_t)s * p->count + k * p->per) * p->es, m * p->es);
+      dt__copy(stage + (size_t)s * p->per * p->es, p->in + ((size_t)s * p->count + k * p->per) * p->es, m * p->es);
 }
 static dt_status rs_consume(dt_transport *t, const shm_phase *p, size_t k, int b) {
   size_t m = shm_piece(p, k);
@@ -1670,7 +1654,7 @@ static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf,
   if (kind == DT_COLL_REDUCE_SCATTER && !(per = t->h->flat_bytes / (size_t)n / es))
     return shm_reduce_scatter(t, sbuf, rbuf, count, dt, op, fp, deadline ? deadline : dt__comm_deadline(t->c));
   if (kind == DT_COLL_ALLGATHER && in != out + (size_t)me * blk && blk)
-    memcpy(out + (size_t)me * blk, in, blk);
+    dt__copy(out + (size_t)me * blk, in, blk);
   uint64_t mine[3];
   memcpy(mine, fp, sizeof mine);
   const size_t npieces = count ? (count + per - 1) / per : 1;
@@ -1683,7 +1667,7 @@ static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf,
       shm_flat *own = shm_flat_open(t, g, mine);
       for (int s = 0; s < n && m; s++)
         if (s != me)
-          shm_flat_copy(own->data + (size_t)s * per * es, in + (size_t)s * blk + off, m * es);
+          dt__copy(own->data + (size_t)s * per * es, in + (size_t)s * blk + off, m * es);
       shm_flat_close(t, own, g);
     } else {
       bool sends = kind == DT_COLL_ALLGATHER || me == root;
@@ -1694,11 +1678,11 @@ static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf,
       continue;
     if (kind == DT_COLL_BROADCAST) {
       if (me != root)
-        shm_flat_copy(out + off, shm_flat_of(t, root, p)->data, m * es);
+        dt__copy(out + off, shm_flat_of(t, root, p)->data, m * es);
     } else if (kind == DT_COLL_ALLGATHER) {
       for (int r = 0; r < n; r++)
         if (r != me)
-          shm_flat_copy(out + (size_t)r * blk + off, shm_flat_of(t, r, p)->data, m * es);
+          dt__copy(out + (size_t)r * blk + off, shm_flat_of(t, r, p)->data, m * es);
     } else {
       for (int s = 0; s < n; s++)
         t->srcs[s] = s == me ? in + (size_t)me * blk + off : shm_flat_of(t, s, p)->data + (size_t)me * per * es;
