@@ -656,8 +656,8 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
   const bool bad = !out || bytes == 0 || bytes > ((size_t)1 << 40);
   int64_t mine = bad || c->win ? WIN_REFUSED : (int64_t)bytes;
   int64_t *all = dt__calloc(sizeof *all * (size_t)c->size);
-  if (!all)
-    return dt_set_error(DT_ERR_NOMEM, "dt_comm_window: %d ranks' requests", c->size);
+  if (!all) /* fails the job: the others, in the exchange, learn why at once */
+    return dt__comm_fail(c, dt__error_prefix(DT_ERR_NOMEM, "dt_comm_window: %d ranks' requests", c->size));
   dt_status st = dt_comm_allgather(c, &mine, all, 1, DT_I64);
   if (st != DT_OK) {
     dt__free(all);

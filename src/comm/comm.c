@@ -502,12 +502,16 @@ static dt_comm *comm_alloc(int size) {
   c->p2p_recvd = dt__calloc(sizeof(uint64_t) * (size_t)size);
   c->progress = NULL;
   dt__coll_algo_load(c);
-  if (!c->world_ranks || !c->p2p_sent || !c->p2p_recvd || pthread_mutex_init(&c->lock, NULL) != 0) {
+  bool mem = c->world_ranks && c->p2p_sent && c->p2p_recvd;
+  if (!mem || pthread_mutex_init(&c->lock, NULL) != 0) {
     dt__free(c->world_ranks);
     dt__free(c->p2p_sent);
     dt__free(c->p2p_recvd);
     dt__free(c);
-    dt_set_error(DT_ERR_NOMEM, "communicator of %d ranks", size);
+    if (mem)
+      dt_set_error(DT_ERR_NOMEM, "communicator of %d ranks: out of memory for its lock", size);
+    else /* dt__alloc said how many bytes */
+      dt__error_prefix(DT_ERR_NOMEM, "communicator of %d ranks", size);
     return NULL;
   }
   return c;
@@ -658,7 +662,7 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   char me[COMM_HOSTID_MAX], key[64];
   if (c->server) {
     if (!(c->server_users = dt__calloc(sizeof *c->server_users))) {
-      st = dt_set_error(DT_ERR_NOMEM, "rank %d: store user count", c->rank);
+      st = dt__error_prefix(DT_ERR_NOMEM, "rank %d: store user count", c->rank);
       goto fail;
     }
     atomic_store(c->server_users, 1);
@@ -759,9 +763,11 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
     color = DT_COMM_UNDEFINED;
   int64_t deadline = dt__comm_deadline(c);
   uint64_t id = ++c->nsplits;
+  /* Running out of memory here fails the job, as any error of a collective does: the others are
+   * in (or on their way into) the exchange below and learn why at once. */
   comm_member *all = dt__calloc(sizeof *all * (size_t)c->size);
   if (!all)
-    return dt_set_error(DT_ERR_NOMEM, "split of %d ranks", c->size);
+    return dt__comm_fail(c, dt__error_prefix(DT_ERR_NOMEM, "split #%llu of %d ranks", (unsigned long long)id, c->size));
   dt_status st = DT_OK;
   dt_comm *n = NULL;
   /* Colors and keys go round as an allgather of this communicator: checked against every rank's
@@ -769,7 +775,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
    * the deadline) and ordered after this rank's pending nonblocking calls. */
   int32_t mine[2] = {color, key}, *pairs = dt__calloc(sizeof *pairs * 2 * (size_t)c->size);
   if (!pairs) {
-    st = dt_set_error(DT_ERR_NOMEM, "split of %d ranks", c->size);
+    st = dt__error_prefix(DT_ERR_NOMEM, "split #%llu of %d ranks", (unsigned long long)id, c->size);
     goto done;
   }
   st = dt_comm_allgather(c, mine, pairs, 2, DT_I32);
@@ -788,7 +794,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
   qsort(all, (size_t)m, sizeof *all, comm_member_cmp);
   n = comm_alloc(m);
   if (!n) {
-    st = DT_ERR_NOMEM;
+    st = dt__error_prefix(DT_ERR_NOMEM, "split #%llu", (unsigned long long)id);
     goto done;
   }
   n->env = c->env;
