@@ -1098,10 +1098,28 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * made the copies of the shared-memory staged paths slow whenever the caller had just rewritten
  * its input (as a training step does before the allreduce of its gradients): the 2-rank staged
  * allreduce took 43-58 us at 64 KiB, 683-910 at 1 MiB and 7.8-11.1 ms at 16 MiB, against 8-11 us,
- * 146-190 us and 3.4-4.3 ms with this loop (three alternated runs, BENCHMARKS, "Fifth EPYC
- * session"); a 4 KiB flat allreduce went from 0.71 to 0.51 us. 16- or 32-byte moves store as
- * many bytes per cycle on the CPUs measured, and have no such case. Below 2 KiB glibc's own
- * vector copy is used. */
+ * 146-190 us and 3.4-4.3 ms with plain vector moves (BENCHMARKS, "Fifth EPYC session"); a 4 KiB
+ * flat allreduce went from 0.71 to 0.51 us. So from 2 KiB the collectives copy with 32-byte moves
+ * (16-byte ones without AVX2, which store as many bytes per cycle on Zen; Intel cores store one
+ * vector per cycle, hence the wider one); below, glibc's own vector copy is used. */
+#ifdef RED_X86
+__attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t *s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i)), x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32)),
+            x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64)), x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+    _mm256_storeu_si256((__m256i *)(d + i), x0);
+    _mm256_storeu_si256((__m256i *)(d + i + 32), x1);
+    _mm256_storeu_si256((__m256i *)(d + i + 64), x2);
+    _mm256_storeu_si256((__m256i *)(d + i + 96), x3);
+  }
+  for (; i + 32 <= n; i += 32)
+    _mm256_storeu_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
+  if (i < n)
+    memcpy(d + i, s + i, n - i);
+}
+#endif
+
 void dt__copy(void *dst, const void *src, size_t n) {
   uint8_t *d = dst;
   const uint8_t *s = src;
@@ -1109,9 +1127,15 @@ void dt__copy(void *dst, const void *src, size_t n) {
     memcpy(d, s, n);
     return;
   }
+#ifdef RED_X86
+  if (use_avx2()) {
+    copy_avx2(d, s, n);
+    return;
+  }
+#endif
   size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    memcpy(d + i, s + i, 32);
+  for (; i + 16 <= n; i += 16)
+    memcpy(d + i, s + i, 16);
   if (i < n)
     memcpy(d + i, s + i, n - i);
 }

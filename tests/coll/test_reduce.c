@@ -1,7 +1,7 @@
 /* test_reduce.c - the reduction kernels and dtype helpers against an independent scalar
  * reference: every dtype x op, lengths around the vector widths with unaligned starts, both the
  * AVX2 and the portable kernels, f16/bf16 rounding corner cases (ties, overflow, subnormals),
- * NaN propagation, avg finishing and the mixed-precision kernel the ring uses. */
+ * NaN propagation, avg finishing and the mixed-precision kernel the ring uses; dt__copy. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -535,8 +535,40 @@ static void test_dtype_helpers(void **s) {
   assert_string_equal(dt_op_name(DT_AVG), "avg");
 }
 
+/* dt__copy, vector and portable: every length to 4 KiB + 130 and some longer, unaligned starts on
+ * both sides; the bytes around the destination stay untouched. */
+static void test_copy(void **s) {
+  (void)s;
+  enum { MAXN = 20000, PAD = 64 };
+  uint8_t *src = malloc(MAXN + PAD), *dst = malloc(MAXN + 2 * PAD);
+  assert_non_null(src);
+  assert_non_null(dst);
+  for (size_t i = 0; i < MAXN + PAD; i++)
+    src[i] = (uint8_t)(i * 131 + 7);
+  static const size_t longer[] = {8191, 8192, 8193, 12345, MAXN - 64};
+  for (int scalar = 0; scalar <= 1; scalar++) {
+    dt__reduce_force_scalar(scalar);
+    for (size_t n = 0; n < 4096 + 130 + 5; n++) {
+      size_t len = n < 4096 + 130 ? n : longer[n - 4096 - 130];
+      size_t so = (n * 7) % 33, dof = (n * 13) % 37;
+      size_t end = PAD + dof + len + PAD, bad = end;
+      memset(dst, 0xEE, end);
+      dt__copy(dst + PAD + dof, src + so, len);
+      assert_memory_equal(dst + PAD + dof, src + so, len);
+      for (size_t i = 0; i < end && bad == end; i++)
+        if ((i < PAD + dof || i >= PAD + dof + len) && dst[i] != 0xEE)
+          bad = i;
+      assert_int_equal(bad, end);
+    }
+  }
+  dt__reduce_force_scalar(0);
+  free(src);
+  free(dst);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_copy),
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
       cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
       cmocka_unit_test(test_mix_isa_agree),  cmocka_unit_test(test_half_patterns_isa_agree),
