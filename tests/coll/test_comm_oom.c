@@ -4,7 +4,8 @@
  * copy, staged, flat) and over tcp, a nonblocking allreduce, an allgather and a barrier. For
  * k = 0, 1, 2, ... the allocation after the first k of rank 1's call fails, until the call runs
  * without reaching it. On every k:
- *   - rank 1's call returns DT_ERR_NOMEM with a message that says what it could not allocate, or
+ *   - rank 1's call returns DT_ERR_NOMEM with a message that says what it could not allocate
+ *     (DT_ERR_ABORTED with those words when the allocation was a background thread's), or
  *     succeeds (an allocation it can do without), and then so does a barrier after it;
  *   - rank 0, in the same call and then a barrier, either succeeds throughout (rank 1 failed
  *     after its part was done) or fails within seconds (the communicators' timeout is 30 s) with
@@ -117,7 +118,9 @@ static int body(int rank, int size, void *arg) {
   if (rank == 1) {
     if (st == DT_OK)
       code = fired ? R_FIRED_OK : R_DONE;
-    else if (fired && st == DT_ERR_NOMEM && says_memory(msg))
+    else if (fired && (st == DT_ERR_NOMEM || st == DT_ERR_ABORTED) && says_memory(msg))
+      /* ABORTED: the allocation that failed was a background thread's (the failure detector's),
+       * which failed the job with the same words */
       code = R_FAILED_AS_EXPECTED;
     else
       fprintf(stderr, "%s k=%ld rank 1: %s (allocation %s): %s\n", j->op->name, j->k, dt_strerror(st),
