@@ -1097,11 +1097,11 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
 /* glibc's memcpy moves anything from about 2 KiB with `rep movsb`. On the Zen 3 EPYC guest that
  * made the copies of the shared-memory staged paths slow whenever the caller had just rewritten
  * its input (as a training step does before the allreduce of its gradients): the 2-rank staged
- * allreduce took 43-58 us at 64 KiB, 683-910 at 1 MiB and 7.8-11.1 ms at 16 MiB, against 8-11 us,
- * 146-190 us and 3.4-4.3 ms with plain vector moves (BENCHMARKS, "Fifth EPYC session"); a 4 KiB
- * flat allreduce went from 0.71 to 0.51 us. So from 2 KiB the collectives copy with 32-byte moves
- * (16-byte ones without AVX2, which store as many bytes per cycle on Zen; Intel cores store one
- * vector per cycle, hence the wider one); below, glibc's own vector copy is used. */
+ * allreduce took 44-54 us at 64 KiB, 705-930 at 1 MiB and 8.3-11.2 ms at 16 MiB, against 9-15 us,
+ * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS, "Fifth EPYC
+ * session"), and a 4 KiB flat allreduce went from 0.71 to 0.51 us. So from 2 KiB the collectives
+ * copy with 32-byte moves where the CPU has AVX2 (1.1-3x faster again than 16-byte ones there),
+ * with 16-byte ones elsewhere; below 2 KiB, with glibc's own vector copy. */
 #ifdef RED_X86
 __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t *s, size_t n) {
   size_t i = 0;
