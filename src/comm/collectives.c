@@ -358,13 +358,12 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
     if (a == DT_ALGO_RHD)
       return dt__allreduce_rhd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
-  case DT_COLL_REDUCE:
-    if (n > 2) /* two ranks: the tree's one transfer is an exchange that checks (tree.c) */
-      DT_CHECK(dt__coll_check(c, fp, deadline));
+  case DT_COLL_REDUCE: /* the tree checks as it goes (tree.c) */
     return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
   case DT_COLL_BROADCAST:
-    /* the shm path compares every rank's fingerprint before anything moves: no check round */
-    if ((n > 2 || a != DT_ALGO_TREE) && a != DT_ALGO_SHM)
+    /* the shm path compares every rank's fingerprint before anything moves, the tree checks as
+     * it goes (tree.c): no check round */
+    if (a != DT_ALGO_TREE && a != DT_ALGO_SHM)
       DT_CHECK(dt__coll_check(c, fp, deadline));
     if (a == DT_ALGO_SHM)
       return c->ops->broadcast(c->tp, rb, k->count, k->dtype, k->root, fp, deadline);
