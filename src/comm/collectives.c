@@ -18,7 +18,7 @@ static const char *algo_names[DT_ALGO_COUNT] = {
     [DT_ALGO_AUTO] = "auto",   [DT_ALGO_RING] = "ring",     [DT_ALGO_RD] = "rd",
     [DT_ALGO_SHM] = "shm",     [DT_ALGO_TREE] = "tree",     [DT_ALGO_CHAIN] = "chain",
     [DT_ALGO_DISSEM] = "dissem", [DT_ALGO_PAIRWISE] = "pairwise", [DT_ALGO_LINEAR] = "linear",
-    [DT_ALGO_FLAT] = "flat",   [DT_ALGO_RHD] = "rhd",
+    [DT_ALGO_FLAT] = "flat",   [DT_ALGO_RHD] = "rhd",       [DT_ALGO_BRUCK] = "bruck",
 };
 
 const char *dt__algo_name(dt__algo a) { return (unsigned)a < DT_ALGO_COUNT ? algo_names[a] : "?"; }
@@ -30,7 +30,7 @@ static unsigned algos_of(dt__coll k) {
   case DT_COLL_ALLREDUCE:
     return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
   case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
-  case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_BRUCK);
   case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
   case DT_COLL_REDUCE: return B(DT_ALGO_TREE);
   case DT_COLL_GATHER: case DT_COLL_SCATTER: return B(DT_ALGO_LINEAR);
@@ -143,7 +143,14 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     ahead from 1 MiB (134 / 169); n=4 flat level or ahead at every size: flat up to 128 KiB
  *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
  *     KiB; n=4: flat ahead to 8 KiB (11-13 against 12-14 us), behind from 32 KiB (18 / 17, 31 /
- *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2). */
+ *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2).
+ *   allgather, bruck (transports without a fast path: tcp): measured 2026-11-28 on the EPYC
+ *     guest, `dtrain bench allgather -n {4,3} --transport tcp --algo {ring,bruck} --sizes 4:1M
+ *     --iters 60 --warmup 6`, three alternated runs (sizes as gathered): n=4 bruck 59-86 us from
+ *     32 B to 32 KiB against ring's 68-237, 79-95 against 127-251 at 64 KiB (16 KiB blocks), then
+ *     level or mixed (128 KiB - 1 MiB: 172-257 / 300-410 / 502-612 / 894-1098 against 165-292 /
+ *     310-433 / 548-818 / 949-1023); n=3 bruck 37-76 us to 24 KiB against 63-176, ahead or level
+ *     above. Blocks up to 16 KiB for n > 2 (n=2 is one exchange either way). */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops, size_t single) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -174,7 +181,9 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
   case DT_COLL_ALLGATHER: /* bytes: one block */
     if (ops->flat && bytes <= (128u << 10))
       return DT_ALGO_FLAT;
-    return has_fast(ops, k) ? DT_ALGO_SHM : DT_ALGO_RING;
+    if (has_fast(ops, k))
+      return DT_ALGO_SHM;
+    return n > 2 && bytes <= (16u << 10) ? DT_ALGO_BRUCK : DT_ALGO_RING;
   case DT_COLL_REDUCE_SCATTER: /* bytes: one block */
     if (ops->flat && bytes <= (n == 2 ? (64u << 10) : (2u << 10)))
       return DT_ALGO_FLAT;
@@ -373,6 +382,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   case DT_COLL_ALLGATHER:
     if (a == DT_ALGO_SHM)
       return c->ops->allgather(c->tp, k->sbuf, rb, k->count, k->dtype, fp, deadline);
+    if (a == DT_ALGO_BRUCK)
+      return dt__allgather_bruck(c, sb, rb, bytes, fp, deadline);
     return dt__allgather_ring(c, sb, rb, k->count, k->dtype, fp, deadline);
   case DT_COLL_REDUCE_SCATTER:
     if (a == DT_ALGO_SHM)

@@ -180,25 +180,28 @@ static int mismatch_body(int rank, int size, void *arg) {
   return 0;
 }
 
-/* Rooted collectives on 3 ranks, where a rank's part may be only to send: every rank of a
- * mismatched call fails, also the one whose neighbours agree with it (kind 0: rank 0 scatters
+/* Rooted collectives (and allgather) on 3 and 4 ranks, where a rank's part may be only to
+ * send: every rank of a mismatched call fails, also the one whose neighbours agree with it
+ * (kind 0: rank 0 scatters
  * while ranks 1 and 2 gather to it; kind 1: rank 2's reduce has one element more; kind 2: rank
  * 0 broadcasts while the others reduce). A ring check of one round once let rank 2 (kinds 0
  * and 2) or rank 1 (kind 1) return DT_OK. The broadcast tree checks as it moves the data
  * (tree.c), forced for kinds 3-5: kind 3: the last rank broadcasts from itself while the others
  * broadcast from rank 0 (it receives nothing in a tree of its own: its partners in the rounds
  * must catch it); kind 4: the last rank's count is larger; kind 5: rank 1 (an inner node of the
- * others' tree) takes root 2. */
+ * others' tree) takes root 2; kind 6: an allgather whose last rank's block is large (the ring
+ * on tcp) while the others' are small (Bruck's rounds on tcp); kind 7: rank 0 broadcasts (the
+ * tree) while the others allgather (Bruck's rounds). */
 static int rooted3_body(int rank, int size, void *arg) {
   int kind = *(const int *)arg;
   dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   if (kind >= 3) {
-    setenv("DTRAIN_ALGO", "broadcast=tree", 1);
+    setenv("DTRAIN_ALGO", kind == 6 ? "auto" : kind == 7 ? "broadcast=tree,allgather=bruck" : "broadcast=tree", 1);
     dt__coll_algo_load(c); /* a communicator reads DTRAIN_ALGO when it is made */
   }
-  static float a[64], b[3 * 64];
+  static float a[8192], b[4 * 8192];
   CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
   CHECK(dt_comm_broadcast(c, a, 16, DT_F32, size - 1) == DT_OK, "warm-up broadcast: %s", dt_last_error());
   int last = rank == size - 1;
@@ -207,7 +210,9 @@ static int rooted3_body(int rank, int size, void *arg) {
                  : kind == 2 ? (rank ? dt_comm_reduce(c, a, b, 16, DT_F32, DT_SUM, 0) : dt_comm_broadcast(c, a, 16, DT_F32, 0))
                  : kind == 3 ? dt_comm_broadcast(c, a, 16, DT_F32, last ? rank : 0)
                  : kind == 4 ? dt_comm_broadcast(c, a, last ? 17 : 16, DT_F32, 0)
-                             : dt_comm_broadcast(c, a, 16, DT_F32, rank == 1 ? 2 : 0);
+                 : kind == 5 ? dt_comm_broadcast(c, a, 16, DT_F32, rank == 1 ? 2 : 0)
+                 : kind == 6 ? dt_comm_allgather(c, a, b, last ? 8192 : 16, DT_F32)
+                             : (rank ? dt_comm_allgather(c, a, b, 16, DT_F32) : dt_comm_broadcast(c, a, 16, DT_F32, 0));
   unsetenv("DTRAIN_ALGO");
   CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER,
         "rooted mismatch %d (%d ranks), rank %d: got %s (%s)", kind, size, rank, dt_strerror(st), dt_last_error());
@@ -481,7 +486,7 @@ int main(void) {
           bad++;
         }
       }
-    for (int kind = 0; kind < 6; kind++)
+    for (int kind = 0; kind < 8; kind++)
       for (int n = 3; n <= 4; n++) {
         ran++;
         if (mp_run(n, rooted3_body, &kind, 60)) {

@@ -1,7 +1,8 @@
 /* test_comm_oom.c - a rank that runs out of memory inside a communicator operation: every
  * allocation of rank 1's call fails in turn (dt__alloc_fail_after), in a fresh 2-rank job each
  * time, for dt_comm_split, dt_comm_window, the first allreduce of each shared-memory path (single
- * copy, staged, flat) and over tcp, a nonblocking allreduce, an allgather and a barrier. For
+ * copy, staged, flat) and over tcp, a nonblocking allreduce, an allgather (ring and Bruck's) and
+ * a barrier. For
  * k = 0, 1, 2, ... the allocation after the first k of rank 1's call fails, until the call runs
  * without reaching it. On every k:
  *   - rank 1's call returns DT_ERR_NOMEM with a message that says what it could not allocate
@@ -42,6 +43,7 @@ static const oom_op ops[] = {
     {"allreduce-tcp", "tcp", NULL},
     {"iallreduce", "shm", NULL},
     {"allgather-tcp", "tcp", NULL},
+    {"allgather-bruck", "tcp", "DTRAIN_ALGO=allgather=bruck"},
     {"barrier", "tcp", NULL},
 };
 
@@ -83,8 +85,8 @@ static dt_status run_op(const oom_op *op, dt_comm *c, float *a, float *b) {
     dt_status st = dt_comm_iallreduce(c, a, b, BIG / 4, DT_F32, DT_SUM, &r);
     return st == DT_OK ? dt_request_wait(r) : st;
   }
-  if (!strcmp(n, "allgather-tcp"))
-    return dt_comm_allgather(c, a, b, BIG / 2, DT_F32);
+  if (!strncmp(n, "allgather-", 10))
+    return dt_comm_allgather(c, a, b, !strcmp(n, "allgather-bruck") ? 1000 : BIG / 2, DT_F32);
   return dt_comm_barrier(c);
 }
 

@@ -61,6 +61,7 @@ typedef enum dt__algo {
   DT_ALGO_LINEAR, /* gather, scatter */
   DT_ALGO_FLAT,   /* allreduce, broadcast, allgather, reduce_scatter: the transport's one-round path (ops->flat) */
   DT_ALGO_RHD,    /* allreduce: recursive halving reduce-scatter + recursive doubling allgather */
+  DT_ALGO_BRUCK,  /* allgather: Bruck's log2(n) rounds */
   DT_ALGO_COUNT
 } dt__algo;
 const char *dt__algo_name(dt__algo a);
@@ -148,13 +149,17 @@ dt_status dt__scatter_linear(dt_comm *c, const void *sbuf, void *rbuf, size_t by
 dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t bytes, const dt__fp *fp,
                                 int64_t deadline);
 dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline);
+/* own: this rank's block, or NULL when it is already in its place in rbuf (bytes per block) */
+dt_status dt__allgather_bruck(dt_comm *c, const void *own, void *rbuf, size_t bytes, const dt__fp *fp,
+                              int64_t deadline);
 /* A dissemination barrier of zero-byte messages carrying fp (ceil(log2 n) rounds): a rank passes
  * only when every rank's fingerprint reached it through compared messages, so if any two ranks
- * disagree on the call, none returns DT_OK (one gets DT_ERR_MISMATCH, the abort stops the rest). Rooted
- * collectives start with it because their data flow alone can leave a mismatch unseen (two
- * ranks that both believe they are the root only send). With two ranks the tree and linear
- * algorithms do without it: their one transfer is an exchange with a zero-byte message back,
- * which checks in the same round trip (tree.c). */
+ * disagree on the call, none returns DT_OK (one gets DT_ERR_MISMATCH, the abort stops the rest). Gather,
+ * scatter and the chain broadcast start with it because their data flow alone can leave a
+ * mismatch unseen (two ranks that both believe they are the root only send); the trees move
+ * their data on its pattern instead (tree.c). With two ranks the linear algorithms do without
+ * it: their one transfer is an exchange with a zero-byte message back, which checks in the same
+ * round trip. */
 dt_status dt__coll_check(dt_comm *c, const dt__fp *fp, int64_t deadline);
 
 #endif

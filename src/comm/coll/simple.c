@@ -73,6 +73,31 @@ dt_status dt__alltoall_pairwise(dt_comm *c, const void *sbuf, void *rbuf, size_t
   return DT_OK;
 }
 
+/* Bruck's allgather on the dissemination pattern: in round d = 1, 2, 4, ... every rank sends to
+ * rank + d the first min(d, n - d) blocks it holds and appends as many from rank - d, so after
+ * ceil(log2 n) rounds it holds every block, rank r - i's at position i of a scratch buffer,
+ * and one pass puts them in their places. Each rank sends n - 1 blocks in all, as in the ring,
+ * but in ceil(log2 n) messages instead of n - 1: the choice for small blocks where the latency
+ * of a message is the cost (collectives.c). Every round's messages carry the fingerprint and
+ * meet those of the barrier, the trees and the ring's first step, so a mismatched call fails on
+ * every rank as in the barrier. */
+dt_status dt__allgather_bruck(dt_comm *c, const void *own, void *rbuf, size_t bytes, const dt__fp *fp,
+                              int64_t deadline) {
+  int n = c->size, r = c->rank;
+  char *out = rbuf, *tmp = dt__coll_scratch(c, 0, (size_t)n * bytes);
+  if (!tmp)
+    return DT_ERR_NOMEM;
+  dt__copy(tmp, own ? own : out + (size_t)r * bytes, bytes);
+  for (int d = 1; d < n; d <<= 1) {
+    size_t m = (size_t)DT_MIN(d, n - d) * bytes;
+    DT_CHECK(c->ops->sendrecv(c->tp, mod(r + d, n), tmp, m, mod(r - d, n), tmp + (size_t)d * bytes, m, fp, deadline));
+  }
+  for (int i = 0; i < n; i++)
+    if (i || own)
+      dt__copy(out + (size_t)mod(r - i, n) * bytes, tmp + (size_t)i * bytes, bytes);
+  return DT_OK;
+}
+
 dt_status dt__barrier_dissem(dt_comm *c, const dt__fp *fp, int64_t deadline) {
   int n = c->size, r = c->rank;
   for (int k = 1; k < n; k <<= 1)
