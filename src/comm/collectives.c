@@ -88,8 +88,15 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
  *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
  *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
- *   broadcast: binomial tree up to 1 MiB (it won at <= 256 KiB in both runs), pipelined chain
- *     above (it won at 2-4 MiB in both runs); with 2 ranks both are one transfer: tree.
+ *   broadcast: binomial tree below 256 KiB, pipelined chain from there (with 2 ranks both are
+ *     one transfer: tree). The first runs (256 KiB chain pieces) put the cut at 1 MiB; with the
+ *     64 KiB pieces of 2026-11-28 (tree.c) the chain leads from 256-512 KiB: `DTRAIN_CHAIN_PIECE=
+ *     65536 dtrain bench broadcast -n {4,3} --transport tcp --sizes 128K:2M --iters 30 --warmup 5
+ *     --algo {tree,chain}`, three alternated runs on the EPYC guest: n=4 tree 179-246 / 245-355
+ *     / 403-629 / 962-1407 / 2732-3954 us at 128 KiB / 256 KiB / 512 KiB / 1 MiB / 2 MiB against
+ *     the chain's 178-236 / 270-354 / 445-563 / 608-1029 / 1522-2341; n=3 tree 201-227 / 337-379
+ *     / 605-718 / 844-1406 / 1988-2319 against 164-198 / 214-294 / 332-425 / 678-788 /
+ *     1178-1358.
  *   allgather, reduce_scatter, broadcast on shm (`dtrain bench <coll> -n {2,4} --transport shm
  *     --algo {ring|tree|chain,shm} --sizes 1K:4M --iters 20`, twice, load average ~20): the fast
  *     path won allgather at <= 128 KiB (n=4: 53-70 us vs 103-121 us) and at 4 MiB with n=2
@@ -177,7 +184,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return DT_ALGO_FLAT;
     if (ops->flat && has_fast(ops, k) && bytes <= (1u << 20))
       return DT_ALGO_SHM;
-    return bytes <= (1u << 20) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
+    return bytes < (256u << 10) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER: /* bytes: one block */
     if (ops->flat && bytes <= (128u << 10))
       return DT_ALGO_FLAT;
