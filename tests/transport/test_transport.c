@@ -112,7 +112,14 @@ static int case_p2p(int rank, int size, void *arg) {
       for (int e = 0; e < 33; e++)
         CHECK(in[e] == (float)(peer * 1000 + e) + 0.25f, "pair %d-%d element %d: %g", i, j, e, (double)in[e]);
     }
-  /* Invalid arguments are refused without touching the wire. */
+  /* Invalid arguments are refused without touching the wire, and fail the job (the others stop
+   * with DT_ERR_ABORTED rather than wait for this rank): every rank's pairs are done first, or a
+   * rank through with its pairs could abort a recv whose message had already arrived (3 ranks
+   * under TSan: rank 1's last recv, after rank 2 had sent it and gone on). A rank still leaving
+   * the barrier when another's invalid send lands may see that abort there. */
+  dt_status bst = dt_comm_barrier(c);
+  CHECK(bst == DT_OK || (bst == DT_ERR_ABORTED && strstr(dt_last_error(), "is not another rank")),
+        "barrier before the invalid sends: %s (%s)", dt_strerror(bst), dt_last_error());
   CHECK(dt_comm_send(c, "x", 1, DT_U8, rank, 0) == DT_ERR_INVALID, "send to self accepted");
   CHECK(dt_comm_send(c, "x", 1, DT_U8, size, 0) == DT_ERR_INVALID, "send to rank %d accepted", size);
   dt_comm_destroy(c);
