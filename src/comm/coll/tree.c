@@ -17,7 +17,7 @@
  * has one and a zero-byte message carrying the fingerprint everywhere else. Every rank hears,
  * through compared messages, from every other, whatever root each believes in, so every rank of
  * a mismatched call fails, and the check costs no round of its own (check + tree took twice the
- * rounds: 4-rank tcp broadcasts of 4 B - 16 KiB 61-85 us against 76-129 before, three
+ * rounds: 4-rank tcp broadcasts of 8 B - 16 KiB 58-96 us against 76-165 before, three
  * alternated runs of `dtrain bench broadcast -n 4 --transport tcp --sizes 4:1M --iters 100`,
  * 2026-11-28). With two ranks that is one exchange: the data one way, a zero-byte message back.
  * The chain checks first (collectives.c).
