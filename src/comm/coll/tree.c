@@ -8,8 +8,10 @@
  * {65536,131072,262144} dtrain bench broadcast -n 4 --transport tcp --algo chain --sizes
  * 256K:64M --iters 12 --warmup 3`, three alternated runs, 2026-11-28, EPYC guest): 237-341 us
  * against 496-528 at 256 KiB, 671-1014 against 874-1350 at 1 MiB, 3.6-4.7 ms against 3.5-6.2
- * at 4 MiB, level from 16 MiB (128 KiB pieces in between). Over shm's staged rings (CMA off)
- * the two sizes were level within a noisy 2-32 MiB.
+ * at 4 MiB, level from 16 MiB (128 KiB pieces in between). Over shm's staged rings (CMA off,
+ * 2-32 MiB, two rounds) mixed: at 16 MiB 256 KiB pieces led on 4 ranks (5.4-5.9 ms against
+ * 9.3-12.1) and trailed on 3 (6.6-7.0 against 3.5-3.6); rows in
+ * bench/results/trees-bruck-chain-2026-11-28-epyc.txt.
  *
  * Mismatch detection: both trees move their data on the pattern of the dissemination barrier
  * that other collectives run first as their check (dt__coll_check): ceil(log2 n) rounds, in
