@@ -125,7 +125,8 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * "ring", "rd", "rhd", "flat", "shm" for allreduce; "coll=name" items, comma-separated,
  * override others: "broadcast=chain,allgather=ring" (broadcast: tree, chain, shm, flat; allgather:
  * ring, bruck, shm, flat; reduce_scatter: ring, shm, flat; barrier: dissem, shm; "auto"
- * everywhere; shm and flat only on the shm transport). An unknown name makes every collective fail with DT_ERR_INVALID naming it.
+ * everywhere; shm and flat only on the shm transport). An unknown name makes every collective
+ * fail with DT_ERR_INVALID naming it.
  * Every rank must choose the same: dt_comm_create fails on every rank with DT_ERR_MISMATCH, naming
  * both values, when one rank's DTRAIN_ALGO chooses another algorithm for any collective (a
  * spelling that chooses the same, "ring" and "allreduce=ring", is fine).

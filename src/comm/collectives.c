@@ -156,8 +156,9 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     --iters 60 --warmup 6`, three alternated runs (sizes as gathered): n=4 bruck 59-86 us from
  *     32 B to 32 KiB against ring's 68-209, 79-95 against 127-251 at 64 KiB (16 KiB blocks), then
  *     level or mixed (128 KiB - 1 MiB: 172-257 / 300-410 / 502-612 / 894-1098 against 165-292 /
- *     310-433 / 548-818 / 949-1023); n=3 bruck 37-76 us from 24 B to 48 KiB against 63-176, ahead or level
- *     above. Blocks up to 16 KiB for n > 2 (n=2 is one exchange either way). */
+ *     310-433 / 548-818 / 949-1023); n=3 bruck 37-76 us from 24 B to 48 KiB against 63-176,
+ *     ahead or level above. Blocks up to 16 KiB for n > 2 (n=2 is one exchange either way); rows
+ *     in bench/results/trees-bruck-chain-2026-11-28-epyc.txt. */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops, size_t single) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;

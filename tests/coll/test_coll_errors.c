@@ -182,9 +182,8 @@ static int mismatch_body(int rank, int size, void *arg) {
 
 /* Rooted collectives (and allgather) on 3 and 4 ranks, where a rank's part may be only to
  * send: every rank of a mismatched call fails, also the one whose neighbours agree with it
- * (kind 0: rank 0 scatters
- * while ranks 1 and 2 gather to it; kind 1: rank 2's reduce has one element more; kind 2: rank
- * 0 broadcasts while the others reduce). A ring check of one round once let rank 2 (kinds 0
+ * (kind 0: rank 0 scatters while ranks 1 and 2 gather to it; kind 1: rank 2's reduce has one
+ * element more; kind 2: rank 0 broadcasts while the others reduce). A ring check of one round once let rank 2 (kinds 0
  * and 2) or rank 1 (kind 1) return DT_OK. The broadcast tree checks as it moves the data
  * (tree.c), forced for kinds 3-5: kind 3: the last rank broadcasts from itself while the others
  * broadcast from rank 0 (it receives nothing in a tree of its own: its partners in the rounds
@@ -192,7 +191,8 @@ static int mismatch_body(int rank, int size, void *arg) {
  * others' tree) takes root 2; kind 6: an allgather whose last rank's block is large (the ring
  * on tcp) while the others' are small (Bruck's rounds on tcp); kind 7: rank 0 broadcasts (the
  * tree) while the others allgather (Bruck's rounds). */
-static int rooted3_body(int rank, int size, void *arg) {
+#define ROOTED_KINDS 8
+static int rooted_body(int rank, int size, void *arg) {
   int kind = *(const int *)arg;
   dt_comm *c = sw_join(rank);
   if (!c)
@@ -205,14 +205,17 @@ static int rooted3_body(int rank, int size, void *arg) {
   CHECK(dt_comm_allreduce(c, a, b, 4, DT_F32, DT_SUM) == DT_OK, "warm-up allreduce: %s", dt_last_error());
   CHECK(dt_comm_broadcast(c, a, 16, DT_F32, size - 1) == DT_OK, "warm-up broadcast: %s", dt_last_error());
   int last = rank == size - 1;
-  dt_status st = kind == 0   ? (rank ? dt_comm_gather(c, a, b, 16, DT_F32, 0) : dt_comm_scatter(c, b, a, 16, DT_F32, 0))
-                 : kind == 1 ? dt_comm_reduce(c, a, b, rank == 2 ? 17 : 16, DT_F32, DT_SUM, 0)
-                 : kind == 2 ? (rank ? dt_comm_reduce(c, a, b, 16, DT_F32, DT_SUM, 0) : dt_comm_broadcast(c, a, 16, DT_F32, 0))
-                 : kind == 3 ? dt_comm_broadcast(c, a, 16, DT_F32, last ? rank : 0)
-                 : kind == 4 ? dt_comm_broadcast(c, a, last ? 17 : 16, DT_F32, 0)
-                 : kind == 5 ? dt_comm_broadcast(c, a, 16, DT_F32, rank == 1 ? 2 : 0)
-                 : kind == 6 ? dt_comm_allgather(c, a, b, last ? 8192 : 16, DT_F32)
-                             : (rank ? dt_comm_allgather(c, a, b, 16, DT_F32) : dt_comm_broadcast(c, a, 16, DT_F32, 0));
+  dt_status st;
+  switch (kind) {
+  case 0: st = rank ? dt_comm_gather(c, a, b, 16, DT_F32, 0) : dt_comm_scatter(c, b, a, 16, DT_F32, 0); break;
+  case 1: st = dt_comm_reduce(c, a, b, rank == 2 ? 17 : 16, DT_F32, DT_SUM, 0); break;
+  case 2: st = rank ? dt_comm_reduce(c, a, b, 16, DT_F32, DT_SUM, 0) : dt_comm_broadcast(c, a, 16, DT_F32, 0); break;
+  case 3: st = dt_comm_broadcast(c, a, 16, DT_F32, last ? rank : 0); break;
+  case 4: st = dt_comm_broadcast(c, a, last ? 17 : 16, DT_F32, 0); break;
+  case 5: st = dt_comm_broadcast(c, a, 16, DT_F32, rank == 1 ? 2 : 0); break;
+  case 6: st = dt_comm_allgather(c, a, b, last ? 8192 : 16, DT_F32); break;
+  default: st = rank ? dt_comm_allgather(c, a, b, 16, DT_F32) : dt_comm_broadcast(c, a, 16, DT_F32, 0); break;
+  }
   unsetenv("DTRAIN_ALGO");
   CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER,
         "rooted mismatch %d (%d ranks), rank %d: got %s (%s)", kind, size, rank, dt_strerror(st), dt_last_error());
@@ -486,10 +489,10 @@ int main(void) {
           bad++;
         }
       }
-    for (int kind = 0; kind < 8; kind++)
+    for (int kind = 0; kind < ROOTED_KINDS; kind++)
       for (int n = 3; n <= 4; n++) {
         ran++;
-        if (mp_run(n, rooted3_body, &kind, 60)) {
+        if (mp_run(n, rooted_body, &kind, 60)) {
           fprintf(stderr, "FAIL: rooted mismatch %d on %d ranks over %s\n", kind, n, tps[t]);
           bad++;
         }
