@@ -124,7 +124,7 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * DTRAIN_ALGO, read when a communicator is made (dt_comm_create, dt_comm_split), overrides:
  * "ring", "rd", "rhd", "flat", "shm" for allreduce; "coll=name" items, comma-separated,
  * override others: "broadcast=chain,allgather=ring" (broadcast: tree, chain, shm, flat; allgather:
- * ring, bruck, shm, flat; reduce_scatter: ring, shm, flat; barrier: dissem, shm; "auto"
+ * ring, bruck, shm, flat; reduce_scatter: ring, rhd, shm, flat; barrier: dissem, shm; "auto"
  * everywhere; shm and flat only on the shm transport). An unknown name makes every collective
  * fail with DT_ERR_INVALID naming it.
  * Every rank must choose the same: dt_comm_create fails on every rank with DT_ERR_MISMATCH, naming

@@ -31,7 +31,7 @@ static unsigned algos_of(dt__coll k) {
     return B(DT_ALGO_RING) | B(DT_ALGO_RD) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
   case DT_COLL_BROADCAST: return B(DT_ALGO_TREE) | B(DT_ALGO_CHAIN) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
   case DT_COLL_ALLGATHER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_BRUCK);
-  case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT);
+  case DT_COLL_REDUCE_SCATTER: return B(DT_ALGO_RING) | B(DT_ALGO_SHM) | B(DT_ALGO_FLAT) | B(DT_ALGO_RHD);
   case DT_COLL_REDUCE: return B(DT_ALGO_TREE);
   case DT_COLL_GATHER: case DT_COLL_SCATTER: return B(DT_ALGO_LINEAR);
   case DT_COLL_ALLTOALL: return B(DT_ALGO_PAIRWISE);
@@ -396,6 +396,8 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
   case DT_COLL_REDUCE_SCATTER:
     if (a == DT_ALGO_SHM)
       return c->ops->reduce_scatter(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
+    if (a == DT_ALGO_RHD)
+      return dt__reduce_scatter_rhd(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, fp, deadline);
     return dt__reduce_scatter_ring(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, fp, deadline);
   case DT_COLL_GATHER:
     if (n > 2)

@@ -190,15 +190,21 @@ static int mismatch_body(int rank, int size, void *arg) {
  * must catch it); kind 4: the last rank's count is larger; kind 5: rank 1 (an inner node of the
  * others' tree) takes root 2; kind 6: an allgather whose last rank's block is large (the ring
  * on tcp) while the others' are small (Bruck's rounds on tcp); kind 7: rank 0 broadcasts (the
- * tree) while the others allgather (Bruck's rounds). */
-#define ROOTED_KINDS 8
+ * tree) while the others allgather (Bruck's rounds); kind 8: a reduce_scatter by recursive
+ * halving (rhd.c; the ring on 3 ranks) whose last rank's block is one element larger. */
+#define ROOTED_KINDS 9
 static int rooted_body(int rank, int size, void *arg) {
   int kind = *(const int *)arg;
   dt_comm *c = sw_join(rank);
   if (!c)
     return 2;
   if (kind >= 3) {
-    setenv("DTRAIN_ALGO", kind == 6 ? "auto" : kind == 7 ? "broadcast=tree,allgather=bruck" : "broadcast=tree", 1);
+    setenv("DTRAIN_ALGO",
+           kind == 6   ? "auto"
+           : kind == 7 ? "broadcast=tree,allgather=bruck"
+           : kind == 8 ? "broadcast=tree,reduce_scatter=rhd"
+                       : "broadcast=tree",
+           1);
     dt__coll_algo_load(c); /* a communicator reads DTRAIN_ALGO when it is made */
   }
   static float a[8192], b[4 * 8192];
@@ -214,6 +220,7 @@ static int rooted_body(int rank, int size, void *arg) {
   case 4: st = dt_comm_broadcast(c, a, last ? 17 : 16, DT_F32, 0); break;
   case 5: st = dt_comm_broadcast(c, a, 16, DT_F32, rank == 1 ? 2 : 0); break;
   case 6: st = dt_comm_allgather(c, a, b, last ? 8192 : 16, DT_F32); break;
+  case 8: st = dt_comm_reduce_scatter(c, b, a, last ? 17 : 16, DT_F32, DT_SUM); break;
   default: st = rank ? dt_comm_allgather(c, a, b, 16, DT_F32) : dt_comm_broadcast(c, a, 16, DT_F32, 0); break;
   }
   unsetenv("DTRAIN_ALGO");

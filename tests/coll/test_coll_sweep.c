@@ -8,7 +8,7 @@
  *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
  *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/rhd,
- *   broadcast tree/chain, allgather ring/bruck, reduce_scatter ring, barrier dissem, plus the
+ *   broadcast tree/chain, allgather ring/bruck, reduce_scatter ring/rhd, barrier dissem, plus the
  *   transport's fast path ("shm") and one-round path ("flat") of each collective that has them,
  *   and auto. Small ring and chain pieces and flat slots (4 KiB) make the pipelines run several
  *   pieces per step, and the flat paths several rounds, at count 4099. Ranks above the machine's CPU count
@@ -313,6 +313,7 @@ static int body(int rank, int size, void *arg) {
         algos[nalgo++] = "allgather=flat";
     } else if (k == DT_COLL_REDUCE_SCATTER) {
       algos[nalgo++] = "reduce_scatter=ring";
+      algos[nalgo++] = "reduce_scatter=rhd";
       if (c->ops->reduce_scatter)
         algos[nalgo++] = "reduce_scatter=shm";
       if (c->ops->flat)

@@ -60,7 +60,8 @@ typedef enum dt__algo {
   DT_ALGO_PAIRWISE, /* alltoall */
   DT_ALGO_LINEAR, /* gather, scatter */
   DT_ALGO_FLAT,   /* allreduce, broadcast, allgather, reduce_scatter: the transport's one-round path (ops->flat) */
-  DT_ALGO_RHD,    /* allreduce: recursive halving reduce-scatter + recursive doubling allgather */
+  DT_ALGO_RHD,    /* allreduce: recursive halving reduce-scatter + recursive doubling allgather;
+                     reduce_scatter: the halving alone */
   DT_ALGO_BRUCK,  /* allgather: Bruck's log2(n) rounds */
   DT_ALGO_COUNT
 } dt__algo;
@@ -130,6 +131,9 @@ size_t dt__coll_send_ahead(dt_comm *c, size_t pieces, size_t piece_bytes);
  * sum/prod/avg run the ring. */
 dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
                             const dt__fp *fp, int64_t deadline);
+/* rhd.c: reduce_scatter by recursive halving, n a power of two > 2 (else the ring). */
+dt_status dt__reduce_scatter_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                                 const dt__fp *fp, int64_t deadline);
 
 /* rd.c */
 dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,

@@ -24,7 +24,11 @@
  * f16/bf16 with sum/prod/avg go to the ring (ring.c's direct reduce-scatter), which rounds once
  * without sending f32 partials: halving would have to carry f32 partials after its first round.
  * It deliberately does not pipeline across rounds: what a round sends is the half of the window
- * that the previous round finished reducing only at its end. */
+ * that the previous round finished reducing only at its end.
+ *
+ * The halving alone is also a reduce_scatter (dt__reduce_scatter_rhd): over the n blocks of the
+ * input, rank r's last window is block r. It sends the ring's (n-1) blocks in log2(n) exchanges
+ * instead of n - 1 steps; powers of two above 2 only (2 ranks: one exchange either way). */
 #include "comm/coll/coll.h"
 
 /* One exchange with `peer`: sends sn elements from sp while receiving rn elements, in pieces of
@@ -136,5 +140,43 @@ dt_status dt__allreduce_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t cou
   }
   if (r < 2 * extra) /* odd survivor: the result back to the even partner */
     return c->ops->sendrecv(c->tp, r - 1, rbuf, bytes, -1, NULL, 0, fp, deadline);
+  return DT_OK;
+}
+
+/* Recursive halving over the n blocks of sbuf (n a power of two > 2; else, and for the half
+ * types with sum/prod/avg, the ring). Round one reads sbuf and keeps its half's partials in
+ * scratch; the later rounds halve within the scratch; the last writes block r into rbuf. sbuf may
+ * be rbuf (in place): only round one reads it, and only the last writes rbuf. */
+dt_status dt__reduce_scatter_rhd(dt_comm *c, const void *sbuf, void *rbuf, size_t count, dt_dtype t, dt_op op,
+                                 const dt__fp *fp, int64_t deadline) {
+  int n = c->size, r = c->rank;
+  if (n <= 2 || (n & (n - 1)) || dt__coll_wide(t, op))
+    return dt__reduce_scatter_ring(c, sbuf, rbuf, count, t, op, fp, deadline);
+  size_t es = dt_dtype_size(t), total = (size_t)n * count;
+  size_t pe = DT_MAX((size_t)1, dt__ring_piece_bytes(c) / es);
+  char *tmp = dt__coll_scratch(c, 1, DT_MIN(2 * pe, total / 2 + 1) * es);
+  char *acc = tmp ? dt__coll_scratch(c, 0, total / 2 * es) : NULL;
+  if (!acc)
+    return DT_ERR_NOMEM;
+  bool first = true;
+  size_t wlo = 0, whi = total, base = 0; /* acc holds elements [base, base + total / 2) */
+  for (int mask = n / 2; mask >= 1; mask /= 2) {
+    size_t mid = wlo + (whi - wlo) / 2;
+    int upper = (r & mask) != 0;
+    size_t slo = upper ? wlo : mid, sn = upper ? mid - wlo : whi - mid;
+    size_t klo = upper ? mid : wlo, kn = upper ? whi - mid : mid - wlo;
+    if (first)
+      base = klo;
+    char *dst = mask == 1 ? (char *)rbuf : acc + (klo - base) * es;
+    const char *sp = first ? (const char *)sbuf + slo * es : acc + (slo - base) * es;
+    const char *mine = first ? (const char *)sbuf + klo * es : acc + (klo - base) * es;
+    dt_status st = rhd_swap(c, r ^ mask, sp, sn, dst, kn, tmp, mine, t, op, pe, fp, deadline);
+    if (st)
+      return st;
+    first = false;
+    wlo = klo;
+    whi = klo + kn;
+  }
+  dt__reduce_finish(rbuf, count, t, op, n);
   return DT_OK;
 }
