@@ -158,7 +158,16 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     level or mixed (128 KiB - 1 MiB: 172-257 / 300-410 / 502-612 / 894-1098 against 165-292 /
  *     310-433 / 548-818 / 949-1023); n=3 bruck 37-76 us from 24 B to 48 KiB against 63-176,
  *     ahead or level above. Blocks up to 16 KiB for n > 2 (n=2 is one exchange either way); rows
- *     in bench/results/trees-bruck-chain-2026-11-28-epyc.txt. */
+ *     in bench/results/trees-bruck-chain-2026-11-28-epyc.txt.
+ *   reduce_scatter, rhd (recursive halving; no fast path, n a power of two > 2): measured
+ *     2026-11-28 on the EPYC guest, `dtrain bench reduce_scatter -n {4,8} --transport tcp --algo
+ *     {ring,rhd} --sizes 4:4M --iters 60 --warmup 6` (n=8: to 1M, 40 iterations), alternated,
+ *     3 runs at n=4 and 2 at n=8, medians (sizes as reduced, n blocks): n=4 rhd 60-74 us from 16
+ *     B to 8 KiB against the ring's 80-98, 90-119 against 102-128 at 16-64 KiB, level at 128-256
+ *     KiB, behind from 512 KiB (625 / 1221 against 474 / 946 at 512 KiB / 1 MiB: the ring
+ *     pipelines its steps, the halving's rounds are whole); n=8 rhd 214-401 us to 128 KiB
+ *     against 530-861, 629 against 964 at 256 KiB, behind from 512 KiB (0.78x). Blocks up to 32
+ *     KiB; rows in bench/results/rs-rhd-2026-11-28-epyc.txt. */
 static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_transport_ops *ops, size_t single) {
   if (ops->fast_paths_always && has_fast(ops, k))
     return DT_ALGO_SHM;
@@ -195,7 +204,9 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
   case DT_COLL_REDUCE_SCATTER: /* bytes: one block */
     if (ops->flat && bytes <= (n == 2 ? (64u << 10) : (2u << 10)))
       return DT_ALGO_FLAT;
-    return has_fast(ops, k) && (n == 2 || bytes <= (32u << 10)) ? DT_ALGO_SHM : DT_ALGO_RING;
+    if (has_fast(ops, k))
+      return n == 2 || bytes <= (32u << 10) ? DT_ALGO_SHM : DT_ALGO_RING;
+    return n > 2 && (n & (n - 1)) == 0 && !wide && bytes <= (32u << 10) ? DT_ALGO_RHD : DT_ALGO_RING;
   case DT_COLL_REDUCE:
     return DT_ALGO_TREE;
   case DT_COLL_GATHER:
