@@ -757,6 +757,37 @@ ZMANY(z_many_prod, z_prod, TGT512, zb_store)
 ZMANY(b_many_sum, z_sum, TGTBF, bb_store)
 ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
 
+/* f16 sum and product of two operands with AVX512-FP16 (VADDPH, VMULPH: 32 elements per
+ * instruction, rounded to nearest even), where the other kernels widen both operands to f32,
+ * operate and round back. The bits are the same: f32 carries 24 >= 2 x 11 + 2 significant bits,
+ * with which rounding the exact sum or product first to f32 and then to f16 gives the correctly
+ * rounded f16 result (S. A. Figueroa, "When is double rounding innocuous?", 1995), which is
+ * what VADDPH and VMULPH return. The widening kernels ran 27-30 GB/s of f16 output on one core of
+ * an Intel Xeon guest with AVX512-FP16 against f32's 40-43 (64-256 KiB in L2,
+ * bench/reduce_bw.c); this one: see BENCHMARKS, "An Intel Xeon host with AVX512-FP16". Only two
+ * operands rounded once: more (dt__reduce_many's k > 2) accumulate in f32. */
+#define TGTFP16 __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
+#define H_OP2(name, OP)                                                                           \
+  TGTFP16 static void name(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {        \
+    size_t i = 0;                                                                                 \
+    const bool pf = n * 2 >= RED_PF_MIN;                                                          \
+    for (; i + 32 <= n; i += 32) {                                                                \
+      if (pf)                                                                                     \
+        v_pf(a + i, b + i);                                                                       \
+      __m512h x = _mm512_castsi512_ph(_mm512_loadu_si512(a + i));                                \
+      __m512h y = _mm512_castsi512_ph(_mm512_loadu_si512(b + i));                                \
+      _mm512_storeu_si512(o + i, _mm512_castph_si512(OP(x, y)));                                  \
+    }                                                                                             \
+    if (i < n) { /* masked lanes are neither read nor written */                                  \
+      __mmask32 k = (__mmask32)((1ull << (n - i)) - 1);                                          \
+      __m512h x = _mm512_castsi512_ph(_mm512_maskz_loadu_epi16(k, a + i));                       \
+      __m512h y = _mm512_castsi512_ph(_mm512_maskz_loadu_epi16(k, b + i));                       \
+      _mm512_mask_storeu_epi16(o + i, k, _mm512_castph_si512(OP(x, y)));                         \
+    }                                                                                             \
+  }
+H_OP2(h_f16_sum2, _mm512_add_ph)
+H_OP2(h_f16_prod2, _mm512_mul_ph)
+
 /* The last m < 16 elements of a half-type reduction (or a whole short one) in one masked step:
  * the scalar tail converted each element through dt__f16_to_f32 / dt__f32_to_f16 and took 24-35
  * ns for 2-4 elements, 7-13 ns this way, as f32's kernel (single-thread loop over
@@ -802,7 +833,8 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 /* ---------- dispatch ---------- */
 
 static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16 */
-static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 (tests) */
+static atomic_bool has_fp16;   /* AVX512-FP16 as well (read once simd_state is known) */
+static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16 (tests) */
 
 static bool use_avx2(void) {
 #ifdef RED_X86
@@ -818,6 +850,9 @@ static bool use_avx2(void) {
     if (s == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && !dt__env_str("DTRAIN_NO_AVX512"))
       s = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq") ? 4 : 3;
+    /* AVX512-FP16: CPUID leaf 7 EDX bit 23 (GCC 12's __builtin_cpu_supports does not report it) */
+    if (s >= 3 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)))
+      atomic_store_explicit(&has_fp16, true, memory_order_relaxed);
     if (dt__env_str("DTRAIN_NO_SIMD"))
       s = 1;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
@@ -848,6 +883,16 @@ static bool use_avx512bf16(void) {
 #endif
 }
 
+/* AVX512-FP16 for two-operand f16 sums and products (implies use_avx512). */
+static bool use_avx512fp16(void) {
+#ifdef RED_X86
+  return use_avx512() && atomic_load_explicit(&has_fp16, memory_order_relaxed) &&
+         atomic_load_explicit(&force_scalar, memory_order_relaxed) == 0;
+#else
+  return false;
+#endif
+}
+
 typedef size_t (*mix_fn)(void *, dt_dtype, const void *, dt_dtype, const void *, dt_dtype, size_t, int);
 
 /* The widest fused mixed-type kernel for op, NULL when only the scalar one applies. */
@@ -867,7 +912,11 @@ static mix_fn mix_kernel(dt_op op) {
 void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 3 ? on : 0); }
 
 const char *dt__reduce_isa(void) {
-  return use_avx512bf16() ? "avx2+avx512+bf16" : use_avx512() ? "avx2+avx512" : use_avx2() ? "avx2" : "scalar";
+  return use_avx512fp16() ? (use_avx512bf16() ? "avx2+avx512+bf16+fp16" : "avx2+avx512+fp16")
+         : use_avx512bf16() ? "avx2+avx512+bf16"
+         : use_avx512()     ? "avx2+avx512"
+         : use_avx2()       ? "avx2"
+                            : "scalar";
 }
 
 static red_fn pick(dt_dtype t, dt_op op) {
@@ -882,6 +931,12 @@ static red_fn pick(dt_dtype t, dt_op op) {
 void dt__reduce2(void *out, const void *a, const void *b, size_t count, dt_dtype t, dt_op op) {
   if (count == 0 || (unsigned)t >= DT_DTYPE_COUNT || (unsigned)op >= DT_OP_COUNT)
     return;
+#ifdef RED_X86
+  if (t == DT_F16 && (op == DT_SUM || op == DT_AVG || op == DT_PROD) && use_avx512fp16()) {
+    (op == DT_PROD ? h_f16_prod2 : h_f16_sum2)(out, a, b, count); /* avg sums: finish divides */
+    return;
+  }
+#endif
   if ((t == DT_F16 || t == DT_BF16) && use_avx512()) {
     /* the fused half kernel is this operation (avg sums here too: finish divides) */
     size_t done = count >= 16 ? mix_kernel(op)(out, t, a, t, b, t, count, 1) : 0;

@@ -336,6 +336,8 @@ static void test_half_patterns_isa_agree(void **s) {
                 assert_string_equal(isa, "avx2");
               if (lvl == 3 && strstr(widest, "avx512"))
                 assert_string_equal(isa, "avx2+avx512");
+              if (lvl == 0)
+                assert_string_equal(isa, widest);
               memset(got, 0x5a, sizeof got);
               if (div == 1)
                 dt__reduce2(got, pa, pb, n, t, (dt_op)op);
@@ -350,6 +352,39 @@ static void test_half_patterns_isa_agree(void **s) {
           }
   }
   dt__reduce_force_scalar(0);
+}
+
+/* f16 sums and products of two operands, every f16 against 64 others (the special values and
+ * random ones), on the widest path (on a CPU with AVX512-FP16: VADDPH/VMULPH, which must give the
+ * bits of widening to f32 and rounding once) against the portable one. */
+static void test_f16_every_value(void **s) {
+  (void)s;
+  enum { NA = 65536, NB = 64 };
+  static const uint16_t sp[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff, 0x0400, 0x8400, 0x7bff, 0xfbff,
+                                0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x3c00, 0xbc00, 0x3c01, 0x3800, 0x1400};
+  uint16_t *a = malloc(NA * 2), *b = malloc(NA * 2), *ref = malloc(NA * 2), *got = malloc(NA * 2);
+  assert_non_null(a), assert_non_null(b), assert_non_null(ref), assert_non_null(got);
+  dt_rng rng;
+  dt_rng_seed(&rng, 16);
+  for (uint32_t u = 0; u < NA; u++)
+    a[u] = (uint16_t)u;
+  for (int j = 0; j < NB; j++) {
+    uint16_t y = j < (int)DT_ARRAY_LEN(sp) ? sp[j] : (uint16_t)dt_rng_next(&rng);
+    for (uint32_t u = 0; u < NA; u++) /* y, and a neighbour of -a (cancels to a few ulps) */
+      b[u] = j % 2 ? y : (uint16_t)((u ^ 0x8000) + (uint32_t)(j % 5));
+    for (int op = 0; op < 2; op++) {
+      dt_op o = op ? DT_PROD : DT_SUM;
+      dt__reduce_force_scalar(1);
+      dt__reduce2(ref, a, b, NA, DT_F16, o);
+      dt__reduce_force_scalar(0);
+      dt__reduce2(got, a, b, NA, DT_F16, o);
+      for (uint32_t u = 0; u < NA; u++)
+        if (!same_bits_or_nan(got + u, ref + u, DT_F16))
+          fail_msg("f16 %04x %s %04x: %s gave %04x, portable %04x", a[u], dt_op_name(o), b[u], dt__reduce_isa(),
+                   got[u], ref[u]);
+    }
+  }
+  free(a), free(b), free(ref), free(got);
 }
 
 static void test_f16_rounding(void **s) {
@@ -574,6 +609,7 @@ int main(void) {
       cmocka_unit_test(test_mix_isa_agree),  cmocka_unit_test(test_half_patterns_isa_agree),
       cmocka_unit_test(test_reduce_many),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_f16_every_value),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),
       cmocka_unit_test(test_dtype_helpers),
   };

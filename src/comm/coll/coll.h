@@ -33,9 +33,10 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
  * source). div: the divisor of avg (1 for the other ops). out may alias src[0] exactly, no other. */
 void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div);
 /* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), AVX-512
- * without its BF16 rounding (3), or back to run-time selection (0). */
+ * without its BF16 rounding and FP16 arithmetic (3), or back to run-time selection (0). */
 void dt__reduce_force_scalar(int on);
-/* "avx2+avx512+bf16", "avx2+avx512", "avx2" or "scalar": what dt__reduce uses now. */
+/* "avx2+avx512+bf16+fp16", "avx2+avx512+fp16", "avx2+avx512+bf16", "avx2+avx512", "avx2" or
+ * "scalar": what dt__reduce uses now. */
 const char *dt__reduce_isa(void);
 
 /* True when a reduction of type t with op needs an f32 accumulator to round only once. */
