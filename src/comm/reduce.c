@@ -762,10 +762,10 @@ ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
  * operate and round back. The bits are the same: f32 carries 24 >= 2 x 11 + 2 significant bits,
  * with which rounding the exact sum or product first to f32 and then to f16 gives the correctly
  * rounded f16 result (S. A. Figueroa, "When is double rounding innocuous?", 1995), which is
- * what VADDPH and VMULPH return. The widening kernels ran 27-30 GB/s of f16 output on one core of
- * an Intel Xeon guest with AVX512-FP16 against f32's 40-43 (64-256 KiB in L2,
- * bench/reduce_bw.c); this one: see BENCHMARKS, "An Intel Xeon host with AVX512-FP16". Only two
- * operands rounded once: more (dt__reduce_many's k > 2) accumulate in f32. */
+ * what VADDPH and VMULPH return. On one core of an Intel Xeon guest with AVX512-FP16
+ * (bench/reduce_bw.c, GB/s of output): 108 at 8 KiB and 34-38 at 64-256 KiB, where the widening
+ * kernel ran 30 and 27-30 and f32's 75 and 41-43. Only two operands rounded once: more
+ * (dt__reduce_many's k > 2) accumulate in f32. */
 #define TGTFP16 __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
 #define H_OP2(name, OP)                                                                           \
   TGTFP16 static void name(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {        \
