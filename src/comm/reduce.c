@@ -832,8 +832,8 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 
 /* ---------- dispatch ---------- */
 
-static atomic_int simd_state; /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16 */
-static atomic_bool has_fp16;   /* AVX512-FP16 as well (read once simd_state is known) */
+/* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16, 5 + avx512 fp16 */
+static atomic_int simd_state;
 static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16 (tests) */
 
 static bool use_avx2(void) {
@@ -850,9 +850,10 @@ static bool use_avx2(void) {
     if (s == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && !dt__env_str("DTRAIN_NO_AVX512"))
       s = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512dq") ? 4 : 3;
-    /* AVX512-FP16: CPUID leaf 7 EDX bit 23 (GCC 12's __builtin_cpu_supports does not report it) */
-    if (s >= 3 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)))
-      atomic_store_explicit(&has_fp16, true, memory_order_relaxed);
+    /* AVX512-FP16 (on CPUs that also have BF16): CPUID leaf 7 EDX bit 23, which GCC 12's
+     * __builtin_cpu_supports does not report */
+    if (s == 4 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)))
+      s = 5;
     if (dt__env_str("DTRAIN_NO_SIMD"))
       s = 1;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
@@ -876,18 +877,17 @@ static bool use_avx512(void) {
 /* AVX-512 BF16 for rounding to bf16 (implies use_avx512). */
 static bool use_avx512bf16(void) {
 #ifdef RED_X86
-  return use_avx512() && atomic_load_explicit(&simd_state, memory_order_relaxed) == 4 &&
+  return use_avx512() && atomic_load_explicit(&simd_state, memory_order_relaxed) >= 4 &&
          atomic_load_explicit(&force_scalar, memory_order_relaxed) != 3;
 #else
   return false;
 #endif
 }
 
-/* AVX512-FP16 for two-operand f16 sums and products (implies use_avx512). */
+/* AVX512-FP16 for two-operand f16 sums and products (implies use_avx512bf16). */
 static bool use_avx512fp16(void) {
 #ifdef RED_X86
-  return use_avx512() && atomic_load_explicit(&has_fp16, memory_order_relaxed) &&
-         atomic_load_explicit(&force_scalar, memory_order_relaxed) == 0;
+  return use_avx512bf16() && atomic_load_explicit(&simd_state, memory_order_relaxed) == 5;
 #else
   return false;
 #endif
@@ -912,7 +912,7 @@ static mix_fn mix_kernel(dt_op op) {
 void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 3 ? on : 0); }
 
 const char *dt__reduce_isa(void) {
-  return use_avx512fp16() ? (use_avx512bf16() ? "avx2+avx512+bf16+fp16" : "avx2+avx512+fp16")
+  return use_avx512fp16()   ? "avx2+avx512+bf16+fp16"
          : use_avx512bf16() ? "avx2+avx512+bf16"
          : use_avx512()     ? "avx2+avx512"
          : use_avx2()       ? "avx2"

@@ -35,8 +35,8 @@ void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtyp
 /* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), AVX-512
  * without its BF16 rounding and FP16 arithmetic (3), or back to run-time selection (0). */
 void dt__reduce_force_scalar(int on);
-/* "avx2+avx512+bf16+fp16", "avx2+avx512+fp16", "avx2+avx512+bf16", "avx2+avx512", "avx2" or
- * "scalar": what dt__reduce uses now. */
+/* "avx2+avx512+bf16+fp16", "avx2+avx512+bf16", "avx2+avx512", "avx2" or "scalar": what
+ * dt__reduce uses now. */
 const char *dt__reduce_isa(void);
 
 /* True when a reduction of type t with op needs an f32 accumulator to round only once. */
