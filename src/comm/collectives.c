@@ -151,6 +151,10 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
  *     KiB; n=4: flat ahead to 8 KiB (11-13 against 12-14 us), behind from 32 KiB (18 / 17, 31 /
  *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2).
+ *   broadcast and allgather, single copies (where the transport has them, `single`: shm from 16
+ *     KiB per rank, see SHM_DEFAULT_CMA_MOVE in shm.c) ahead of the flat slots: one copy instead
+ *     of two. Allgather used to keep the flat slots to 128 KiB blocks even there: 23 us at 64 KiB
+ *     blocks against 4.8 single (2026-11-29, Xeon guest, bench/results/cma-small-2026-11-29-xeon.txt).
  *   allgather, bruck (transports without a fast path: tcp): measured 2026-11-28 on the EPYC
  *     guest, `dtrain bench allgather -n {4,3} --transport tcp --algo {ring,bruck} --sizes 4:1M
  *     --iters 60 --warmup 6`, three alternated runs (sizes as gathered): n=4 bruck 59-86 us from
@@ -196,6 +200,8 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
       return DT_ALGO_SHM;
     return bytes < (256u << 10) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER: /* bytes: one block */
+    if (single && bytes >= single && has_fast(ops, k))
+      return DT_ALGO_SHM;
     if (ops->flat && bytes <= (128u << 10))
       return DT_ALGO_FLAT;
     if (has_fast(ops, k))

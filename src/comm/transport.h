@@ -88,8 +88,9 @@ typedef struct dt_transport_ops {
   dt_status (*reduce_scatter)(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
                               dt_op op, const dt__fp *fp, int64_t deadline);
   dt_status (*barrier)(dt_transport *t, const dt__fp *fp, int64_t deadline);
-  /* Optional: the bytes per buffer from which the fast paths copy once between the ranks' own
-   * buffers (shm: process_vm_readv/writev), 0 when they never do; the same on every rank. */
+  /* Optional: the bytes per rank (an allgather's block, a broadcast's buffer) from which the
+   * fast allgather and broadcast copy once between the ranks' own buffers (shm:
+   * process_vm_readv/writev), 0 when they never do; the same on every rank. */
   size_t (*single_copy)(dt_transport *t);
   /* Optional: the shared window (dt_comm_window). Collective: maps `bytes` (a multiple of 64)
    * per rank that every rank can read and write, sets *out to this rank's part (zeroed, 64-byte

@@ -15,7 +15,8 @@
  * it watches the job's abort state, the deadline, and every ~50 ms whether the awaited ranks'
  * processes still exist.
  *
- * From SHM_DEFAULT_CMA bytes the allreduce, allgather and broadcast copy once, straight between
+ * From SHM_DEFAULT_CMA bytes the allreduce, and from SHM_DEFAULT_CMA_MOVE bytes per rank the
+ * allgather and broadcast, copy once, straight between
  * the ranks' own buffers (process_vm_readv/writev, "cross-memory attach"), instead of through the
  * staging buffers, when rank 0 found at setup that it may (same user, no ptrace restriction) and
  * that it is fast here (shm_cma_fast). */
@@ -63,8 +64,22 @@
  * against flat's 7.2-7.7, 4.2-5.3 against 5.1-5.5 at 32 KiB; allgather ahead from 128 KiB blocks
  * (below that the flat slots take it anyway). From 64 KiB to 64 MiB: allreduce 1.2-1.5x faster
  * at 128 KiB-4 MiB, 1.1x at 64 MiB; allgather 1.2-1.7x at 128 KiB-2 MiB, level to 1.1x above.
- * DTRAIN_SHM_CMA=B or off overrides. */
+ * DTRAIN_SHM_CMA=B or off overrides (for all three: allgather and broadcast below too). */
 #define SHM_DEFAULT_CMA (64u << 10)
+/* Allgather and broadcast copy once from this many bytes per rank (an allgather's block, a
+ * broadcast's buffer): they only move data, and one copy replaces two (into a slot, out of it).
+ * Measured 2026-11-29 on an Intel Xeon guest with AVX512-FP16 (2 vCPUs), `dtrain bench
+ * {allgather,broadcast} -n 2 --transport shm --algo {flat,shm} --sizes 1K:128K --iters 300
+ * --warmup 30 [--fresh]` with DTRAIN_SHM_CMA=1024 for the single copy, two alternated runs
+ * (bench/results/cma-small-2026-11-29-xeon.txt): there every copy out of a slot the other core
+ * just wrote runs at about 3 GB/s, and single copies won from 4 KiB blocks (allgather 1.7 / 2.1
+ * / 3.3 us at 4 / 16 / 32 KiB blocks against flat's 2.6 / 6.2 / 11.8; freshly written inputs
+ * 2.1-2.4 / 3.7-3.9 / 6.6-6.9 against 2.6 / 6.2 / 12.0) and from 8-16 KiB for broadcast (2.4 / 3.4-3.6
+ * us at 16 / 32 KiB against 2.7-7.2 / 4.1-12.0). On the Cascade Lake guest of 2026-11-27
+ * (bench/results/cma-2026-11-27-xeon.txt, last sections) the flat slots still led below 16 KiB
+ * (broadcast 1.7-2.0 us at 8 KiB against 2.8-3.8) and single copies drew level at 16-32 KiB:
+ * from 16 KiB, where neither host loses much and this one gains 2-3x. */
+#define SHM_DEFAULT_CMA_MOVE (16u << 10)
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
@@ -121,7 +136,8 @@ typedef struct shm_hdr {
   uint64_t slot_bytes, chunk_bytes;
   uint64_t off_ranks, off_rings, off_stage, ring_bytes;
   uint64_t off_flat, flat_bytes, flat_stride;
-  uint64_t cma_min; /* single-copy collectives from this many bytes; 0: never */
+  uint64_t cma_min;      /* single-copy allreduce from this many bytes; 0: never */
+  uint64_t cma_move_min; /* single-copy allgather and broadcast from this many bytes per rank */
   uint64_t owner_addr; /* where rank 0 maps this header, and its pid: the others' probe */
   int32_t owner_pid;
   alignas(SHM_LINE) _Atomic uint32_t bell;
@@ -217,7 +233,8 @@ struct dt_transport {
   size_t win_size, win_stride;
   uint64_t wins;      /* window collectives done (same on every rank) */
   unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
-  size_t cma_min;     /* single-copy collectives from this many bytes (0: never), as rank 0 set */
+  size_t cma_min;     /* single-copy allreduce from this many bytes (0: never), as rank 0 set */
+  size_t cma_move_min; /* single-copy allgather and broadcast from this many bytes (0: never) */
   uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
   size_t thp_step;    /* collapse buffers met twice onto huge pages, this much per call (0: never) */
   struct {
@@ -607,12 +624,13 @@ static dt_status shm_make(dt_transport *t, const char *name) {
   uint64_t flat;
   DT_CHECK(shm_env_size("DTRAIN_SHM_FLAT", SHM_DEFAULT_FLAT, 64, 16u << 20, &flat));
   const char *ce = dt__env_str("DTRAIN_SHM_CMA");
-  uint64_t cma = 0; /* stays 0 ("never") for off */
+  uint64_t cma = 0, cma_move = 0; /* stay 0 ("never") for off */
   if (!(ce && !strcmp(ce, "off"))) {
     DT_CHECK(dt__env_size("DTRAIN_SHM_CMA", SHM_DEFAULT_CMA, &cma));
     if (cma == 0)
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
                           "or off");
+    cma_move = ce ? cma : SHM_DEFAULT_CMA_MOVE;
   }
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
@@ -635,6 +653,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
                     .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
                     .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
                     .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma,
+                    .cma_move_min = cma_move,
                     .owner_addr = (uint64_t)(uintptr_t)p, .owner_pid = (int32_t)getpid()};
   atomic_store(&t->h->cma, cma ? 0u : 2u);
   return DT_OK;
@@ -859,6 +878,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     DT_CHECK_GOTO(shm_cma_verdict(t, deadline), st, fail);
   }
   t->cma_min = atomic_load(&t->h->cma) == 1 ? t->h->cma_min : 0;
+  t->cma_move_min = t->cma_min ? t->h->cma_move_min : 0;
   *out = t;
   return DT_OK;
 fail_unlink:
@@ -1112,7 +1132,9 @@ static dt_status shm_allreduce_prelude(dt_transport *t, const uint8_t *in, uint8
  * still touch its buffers. g takes one chunk number of the staged paths' sequence. */
 
 static bool shm_cma_use(dt_transport *t, size_t bytes) { return t->cma_min && bytes >= t->cma_min; }
-static size_t shm_single_copy(dt_transport *t) { return t->cma_min; }
+/* allgather (bytes: a block) and broadcast */
+static bool shm_cma_use_move(dt_transport *t, size_t bytes) { return t->cma_move_min && bytes >= t->cma_move_min; }
+static size_t shm_single_copy(dt_transport *t) { return t->cma_move_min; }
 
 /* Whether [p, p + n) lies in mappings of this process that are readable (and writable). Only
  * used to word an error, so reading /proc/self/maps is fine. */
@@ -1541,7 +1563,7 @@ static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtyp
                                int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
-  if (shm_cma_use(t, count * dt_dtype_size(dt)))
+  if (shm_cma_use_move(t, count * dt_dtype_size(dt)))
     return shm_broadcast_cma(t, buf, count * dt_dtype_size(dt), root, fp, deadline);
   shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
   p.per = t->h->chunk_bytes / p.es;
@@ -1578,7 +1600,7 @@ static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
       memmove(out, in, count * es);
     return DT_OK;
   }
-  if (shm_cma_use(t, count * es))
+  if (shm_cma_use_move(t, count * es))
     return shm_allgather_cma(t, in, out, count * es, fp, deadline);
   shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
   p.per = t->h->chunk_bytes / es;
