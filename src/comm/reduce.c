@@ -763,17 +763,34 @@ ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
  * with which rounding the exact sum or product first to f32 and then to f16 gives the correctly
  * rounded f16 result (S. A. Figueroa, "When is double rounding innocuous?", 1995), which is
  * what VADDPH and VMULPH return. On one core of an Intel Xeon guest with AVX512-FP16
- * (bench/reduce_bw.c, GB/s of output): 108 at 8 KiB and 34-38 at 64-256 KiB, where the widening
- * kernel ran 30 and 27-30 and f32's 75 and 41-43. Only two operands rounded once: more
+ * (bench/reduce_bw.c, GB/s of output): 121-124 at 8 KiB and 44-45 at 32-256 KiB (with the
+ * 256-bit loop below), where the widening kernel ran 30 and 27-30 and f32's 81-82 and 44-45.
+ * Only two operands rounded once: more
  * (dt__reduce_many's k > 2) accumulate in f32. */
 #define TGTFP16 __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl,avx2,f16c,fma")))
-#define H_OP2(name, OP)                                                                           \
+/* Operands from this many bytes (three of them no longer fit the 48 KiB L1) go 256 bits at a
+ * time. From L2 the 512-bit loop ran 39-40 GB/s of output and the 256-bit one 43-45, as f32's
+ * AVX2 loop, at 32-256 KiB; in L1 (8-16 KiB) 512 bits ran 114-131 against 88-98 (one core of the
+ * Xeon guest with AVX512-FP16, a standalone loop over both forms, 2026-11-29;
+ * bench/results/fp16-width-2026-11-29-xeon.txt). The 2-rank allreduce's f16/f32 in bytes/s went
+ * from 0.87-0.91 to 0.97-1.06 at 128-512 KiB (dtypes-fp16w-2026-11-29-xeon.txt). */
+#define H_L2_BYTES (32u << 10)
+#define H_OP2(name, OP, OP256)                                                                    \
   TGTFP16 static void name(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {        \
     size_t i = 0;                                                                                 \
     const bool pf = n * 2 >= RED_PF_MIN;                                                          \
+    if (n * 2 >= H_L2_BYTES)                                                                      \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        if (pf)                                                                                   \
+          v_pf(a + i, b + i);                                                                     \
+        __m256h x0 = _mm256_castsi256_ph(_mm256_loadu_si256((const __m256i *)(a + i)));          \
+        __m256h y0 = _mm256_castsi256_ph(_mm256_loadu_si256((const __m256i *)(b + i)));          \
+        __m256h x1 = _mm256_castsi256_ph(_mm256_loadu_si256((const __m256i *)(a + i + 16)));     \
+        __m256h y1 = _mm256_castsi256_ph(_mm256_loadu_si256((const __m256i *)(b + i + 16)));     \
+        _mm256_storeu_si256((__m256i *)(o + i), _mm256_castph_si256(OP256(x0, y0)));            \
+        _mm256_storeu_si256((__m256i *)(o + i + 16), _mm256_castph_si256(OP256(x1, y1)));       \
+      }                                                                                           \
     for (; i + 32 <= n; i += 32) {                                                                \
-      if (pf)                                                                                     \
-        v_pf(a + i, b + i);                                                                       \
       __m512h x = _mm512_castsi512_ph(_mm512_loadu_si512(a + i));                                \
       __m512h y = _mm512_castsi512_ph(_mm512_loadu_si512(b + i));                                \
       _mm512_storeu_si512(o + i, _mm512_castph_si512(OP(x, y)));                                  \
@@ -785,8 +802,8 @@ ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
       _mm512_mask_storeu_epi16(o + i, k, _mm512_castph_si512(OP(x, y)));                         \
     }                                                                                             \
   }
-H_OP2(h_f16_sum2, _mm512_add_ph)
-H_OP2(h_f16_prod2, _mm512_mul_ph)
+H_OP2(h_f16_sum2, _mm512_add_ph, _mm256_add_ph)
+H_OP2(h_f16_prod2, _mm512_mul_ph, _mm256_mul_ph)
 
 /* The last m < 16 elements of a half-type reduction (or a whole short one) in one masked step:
  * the scalar tail converted each element through dt__f16_to_f32 / dt__f32_to_f16 and took 24-35

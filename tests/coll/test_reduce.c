@@ -377,11 +377,18 @@ static void test_f16_every_value(void **s) {
       dt__reduce_force_scalar(1);
       dt__reduce2(ref, a, b, NA, DT_F16, o);
       dt__reduce_force_scalar(0);
-      dt__reduce2(got, a, b, NA, DT_F16, o);
-      for (uint32_t u = 0; u < NA; u++)
-        if (!same_bits_or_nan(got + u, ref + u, DT_F16))
-          fail_msg("f16 %04x %s %04x: %s gave %04x, portable %04x", a[u], dt_op_name(o), b[u], dt__reduce_isa(),
-                   got[u], ref[u]);
+      /* whole (operands past L1: the 256-bit loop with AVX512-FP16), then in pieces of 4099 (the
+       * 512-bit loop and a masked tail) */
+      for (int pieces = 0; pieces < 2; pieces++) {
+        for (uint32_t at = 0, m; at < NA; at += m) {
+          m = pieces ? DT_MIN(4099u, NA - at) : NA;
+          dt__reduce2(got + at, a + at, b + at, m, DT_F16, o);
+        }
+        for (uint32_t u = 0; u < NA; u++)
+          if (!same_bits_or_nan(got + u, ref + u, DT_F16))
+            fail_msg("f16 %04x %s %04x: %s gave %04x, portable %04x (%s)", a[u], dt_op_name(o), b[u],
+                     dt__reduce_isa(), got[u], ref[u], pieces ? "in pieces" : "whole");
+      }
     }
   }
   free(a), free(b), free(ref), free(got);
