@@ -851,7 +851,8 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 
 /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16, 5 + avx512 fp16 */
 static atomic_int simd_state;
-static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16 (tests) */
+static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16, 4 dt__copy's
+                                  * moves on any CPU (tests) */
 
 static bool use_avx2(void) {
 #ifdef RED_X86
@@ -926,7 +927,7 @@ static mix_fn mix_kernel(dt_op op) {
   return NULL;
 }
 
-void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 3 ? on : 0); }
+void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 4 ? on : 0); }
 
 const char *dt__reduce_isa(void) {
   return use_avx512fp16()   ? "avx2+avx512+bf16+fp16"
@@ -1173,9 +1174,17 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS, "Fifth EPYC
  * session"), and a 4 KiB flat allreduce went from 0.71 to 0.51 us (`DTRAIN_ALGO=flat dtrain bench
  * allreduce -n 2 --sizes 2K:64K`, with and without GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold
- * raised, 2026-11-27). So from 2 KiB the collectives copy with 32-byte moves where the CPU has
- * AVX2 (1.1-3x faster again than 16-byte ones there), with 16-byte ones elsewhere; below 2 KiB,
- * with glibc's own vector copy. */
+ * raised, 2026-11-27). So on AMD CPUs from 2 KiB the collectives copy with 32-byte moves where the
+ * CPU has AVX2 (1.1-3x faster again than 16-byte ones there), with 16-byte ones elsewhere.
+ * Everywhere else, and below 2 KiB, glibc's memcpy: on the Intel Xeon guest with AVX512-FP16 the
+ * 32-byte moves ran every copy into a slot or staging buffer that the other core had just read
+ * about twice as slowly (a string copy's whole-line stores need not fetch the line first):
+ * 2-rank shm broadcast 2.2-3.3 us at 4 KiB against 1.0-1.3, reduce_scatter 3.3 at 16 KiB and
+ * 12.1-12.9 at 64 KiB against 2.0-2.2 and 6.8-7.5, allgather 2.6-2.8 at 8 KiB gathered against
+ * 1.2-1.3, the 4 KiB flat allreduce 2.9-3.0 against 1.3-2.1, level where the single copies take
+ * over (six alternated runs each, reused and fresh inputs; bench/results/copy-2026-11-29-xeon.txt).
+ * glibc's memcpy was what these paths used on the Intel hosts before 2026-11-28 (the flat slots'
+ * thresholds were chosen with it). */
 #ifdef RED_X86
 __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t *s, size_t n) {
   size_t i = 0;
@@ -1194,10 +1203,29 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
 }
 #endif
 
+/* Whether dt__copy moves from 2 KiB itself: AMD CPUs (and tests). 0 unknown, 1 no, 2 yes. */
+static atomic_int copy_state;
+static bool copy_by_moves(void) {
+  int f = atomic_load_explicit(&force_scalar, memory_order_relaxed);
+  if (f == 1 || f == 4)
+    return true;
+#ifdef RED_X86
+  int s = atomic_load_explicit(&copy_state, memory_order_relaxed);
+  if (s == 0) {
+    __builtin_cpu_init();
+    s = __builtin_cpu_is("amd") ? 2 : 1;
+    atomic_store_explicit(&copy_state, s, memory_order_relaxed);
+  }
+  return s == 2;
+#else
+  return false;
+#endif
+}
+
 void dt__copy(void *dst, const void *src, size_t n) {
   uint8_t *d = dst;
   const uint8_t *s = src;
-  if (n < 2048) {
+  if (n < 2048 || !copy_by_moves()) {
     memcpy(d, s, n);
     return;
   }

@@ -32,8 +32,9 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
  * once (the pairwise form with an f32 accumulator moved 4 bytes of partials per element per
  * source). div: the divisor of avg (1 for the other ops). out may alias src[0] exactly, no other. */
 void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div);
-/* Tests: force the portable kernels (1), AVX2 without the AVX-512 half kernels (2), AVX-512
- * without its BF16 rounding and FP16 arithmetic (3), or back to run-time selection (0). */
+/* Tests: force the portable kernels and dt__copy's 16-byte moves (1), AVX2 without the AVX-512
+ * half kernels (2), AVX-512 without its BF16 rounding and FP16 arithmetic (3), dt__copy's
+ * vector moves (AMD CPUs' copy) on any CPU (4), or back to run-time selection (0). */
 void dt__reduce_force_scalar(int on);
 /* "avx2+avx512+bf16+fp16", "avx2+avx512+bf16", "avx2+avx512", "avx2" or "scalar": what
  * dt__reduce uses now. */
