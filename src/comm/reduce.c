@@ -1023,6 +1023,13 @@ static void div_f32(float *p, size_t n, int d) {
 
 void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, size_t n,
                     dt_op op, int div) {
+  if (div <= 1 && at == ot && bt == ot && (ot == DT_F16 || ot == DT_BF16)) {
+    /* two inputs of the output's half type rounded once: dt__reduce2's kernels (AVX512-FP16's
+     * for f16: the 2-rank recursive doubling's whole reduction; 16 KiB f16 allreduce 0.92x f32's
+     * bytes/s through the widening kernel, bench/results/dtypes-2026-11-29-xeon.txt) */
+    dt__reduce2(out, a, b, n, ot, op);
+    return;
+  }
   float fa[MIX_BLOCK], fb[MIX_BLOCK], fo[MIX_BLOCK];
   red_fn k = pick(DT_F32, op);
   mix_fn fused = n >= 8 ? mix_kernel(op) : NULL;
