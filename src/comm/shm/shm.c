@@ -78,8 +78,19 @@
  * us at 16 / 32 KiB against 2.7-7.2 / 4.1-12.0). On the Cascade Lake guest of 2026-11-27
  * (bench/results/cma-2026-11-27-xeon.txt, last sections) the flat slots still led below 16 KiB
  * (broadcast 1.7-2.0 us at 8 KiB against 2.8-3.8) and single copies drew level at 16-32 KiB:
- * from 16 KiB, where neither host loses much and this one gains 2-3x. */
+ * from 16 KiB, where neither host loses much and this one gains 2-3x. Not on AMD CPUs: on the
+ * Zen 3 EPYC guest the flat slots moved 16 KiB in 1.3-1.5 us (broadcast and allgather, 3.2-3.9x
+ * Open MPI; bench/results/compare-peers-2026-11-28g-epyc.md), below what the single copy's two
+ * waits and system calls cost here; there allgather and broadcast keep SHM_DEFAULT_CMA. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
+static uint64_t shm_cma_move_default(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("amd"))
+    return SHM_DEFAULT_CMA;
+#endif
+  return SHM_DEFAULT_CMA_MOVE;
+}
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
@@ -630,7 +641,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     if (cma == 0)
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
                           "or off");
-    cma_move = ce ? cma : SHM_DEFAULT_CMA_MOVE;
+    cma_move = ce ? cma : shm_cma_move_default();
   }
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
