@@ -71,11 +71,11 @@
  * Measured 2026-11-29 on an Intel Xeon guest with AVX512-FP16 (2 vCPUs), `dtrain bench
  * {allgather,broadcast} -n 2 --transport shm --algo {flat,shm} --sizes 1K:128K --iters 300
  * --warmup 30 [--fresh]` with DTRAIN_SHM_CMA=1024 for the single copy, two alternated runs
- * (bench/results/cma-small-2026-11-29-xeon.txt): there every copy out of a slot the other core
- * just wrote runs at about 3 GB/s, and single copies won from 4 KiB blocks (allgather 1.7 / 2.1
- * / 3.3 us at 4 / 16 / 32 KiB blocks against flat's 2.6 / 6.2 / 11.8; freshly written inputs
- * 2.1-2.4 / 3.7-3.9 / 6.6-6.9 against 2.6 / 6.2 / 12.0) and from 8-16 KiB for broadcast (2.4 / 3.4-3.6
- * us at 16 / 32 KiB against 2.7-7.2 / 4.1-12.0). On the Cascade Lake guest of 2026-11-27
+ * (bench/results/cma-small-2026-11-29-xeon.txt, section 4, with dt__copy on memcpy): single
+ * copies led from 16 KiB blocks (allgather 2.1-2.2 us at 32 KiB gathered against the flat slots'
+ * 3.7-4.1, 3.3-3.5 against 6.5-7.0 at 64 KiB; on freshly written inputs level or 10% behind
+ * there, ahead from 128 KiB gathered) and for broadcast from 16 KiB (2.4-2.9 / 3.5-3.8 us at 16 / 32 KiB against
+ * 3.0-3.4 / 5.3-5.8, reused or fresh). On the Cascade Lake guest of 2026-11-27
  * (bench/results/cma-2026-11-27-xeon.txt, last sections) the flat slots still led below 16 KiB
  * (broadcast 1.7-2.0 us at 8 KiB against 2.8-3.8) and single copies drew level at 16-32 KiB:
  * from 16 KiB, where neither host loses much and this one gains 2-3x. Not on AMD CPUs: on the
