@@ -153,8 +153,9 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2).
  *   broadcast and allgather, single copies (where the transport has them, `single`: shm from 16
  *     KiB per rank, 64 on AMD CPUs, see SHM_DEFAULT_CMA_MOVE in shm.c) ahead of the flat slots: one copy instead
- *     of two. Allgather used to keep the flat slots to 128 KiB blocks even there: 23 us at 64 KiB
- *     blocks against 4.8 single (2026-11-29, Xeon guest, bench/results/cma-small-2026-11-29-xeon.txt).
+ *     of two. Allgather used to keep the flat slots to 128 KiB blocks even there: 12.9-13.8 us at
+ *     64 KiB blocks against 5.0-5.2 single (2026-11-29, Xeon guest,
+ *     bench/results/cma-small-2026-11-29-xeon.txt, section 4).
  *   allgather, bruck (transports without a fast path: tcp): measured 2026-11-28 on the EPYC
  *     guest, `dtrain bench allgather -n {4,3} --transport tcp --algo {ring,bruck} --sizes 4:1M
  *     --iters 60 --warmup 6`, three alternated runs (sizes as gathered): n=4 bruck 59-86 us from
