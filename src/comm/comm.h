@@ -144,7 +144,10 @@ void dt__reduce(void *dst, const void *src, size_t count, dt_dtype t, dt_op op);
 /* out[i] = a[i] op b[i]; out may alias a or b. */
 void dt__reduce2(void *out, const void *a, const void *b, size_t count, dt_dtype t, dt_op op);
 void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n);
-/* memcpy for the collectives' bulk copies (comm/reduce.c): never `rep movsb`. */
+/* memcpy for the collectives' bulk copies (comm/reduce.c): on AMD CPUs from 2 KiB with its own
+ * vector moves, never `rep movsb`; elsewhere glibc's memcpy. */
 void dt__copy(void *dst, const void *src, size_t n);
+/* Whether this is an AMD CPU (CPUID vendor; false off x86), for choices measured per vendor. */
+bool dt__cpu_amd(void);
 
 #endif

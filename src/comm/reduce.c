@@ -1185,7 +1185,8 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * CPU has AVX2 (1.1-3x faster again than 16-byte ones there), with 16-byte ones elsewhere.
  * Everywhere else, and below 2 KiB, glibc's memcpy: on the Intel Xeon guest with AVX512-FP16 the
  * 32-byte moves ran every copy into a slot or staging buffer that the other core had just read
- * about twice as slowly (a string copy's whole-line stores need not fetch the line first):
+ * about twice as slowly (presumably because a plain store fetches the line from the other core
+ * first and a string copy's whole-line stores need not; not measured):
  * 2-rank shm broadcast 2.2-3.3 us at 4 KiB against 1.0-1.3, reduce_scatter 3.3 at 16 KiB and
  * 12.1-12.9 at 64 KiB against 2.0-2.2 and 6.8-7.5, allgather 2.6-2.8 at 8 KiB gathered against
  * 1.2-1.3, the 4 KiB flat allreduce 2.9-3.0 against 1.3-2.1, level where the single copies take
@@ -1210,23 +1211,25 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
 }
 #endif
 
-/* Whether dt__copy moves from 2 KiB itself: AMD CPUs (and tests). 0 unknown, 1 no, 2 yes. */
-static atomic_int copy_state;
-static bool copy_by_moves(void) {
-  int f = atomic_load_explicit(&force_scalar, memory_order_relaxed);
-  if (f == 1 || f == 4)
-    return true;
+static atomic_int cpu_vendor; /* 0 unknown, 1 other, 2 AMD */
+bool dt__cpu_amd(void) {
 #ifdef RED_X86
-  int s = atomic_load_explicit(&copy_state, memory_order_relaxed);
-  if (s == 0) {
+  int v = atomic_load_explicit(&cpu_vendor, memory_order_relaxed);
+  if (v == 0) {
     __builtin_cpu_init();
-    s = __builtin_cpu_is("amd") ? 2 : 1;
-    atomic_store_explicit(&copy_state, s, memory_order_relaxed);
+    v = __builtin_cpu_is("amd") ? 2 : 1;
+    atomic_store_explicit(&cpu_vendor, v, memory_order_relaxed);
   }
-  return s == 2;
+  return v == 2;
 #else
   return false;
 #endif
+}
+
+/* Whether dt__copy moves from 2 KiB itself: AMD CPUs, and tests forcing it (1 or 4). */
+static bool copy_by_moves(void) {
+  int f = atomic_load_explicit(&force_scalar, memory_order_relaxed);
+  return f == 1 || f == 4 || dt__cpu_amd();
 }
 
 void dt__copy(void *dst, const void *src, size_t n) {

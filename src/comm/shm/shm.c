@@ -69,8 +69,8 @@
 /* Allgather and broadcast copy once from this many bytes per rank (an allgather's block, a
  * broadcast's buffer): they only move data, and one copy replaces two (into a slot, out of it).
  * Measured 2026-11-29 on an Intel Xeon guest with AVX512-FP16 (2 vCPUs), `dtrain bench
- * {allgather,broadcast} -n 2 --transport shm --algo {flat,shm} --sizes 1K:128K --iters 300
- * --warmup 30 [--fresh]` with DTRAIN_SHM_CMA=1024 for the single copy, two alternated runs
+ * {allgather,broadcast} -n 2 --transport shm [--algo flat] --sizes 8K:512K --iters 300 --warmup
+ * 30 [--fresh]` (the auto choice taking the single copies from 16 KiB), two rounds
  * (bench/results/cma-small-2026-11-29-xeon.txt, section 4, with dt__copy on memcpy): single
  * copies led from 16 KiB blocks (allgather 2.1-2.2 us at 32 KiB gathered against the flat slots'
  * 3.7-4.1, 3.3-3.5 against 6.5-7.0 at 64 KiB; on freshly written inputs level or 10% behind
@@ -83,14 +83,6 @@
  * Open MPI; bench/results/compare-peers-2026-11-28g-epyc.md), below what the single copy's two
  * waits and system calls cost here; there allgather and broadcast keep SHM_DEFAULT_CMA. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
-static uint64_t shm_cma_move_default(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_is("amd"))
-    return SHM_DEFAULT_CMA;
-#endif
-  return SHM_DEFAULT_CMA_MOVE;
-}
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
@@ -641,7 +633,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     if (cma == 0)
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
                           "or off");
-    cma_move = ce ? cma : shm_cma_move_default();
+    cma_move = ce ? cma : dt__cpu_amd() ? SHM_DEFAULT_CMA : SHM_DEFAULT_CMA_MOVE;
   }
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
