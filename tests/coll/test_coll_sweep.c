@@ -5,7 +5,8 @@
  * Usage: test_coll_sweep <shm|tcp|tcp-poll|tcp-spin> <ranks,...> <counts,...> [colls,...]
  *   tcp-poll / tcp-spin force the tcp transport's way of waiting (tcp.c): tcp-poll sleeps in
  *   poll(2) at once (DTRAIN_TCP_SPIN_US=0), tcp-spin spins before sleeping on messages of any
- *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins only on small ones (its default).
+ *   size (DTRAIN_TCP_SPIN_MAX=1G); plain tcp spins on any size with up to one rank per CPU and
+ *   only on small ones above (its default).
  *   colls: allreduce reduce broadcast allgather reduce_scatter gather scatter alltoall barrier
  *   (default all). Algorithms are forced through DTRAIN_ALGO per call: allreduce ring/rd/rhd,
  *   broadcast tree/chain, allgather ring/bruck, reduce_scatter ring/rhd, barrier dissem, plus the

@@ -17,8 +17,8 @@
  * a peer that goes silent while it says it sent is named through tcp_loss.c. A small message
  * thus costs one sendmsg and (once it is there) one recv on the calling thread.
  *
- * Waiting: small messages are polled for with nonblocking recv/send for a few tens of
- * microseconds before the sendrecv sleeps in poll(2) (TCP_SPIN_US below says why).
+ * Waiting: a sendrecv retries its nonblocking recv/send for a few tens of microseconds before it
+ * sleeps in poll(2) (TCP_SPIN_US below says why; with more ranks than CPUs only small messages).
  *
  * Not here: multiple streams per peer, MSG_ZEROCOPY, and any collective algorithm (comm/coll/
  * builds them from sendrecv). */
@@ -54,9 +54,9 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
 
-/* Waiting for a small message: before sleeping in poll(2), a sendrecv whose messages (each way)
- * have at most TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
- * microseconds (default TCP_SPIN_US). Why: on the 2-core KVM
+/* Waiting: before sleeping in poll(2), a sendrecv whose messages (each way) have at most
+ * DTRAIN_TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
+ * microseconds (default TCP_SPIN_US) without moving a byte. Why: on the 2-core KVM
  * guest a poll(2) sleep costs a wake-up of 10-20 us per message (halt, IPI, schedule), most of a
  * small message's time. Measured with
  *   dtrain bench allreduce -n {2,4} --transport tcp --sizes 8:4K --iters 1000..2000
@@ -71,10 +71,17 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * busy loops took 3.9-4.0 ms per call at most sizes up to 64 KiB instead of 4.4-4.8 us
  * (docs/BENCHMARKS.md, "Small tcp messages on a busy host"). Pausing keeps the core for at most
  * the spin time, then poll(2) sleeps, and the wake-up preempts the busy program at once.
- * TCP_SPIN_MAX: a 64 KiB allreduce (2 ranks bound to their cores, load ~11) took 51-55 us
- * spinning against 189 us not (Open MPI 49 us); larger messages keep the plain poll: with 4
- * ranks on 2 cores spinning made a 1 MiB allreduce about 2x slower (11-19 ms against 7-9.5 ms)
- * and unbound 2-rank runs gained nothing from it. */
+ * How large (DTRAIN_TCP_SPIN_MAX): with more ranks than CPUs, TCP_SPIN_MAX: a 64 KiB allreduce
+ * (2 ranks bound to their cores, load ~11) took 51-55 us spinning against 189 us not (Open MPI
+ * 49 us), while with 4 ranks on 2 cores spinning made a 1 MiB allreduce about 2x slower (11-19 ms
+ * against 7-9.5 ms). Each rank owning its core, every size: a broadcast's receiver otherwise
+ * sleeps between the pieces the kernel hands over, and the sender between the acknowledgements.
+ * 2 ranks, three alternated rounds of `DTRAIN_TCP_SPIN_MAX={64K,256M} dtrain bench <coll> -n 2
+ * --transport tcp --sizes 64K:64M --iters 40 --warmup 5` (2026-11-29, Xeon guest;
+ * bench/results/tcp-spin-2026-11-29-xeon.txt): broadcast 23-25 us at 128 KiB against 38-44,
+ * 47-49 at 512 KiB against 75-101, 3.3-3.8 ms at 16 MiB against 4.2-4.8 (1 MiB mixed), the
+ * allreduce, allgather and reduce_scatter level at every size; `dtrain train` over tcp (mlp and
+ * cnn, 2 workers, three alternated pairs) level in samples/s. */
 #define TCP_SPIN_US 50
 #define TCP_SPIN_MAX (64u << 10)
 
@@ -409,22 +416,23 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   }
   for (int i = 0; i < t->n; i++)
     t->fd[i] = -1;
+  /* more ranks on this host than CPUs: the tries yield the core to the rank sharing it, and only
+   * small messages spin (TCP_SPIN_MAX above) */
+  int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
+  t->yield = ncpu > 0 && DT_MAX(c->local_size, c->env.local_size) > ncpu;
   int64_t spin_us = TCP_SPIN_US;
-  uint64_t spin_max = TCP_SPIN_MAX;
+  uint64_t spin_max = t->yield ? TCP_SPIN_MAX : UINT64_MAX;
   dt_status st = dt__env_int("DTRAIN_TCP_SPIN_US", TCP_SPIN_US, &spin_us);
   if (st == DT_OK && (spin_us < 0 || spin_us > 1000000))
     st = dt_set_error(DT_ERR_INVALID, "DTRAIN_TCP_SPIN_US=%lld must be in 0..1000000", (long long)spin_us);
   if (st == DT_OK)
-    st = dt__env_size("DTRAIN_TCP_SPIN_MAX", TCP_SPIN_MAX, &spin_max);
+    st = dt__env_size("DTRAIN_TCP_SPIN_MAX", spin_max, &spin_max);
   if (st != DT_OK) {
     tcp_destroy(t);
     return st;
   }
-  /* more ranks on this host than CPUs: the tries yield the core to the rank sharing it */
-  int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
-  t->yield = ncpu > 0 && DT_MAX(c->local_size, c->env.local_size) > ncpu;
   t->spin_ns = spin_us * 1000;
-  t->spin_max = (size_t)spin_max;
+  t->spin_max = (size_t)DT_MIN(spin_max, (uint64_t)SIZE_MAX);
   t->queue = SIZE_MAX; /* until tcp_ready lowers it to the smallest connection's */
   if (t->n == 1) {
     *out = t;
