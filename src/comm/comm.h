@@ -147,6 +147,9 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n);
 /* memcpy for the collectives' bulk copies (comm/reduce.c): on AMD CPUs from 2 KiB with its own
  * vector moves, never `rep movsb`; elsewhere glibc's memcpy. */
 void dt__copy(void *dst, const void *src, size_t n);
+/* memcpy whose stores bypass the caches (x86; elsewhere memcpy): for outputs larger than the
+ * caches, which a plain store would first read from memory. */
+void dt__copy_nt(void *dst, const void *src, size_t n);
 /* Whether this is an AMD CPU (CPUID vendor; false off x86), for choices measured per vendor. */
 bool dt__cpu_amd(void);
 

@@ -1251,3 +1251,44 @@ void dt__copy(void *dst, const void *src, size_t n) {
   if (i < n)
     memcpy(d + i, s + i, n - i);
 }
+
+/* Non-temporal stores from the first 64-byte boundary of dst (glibc's memcpy around it): the
+ * lines go to memory without being read for ownership first and without evicting the caller's
+ * working set. */
+#ifdef RED_X86
+__attribute__((target("avx2"))) static size_t copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i)), x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32)),
+            x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64)), x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+    _mm256_stream_si256((__m256i *)(d + i), x0);
+    _mm256_stream_si256((__m256i *)(d + i + 32), x1);
+    _mm256_stream_si256((__m256i *)(d + i + 64), x2);
+    _mm256_stream_si256((__m256i *)(d + i + 96), x3);
+  }
+  return i;
+}
+static size_t copy_nt_sse2(uint8_t *d, const uint8_t *s, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (size_t j = 0; j < 64; j += 16)
+      _mm_stream_si128((__m128i *)(d + i + j), _mm_loadu_si128((const __m128i *)(s + i + j)));
+  return i;
+}
+#endif
+
+void dt__copy_nt(void *dst, const void *src, size_t n) {
+  uint8_t *d = dst;
+  const uint8_t *s = src;
+#ifdef RED_X86
+  size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+  if (n >= head + 128) { /* force_scalar 1 (use_avx2 false) takes the SSE2 loop */
+    memcpy(d, s, head);
+    size_t done = head + (use_avx2() ? copy_nt_avx2 : copy_nt_sse2)(d + head, s + head, n - head);
+    _mm_sfence(); /* the streamed lines are ordered before whatever the caller publishes next */
+    memcpy(d + done, s + done, n - done);
+    return;
+  }
+#endif
+  memcpy(d, s, n);
+}

@@ -589,15 +589,16 @@ static void test_copy(void **s) {
   for (size_t i = 0; i < MAXN + PAD; i++)
     src[i] = (uint8_t)(i * 131 + 7);
   static const size_t longer[] = {8191, 8192, 8193, 12345, MAXN - 64};
-  static const int modes[] = {0, 1, 4}; /* native, 16-byte moves, vector moves */
-  for (int m = 0; m < 3; m++) {
+  /* dt__copy: native, 16-byte moves, vector moves; dt__copy_nt: AVX2 (0) and SSE2 (1) streams */
+  static const int modes[] = {0, 1, 4, 0, 1};
+  for (int m = 0; m < 5; m++) {
     dt__reduce_force_scalar(modes[m]);
     for (size_t n = 0; n < 4096 + 130 + 5; n++) {
       size_t len = n < 4096 + 130 ? n : longer[n - 4096 - 130];
       size_t so = (n * 7) % 33, dof = (n * 13) % 37;
       size_t end = PAD + dof + len + PAD, bad = end;
       memset(dst, 0xEE, end);
-      dt__copy(dst + PAD + dof, src + so, len);
+      (m < 3 ? dt__copy : dt__copy_nt)(dst + PAD + dof, src + so, len);
       assert_memory_equal(dst + PAD + dof, src + so, len);
       for (size_t i = 0; i < end && bad == end; i++)
         if ((i < PAD + dof || i >= PAD + dof + len) && dst[i] != 0xEE)

@@ -5,7 +5,7 @@
  *     a half-written result);
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
- *   - a bad DTRAIN_SHM_CMA (or waiting knob): dt_comm_create fails naming the variable;
+ *   - a bad DTRAIN_SHM_CMA, DTRAIN_SHM_NT (or waiting knob): dt_comm_create fails naming the variable;
  *   - 12 ranks with 4 KiB chunks (slices of 6 lines from 11 peers: more than one chunk's worth);
  *   - a buffer that is not writable, or shorter than the call's count: an error naming the rank
  *     whose buffer it is (not a crash, not the peer blamed);
@@ -103,7 +103,7 @@ static int bad_env_body(int rank, int size, void *arg) {
   setenv(name, eq + 1, 1);
   dt_comm *c = NULL;
   dt_status st = dt_comm_create(NULL, &c);
-  if (rank > 0) { /* DTRAIN_SHM_CMA: only rank 0 reads it (it sets the segment up); the others see it fail */
+  if (rank > 0) { /* DTRAIN_SHM_CMA, _NT: only rank 0 reads it (it sets the segment up); the others see it fail */
     CHECK(st != DT_OK, "create succeeded although rank 0's failed");
     return 0;
   }
@@ -349,7 +349,7 @@ int main(void) {
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
                         "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes", "DTRAIN_SHM_THP=1M",
-                        "DTRAIN_SHM_THP=-2M"};
+                        "DTRAIN_SHM_THP=-2M", "DTRAIN_SHM_NT=0", "DTRAIN_SHM_NT=big", "DTRAIN_SHM_NT=-1"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {

@@ -83,6 +83,21 @@
  * Open MPI; bench/results/compare-peers-2026-11-28g-epyc.md), below what the single copy's two
  * waits and system calls cost here; there allgather and broadcast keep SHM_DEFAULT_CMA. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
+/* The allreduce writes its output with non-temporal stores (dt__copy_nt) once the call's
+ * footprint, every local rank's input and output (2 x n x bytes), reaches this: there the output
+ * leaves the caches anyway, and a plain store would first read each line from memory. Measured
+ * 2026-11-29 on an Intel Xeon guest with AVX512-FP16 (2 vCPUs), three alternated rounds of
+ * `DTRAIN_SHM_NT={off,default} dtrain bench allreduce -n {2,4} --transport shm --sizes 1M:256M
+ * --iters 10 --warmup 3` (bench/results/nt-out-2026-11-29-xeon.txt): 2 ranks (single copy) 256
+ * MiB 45.2-45.8 ms against 50.4-51.1, 64 MiB 10.7-11.3 against 11.7-12.5, 32 MiB 3.8-4.5 against
+ * 4.5-4.9, mixed at 16 MiB; 4 ranks on the 2 cores (staged) 16-20% faster from 16 MiB (256 MiB
+ * 106-107 against 129-130), level at 8 MiB. In a one-off build that streamed every copy-out of
+ * 64 KiB and more, 2 ranks were 5-10% slower at 2-8 MiB, where a rank's buffers stay cached
+ * from call to call. Not on AMD CPUs: on the Zen 3 EPYC guest the single copy streaming its
+ * output from the last-level cache's size was level to 3% slower at 64-256 MiB
+ * (docs/BENCHMARKS.md, "Writing the allreduce's output around the caches"). DTRAIN_SHM_NT=B or
+ * off overrides. */
+#define SHM_DEFAULT_NT ((uint64_t)64 << 20)
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
@@ -141,6 +156,7 @@ typedef struct shm_hdr {
   uint64_t off_flat, flat_bytes, flat_stride;
   uint64_t cma_min;      /* single-copy allreduce from this many bytes; 0: never */
   uint64_t cma_move_min; /* single-copy allgather and broadcast from this many bytes per rank */
+  uint64_t nt_min;       /* allreduce outputs streamed from this footprint (SHM_DEFAULT_NT); 0: never */
   uint64_t owner_addr; /* where rank 0 maps this header, and its pid: the others' probe */
   int32_t owner_pid;
   alignas(SHM_LINE) _Atomic uint32_t bell;
@@ -238,6 +254,7 @@ struct dt_transport {
   unsigned win_tries; /* dt_comm_window calls (same on every rank): names their store keys */
   size_t cma_min;     /* single-copy allreduce from this many bytes (0: never), as rank 0 set */
   size_t cma_move_min; /* single-copy allgather and broadcast from this many bytes (0: never) */
+  size_t nt_min;      /* allreduce outputs streamed from this footprint (0: never), as rank 0 set */
   uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
   size_t thp_step;    /* collapse buffers met twice onto huge pages, this much per call (0: never) */
   struct {
@@ -635,6 +652,14 @@ static dt_status shm_make(dt_transport *t, const char *name) {
                           "or off");
     cma_move = ce ? cma : dt__cpu_amd() ? SHM_DEFAULT_CMA : SHM_DEFAULT_CMA_MOVE;
   }
+  const char *ne = dt__env_str("DTRAIN_SHM_NT");
+  uint64_t nt = 0; /* stays 0 ("never") for off */
+  if (!(ne && !strcmp(ne, "off"))) {
+    DT_CHECK(dt__env_size("DTRAIN_SHM_NT", dt__cpu_amd() ? 0 : SHM_DEFAULT_NT, &nt));
+    if (ne && nt == 0)
+      return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_NT=0: give a size in bytes (the allreduce footprint from "
+                          "which outputs bypass the caches) or off");
+  }
   size_t n = (size_t)t->n;
   /* Rings grow with n^2: past SHM_RINGS_MAX in all, smaller slots (a 16 KiB floor) keep the
    * segment within bounds for many ranks unless DTRAIN_SHM_SLOT asks otherwise. */
@@ -656,7 +681,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
                     .slot_bytes = slot, .chunk_bytes = chunk, .off_ranks = off_ranks, .off_rings = off_rings,
                     .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
                     .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma,
-                    .cma_move_min = cma_move,
+                    .cma_move_min = cma_move, .nt_min = nt,
                     .owner_addr = (uint64_t)(uintptr_t)p, .owner_pid = (int32_t)getpid()};
   atomic_store(&t->h->cma, cma ? 0u : 2u);
   return DT_OK;
@@ -882,6 +907,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   }
   t->cma_min = atomic_load(&t->h->cma) == 1 ? t->h->cma_min : 0;
   t->cma_move_min = t->cma_min ? t->h->cma_move_min : 0;
+  t->nt_min = t->h->nt_min;
   *out = t;
   return DT_OK;
 fail_unlink:
@@ -1112,6 +1138,12 @@ static void shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t 
   dt__reduce_many(shm_stage(t, t->rank, b) + lo * es, t->srcs, k, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
 }
 
+/* Whether an allreduce of `bytes` per rank writes its output with non-temporal stores
+ * (SHM_DEFAULT_NT). */
+static bool shm_nt_use(const dt_transport *t, size_t bytes) {
+  return t->nt_min && (uint64_t)bytes * 2 * (uint64_t)t->n >= t->nt_min;
+}
+
 /* What both allreduce paths do first: a world of one copies (and finishes the op, e.g. the
  * average's division); a transport broken by a mismatch or an aborted job refuses. *done is
  * true when nothing is left to do. */
@@ -1259,7 +1291,9 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
  * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
  * output; in place, slice s of rank r's buffer is read by rank s before rank s overwrites it.
  * Per rank the memory traffic is its input read once and its output written once, against the
- * staged path's extra copy-in and copy-out through the staging buffers. */
+ * staged path's extra copy-in and copy-out through the staging buffers. With a footprint beyond
+ * the caches (shm_nt_use) the slice is reduced into the buffer, over the first other rank's part,
+ * written to the others from there and streamed into this rank's output. */
 static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
                                    dt_op op, const dt__fp *fp, int64_t deadline) {
   const size_t es = dt_dtype_size(dt), ce = t->h->chunk_bytes / es;
@@ -1267,6 +1301,7 @@ static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *
   const size_t lines = t->h->chunk_bytes / SHM_LINE, most = (lines + (size_t)t->n - 1) / (size_t)t->n * SHM_LINE;
   if (!t->cma_buf && !(t->cma_buf = dt__alloc((size_t)(t->n - 1) * most)))
     return DT_ERR_NOMEM;
+  const bool nt = shm_nt_use(t, count * es);
   dt_status st = shm_cma_begin(t, in, count * es, out, count * es, fp, deadline);
   for (size_t k = 0; st == DT_OK && k * ce < count; k++) {
     size_t len = DT_MIN(count - k * ce, ce), lo, hi;
@@ -1284,10 +1319,13 @@ static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *
       }
     if (st != DT_OK)
       break;
-    dt__reduce_many(out + off, t->srcs, j, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
+    uint8_t *res = nt ? t->cma_buf : out + off; /* elementwise: it may alias t->srcs[1] */
+    dt__reduce_many(res, t->srcs, j, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
     for (int r = 0; r < t->n && st == DT_OK; r++)
       if (r != t->rank)
-        st = shm_cma_move(t, r, true, out + off, t->ranks[r].cma_out + off, m);
+        st = shm_cma_move(t, r, true, res, t->ranks[r].cma_out + off, m);
+    if (nt)
+      dt__copy_nt(out + off, res, m);
   }
   return shm_cma_end(t, st, fp, deadline);
 }
@@ -1342,6 +1380,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   if (shm_cma_use(t, count * es))
     return shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
   shm_board_set(t, fp);
+  const bool nt = shm_nt_use(t, count * es); /* the copy-out streams past the caches */
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
   const uint64_t base = t->chunks;
@@ -1367,7 +1406,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     for (int s = 0; s < t->n && len; s++) {
       shm_slice(len, es, t->n, s, &lo, &hi);
       if (hi > lo)
-        dt__copy(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
+        (nt ? dt__copy_nt : dt__copy)(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
     }
     shm_publish(t, offsetof(shm_rank, out_seq), g);
   }
