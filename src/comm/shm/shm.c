@@ -98,6 +98,12 @@
  * (docs/BENCHMARKS.md, "Writing the allreduce's output around the caches"). DTRAIN_SHM_NT=B or
  * off overrides. */
 #define SHM_DEFAULT_NT ((uint64_t)64 << 20)
+/* Streaming its output, the single-copy allreduce steps this many chunks at a time (one system
+ * call per peer and direction per step). Same host, three alternated rounds of a build stepping
+ * 1, 2 or 4 chunks of 512 KiB, `dtrain bench allreduce -n 2 --transport shm --sizes 16M:256M
+ * --iters 10 --warmup 3`: 2 chunks 10.9-11.5 ms at 64 MiB against 11.3-11.9, 44.5-45.8 at 256
+ * MiB against 45.7-46.3; 4 chunks slower than 1 from 16 MiB (bench/results/nt-out-2026-11-29-xeon.txt). */
+#define SHM_NT_CHUNKS 2
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
  * SHM_THP_SEEN met: a training step's buckets) has its whole 2 MiB pages collapsed onto
@@ -1284,8 +1290,9 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
   return st;
 }
 
-/* Allreduce, one copy: per chunk of the staged path's size, rank s reads slice s of the chunk from
- * every other rank's input into a cache-sized buffer, reduces it with its own (own first, then
+/* Allreduce, one copy: per chunk of the staged path's size (SHM_NT_CHUNKS of them when
+ * streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
+ * buffer, reduces it with its own (own first, then
  * the others in rank order, as the staged path) into its output, and writes the result from
  * there, still in cache, into every other rank's output. Nobody waits for anybody between the
  * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
@@ -1296,12 +1303,14 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
  * written to the others from there and streamed into this rank's output. */
 static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
                                    dt_op op, const dt__fp *fp, int64_t deadline) {
-  const size_t es = dt_dtype_size(dt), ce = t->h->chunk_bytes / es;
-  /* a slice is at most ceil(lines / n) whole lines of a chunk (shm_slice); n - 1 of them */
-  const size_t lines = t->h->chunk_bytes / SHM_LINE, most = (lines + (size_t)t->n - 1) / (size_t)t->n * SHM_LINE;
+  const size_t es = dt_dtype_size(dt);
+  const bool nt = shm_nt_use(t, count * es);
+  const size_t ce = t->h->chunk_bytes * (nt ? SHM_NT_CHUNKS : 1) / es; /* elements per step */
+  /* a slice is at most ceil(lines / n) whole lines of a step (shm_slice); n - 1 of them */
+  const size_t lines = SHM_NT_CHUNKS * t->h->chunk_bytes / SHM_LINE,
+               most = (lines + (size_t)t->n - 1) / (size_t)t->n * SHM_LINE;
   if (!t->cma_buf && !(t->cma_buf = dt__alloc((size_t)(t->n - 1) * most)))
     return DT_ERR_NOMEM;
-  const bool nt = shm_nt_use(t, count * es);
   dt_status st = shm_cma_begin(t, in, count * es, out, count * es, fp, deadline);
   for (size_t k = 0; st == DT_OK && k * ce < count; k++) {
     size_t len = DT_MIN(count - k * ce, ce), lo, hi;
