@@ -6,6 +6,9 @@
  * Every check asserts values or the exact failure a rank must report; every wait is bounded by
  * the harness (mp_run) and by the communicator's deadline. */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -578,6 +581,42 @@ static int case_stranger(int rank, int size, void *arg) {
  * 1 gives up at its deadline, naming rank 0, its address and the silence. *arg 1: rank 0 sends
  * one heartbeat once rank 1 is there, then none (a stopped process): rank 1 stops with that
  * verdict about a fault timeout (1 s) later, not at its deadline. */
+/* reno: every connection of the tcp transport to another rank on this host runs Reno (tcp.c's
+ * tcp_local_reno), whatever the host's default congestion control: this process's connected
+ * TCP sockets whose two ends share an address, the rendezvous store's connection among them
+ * (it keeps the host's default), number at least size - 1 running "reno". */
+static int case_reno(int rank, int size, void *arg) {
+  (void)arg;
+  g_rank = rank;
+  dt_comm *c = NULL;
+  if (join(&c))
+    return 1;
+  int reno = 0;
+  for (int fd = 3; fd < 4096; fd++) {
+    struct sockaddr_in a, b;
+    socklen_t la = sizeof a, lb = sizeof b;
+    char cc[16] = "";
+    socklen_t lc = sizeof cc - 1;
+    if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0 ||
+        a.sin_family != AF_INET || a.sin_addr.s_addr != b.sin_addr.s_addr ||
+        getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, &lc) != 0)
+      continue;
+    reno += !strcmp(cc, "reno");
+  }
+  CHECK(reno >= size - 1, "%d of this rank's same-host connections run reno, want at least %d", reno, size - 1);
+  /* and they carry data: a broadcast of 1 MiB, one message each way */
+  enum { N = 1 << 18 };
+  float *buf = malloc(N * sizeof *buf);
+  for (int i = 0; i < N; i++)
+    buf[i] = rank == 0 ? (float)(i % 1000) : -1.0f;
+  CHECK_OK(dt_comm_broadcast(c, buf, N, DT_F32, 0));
+  for (int i = 0; i < N; i++)
+    CHECK(buf[i] == (float)(i % 1000), "element %d: %g", i, buf[i]);
+  free(buf);
+  dt_comm_destroy(c);
+  return 0;
+}
+
 static int case_silent(int rank, int size, void *arg) {
   g_rank = rank;
   int stopped = *(const int *)arg;
@@ -648,7 +687,7 @@ static int case_silent(int rank, int size, void *arg) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s p2p|sendrecv|fast|fastmismatch|split|kill|stop|nojoin|mismatch|stranger|silent shm|tcp\n", argv[0]);
+    fprintf(stderr, "usage: %s p2p|sendrecv|fast|fastmismatch|split|kill|stop|nojoin|mismatch|stranger|silent|reno shm|tcp\n", argv[0]);
     return 2;
   }
   const char *cs = argv[1];
@@ -697,6 +736,9 @@ int main(int argc, char **argv) {
     failures += mp_run(3, case_stranger, &hold, 60);
     unsetenv("DTRAIN_HANDSHAKE_TIMEOUT_MS");
     unsetenv("DTRAIN_TIMEOUT_MS");
+  } else if (!strcmp(cs, "reno")) {
+    for (int n = 2; n <= 3; n++)
+      failures += mp_run(n, case_reno, NULL, 60);
   } else if (!strcmp(cs, "silent")) {
     setenv("DTRAIN_TIMEOUT_MS", "3000", 1);
     setenv("DTRAIN_HANDSHAKE_TIMEOUT_MS", "300", 1);

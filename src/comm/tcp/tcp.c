@@ -29,6 +29,7 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -204,12 +205,37 @@ static void tcp_destroy(dt_transport *t) {
   dt__free(t);
 }
 
+/* Connections within this host (both ends on one address: loopback, or the host's own) run
+ * Reno whatever the host's default congestion control. Loopback neither loses nor queues
+ * packets, and with BBR, this Xeon guest's default, a one-way message of 1 MiB or more stalled
+ * on BBR's window and pacing: the 2-rank broadcast (one such message) took 287-326 us at 1 MiB
+ * and 3.6-4.0 ms at 16 MiB, with Reno 90-104 us and 1.6-1.7 ms; 4 ranks 7.4 ms against 15.3 at
+ * 16 MiB; the allreduce and allgather (pieces each way) level, latency level. Three alternated
+ * rounds of `dtrain bench broadcast -n 2 --transport tcp --sizes 256K:16M --iters 40 --warmup
+ * 5`, one build switching by an environment variable (2026-11-29; rows in
+ * bench/results/tcp-reno-2026-11-29-xeon.txt). Links to other hosts keep the host's choice. */
+static void tcp_local_reno(const dt_transport *t, int peer, int fd) {
+  struct sockaddr_storage a, b;
+  socklen_t la = sizeof a, lb = sizeof b;
+  if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0 ||
+      a.ss_family != b.ss_family)
+    return;
+  bool same = a.ss_family == AF_INET
+                  ? ((struct sockaddr_in *)&a)->sin_addr.s_addr == ((struct sockaddr_in *)&b)->sin_addr.s_addr
+                  : a.ss_family == AF_INET6 && !memcmp(&((struct sockaddr_in6 *)&a)->sin6_addr,
+                                                       &((struct sockaddr_in6 *)&b)->sin6_addr, sizeof(struct in6_addr));
+  if (same && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) != 0)
+    DT_LOG_DEBUG("rank %d: Reno for the connection to rank %d: %s (the host's congestion control stays)", t->rank,
+                 peer, strerror(errno));
+}
+
 static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
   uint64_t buf = TCP_DEFAULT_BUF;
   dt_status st = dt__env_size("DTRAIN_SOCKET_BUFFER", TCP_DEFAULT_BUF, &buf);
   if (st != DT_OK)
     return st;
   dt__sock_tune(fd, buf > (64u << 20) ? (64 << 20) : (int)buf);
+  tcp_local_reno(t, peer, fd);
   /* What this connection queues for a peer that is not reading: the kernel reports twice the
    * size asked for (it counts its bookkeeping too); half of that is the payload it is sure to
    * hold, however the bytes are cut into packets. */
