@@ -582,9 +582,9 @@ static int case_stranger(int rank, int size, void *arg) {
  * one heartbeat once rank 1 is there, then none (a stopped process): rank 1 stops with that
  * verdict about a fault timeout (1 s) later, not at its deadline. */
 /* reno: every connection of the tcp transport to another rank on this host runs Reno (tcp.c's
- * tcp_local_reno), whatever the host's default congestion control: this process's connected
- * TCP sockets whose two ends share an address, the rendezvous store's connection among them
- * (it keeps the host's default), number at least size - 1 running "reno". */
+ * tcp_ready, TCP_LOCAL_BUF), whatever the host's default congestion control: this process's
+ * connected TCP sockets whose two ends share an address, the rendezvous store's connection
+ * among them (it keeps the host's default), number at least size - 1 running "reno". */
 static int case_reno(int rank, int size, void *arg) {
   (void)arg;
   g_rank = rank;

@@ -54,6 +54,24 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 /* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
+/* Connections within this host (tcp_same_host) run Reno whatever the host's default congestion
+ * control, and, when every rank has a CPU of its own, with TCP_LOCAL_BUF socket buffers.
+ * Loopback neither loses nor queues packets, and with BBR, this Xeon guest's default, a one-way
+ * message of 1 MiB or more stalled on BBR's window and pacing: the 2-rank broadcast (one such
+ * message) took 287-326 us at 1 MiB and 3.6-4.0 ms at 16 MiB, with Reno 90-104 us and 1.6-1.7
+ * ms; 4 ranks 7.4 ms against 15.3 at 16 MiB; the allreduce and allgather (pieces each way) and
+ * latency level (three alternated rounds of `dtrain bench broadcast -n 2 --transport tcp --sizes
+ * 256K:16M --iters 40 --warmup 5`, one build switching by an environment variable, 2026-11-29;
+ * bench/results/tcp-reno-2026-11-29-xeon.txt). Then with Reno, 1 MiB buffers against 4 MiB
+ * (two alternated rounds, `DTRAIN_SOCKET_BUFFER={4M,1M} dtrain bench <coll> -n {2,4} --transport
+ * tcp`, bench/results/tcp-sockbuf-2026-11-29-xeon.txt): the 2-rank broadcast 2.2-2.7x faster
+ * from 32 MiB (256 MiB 41-44 ms against 97-105: the sender ran up to 16 MiB ahead, and the
+ * receiver's copies met the data out of the caches), level below; the 2-rank allreduce,
+ * allgather and reduce_scatter level at 1-256 MiB; with 4 ranks on the 2 cores the broadcast
+ * 5-30% slower at 4-64 MiB and the allreduce mixed, so oversubscribed ranks keep 4 MiB. Links to
+ * other hosts keep the host's congestion control and TCP_DEFAULT_BUF (a longer round trip needs
+ * the larger window). */
+#define TCP_LOCAL_BUF (1u << 20)
 
 /* Waiting: before sleeping in poll(2), a sendrecv whose messages (each way) have at most
  * DTRAIN_TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
@@ -205,37 +223,31 @@ static void tcp_destroy(dt_transport *t) {
   dt__free(t);
 }
 
-/* Connections within this host (both ends on one address: loopback, or the host's own) run
- * Reno whatever the host's default congestion control. Loopback neither loses nor queues
- * packets, and with BBR, this Xeon guest's default, a one-way message of 1 MiB or more stalled
- * on BBR's window and pacing: the 2-rank broadcast (one such message) took 287-326 us at 1 MiB
- * and 3.6-4.0 ms at 16 MiB, with Reno 90-104 us and 1.6-1.7 ms; 4 ranks 7.4 ms against 15.3 at
- * 16 MiB; the allreduce and allgather (pieces each way) level, latency level. Three alternated
- * rounds of `dtrain bench broadcast -n 2 --transport tcp --sizes 256K:16M --iters 40 --warmup
- * 5`, one build switching by an environment variable (2026-11-29; rows in
- * bench/results/tcp-reno-2026-11-29-xeon.txt). Links to other hosts keep the host's choice. */
-static void tcp_local_reno(const dt_transport *t, int peer, int fd) {
+/* Whether both ends of a connection share an address: a peer on this host (loopback, or the
+ * host's own address). */
+static bool tcp_same_host(int fd) {
   struct sockaddr_storage a, b;
   socklen_t la = sizeof a, lb = sizeof b;
   if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0 ||
       a.ss_family != b.ss_family)
-    return;
-  bool same = a.ss_family == AF_INET
-                  ? ((struct sockaddr_in *)&a)->sin_addr.s_addr == ((struct sockaddr_in *)&b)->sin_addr.s_addr
-                  : a.ss_family == AF_INET6 && !memcmp(&((struct sockaddr_in6 *)&a)->sin6_addr,
-                                                       &((struct sockaddr_in6 *)&b)->sin6_addr, sizeof(struct in6_addr));
-  if (same && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) != 0)
-    DT_LOG_DEBUG("rank %d: Reno for the connection to rank %d: %s (the host's congestion control stays)", t->rank,
-                 peer, strerror(errno));
+    return false;
+  if (a.ss_family == AF_INET)
+    return ((struct sockaddr_in *)&a)->sin_addr.s_addr == ((struct sockaddr_in *)&b)->sin_addr.s_addr;
+  return a.ss_family == AF_INET6 && !memcmp(&((struct sockaddr_in6 *)&a)->sin6_addr,
+                                            &((struct sockaddr_in6 *)&b)->sin6_addr, sizeof(struct in6_addr));
 }
 
 static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
-  uint64_t buf = TCP_DEFAULT_BUF;
-  dt_status st = dt__env_size("DTRAIN_SOCKET_BUFFER", TCP_DEFAULT_BUF, &buf);
+  const bool local = tcp_same_host(fd);
+  const uint64_t def = local && !t->yield ? TCP_LOCAL_BUF : TCP_DEFAULT_BUF;
+  uint64_t buf = def;
+  dt_status st = dt__env_size("DTRAIN_SOCKET_BUFFER", def, &buf);
   if (st != DT_OK)
     return st;
   dt__sock_tune(fd, buf > (64u << 20) ? (64 << 20) : (int)buf);
-  tcp_local_reno(t, peer, fd);
+  if (local && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) != 0) /* TCP_LOCAL_BUF says why */
+    DT_LOG_DEBUG("rank %d: Reno for the connection to rank %d: %s (the host's congestion control stays)", t->rank,
+                 peer, strerror(errno));
   /* What this connection queues for a peer that is not reading: the kernel reports twice the
    * size asked for (it counts its bookkeeping too); half of that is the payload it is sure to
    * hold, however the bytes are cut into packets. */
