@@ -589,9 +589,10 @@ static void test_copy(void **s) {
   for (size_t i = 0; i < MAXN + PAD; i++)
     src[i] = (uint8_t)(i * 131 + 7);
   static const size_t longer[] = {8191, 8192, 8193, 12345, MAXN - 64};
-  /* dt__copy: native, 16-byte moves, vector moves; dt__copy_nt: AVX2 (0) and SSE2 (1) streams */
-  static const int modes[] = {0, 1, 4, 0, 1};
-  for (int m = 0; m < 5; m++) {
+  /* dt__copy: native, 16-byte moves, vector moves; dt__copy_nt: AVX-512 where present (0), AVX2
+   * (2) and SSE2 (1) streams */
+  static const int modes[] = {0, 1, 4, 0, 2, 1};
+  for (int m = 0; m < 6; m++) {
     dt__reduce_force_scalar(modes[m]);
     for (size_t n = 0; n < 4096 + 130 + 5; n++) {
       size_t len = n < 4096 + 130 ? n : longer[n - 4096 - 130];
