@@ -1194,16 +1194,23 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * glibc's memcpy was what these paths used on the Intel hosts before 2026-11-28 (the flat slots'
  * thresholds were chosen with it). */
 #ifdef RED_X86
-__attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t *s, size_t n) {
+/* 128 bytes per iteration, plain or (nt, d 32-byte aligned) streaming stores; returns bytes done. */
+__attribute__((target("avx2"))) static inline size_t copy128_avx2(uint8_t *d, const uint8_t *s, size_t n, bool nt) {
   size_t i = 0;
   for (; i + 128 <= n; i += 128) {
-    __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i)), x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32)),
-            x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64)), x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-    _mm256_storeu_si256((__m256i *)(d + i), x0);
-    _mm256_storeu_si256((__m256i *)(d + i + 32), x1);
-    _mm256_storeu_si256((__m256i *)(d + i + 64), x2);
-    _mm256_storeu_si256((__m256i *)(d + i + 96), x3);
+    __m256i x[4];
+    for (int j = 0; j < 4; j++)
+      x[j] = _mm256_loadu_si256((const __m256i *)(s + i + 32 * j));
+    for (int j = 0; j < 4; j++)
+      if (nt)
+        _mm256_stream_si256((__m256i *)(d + i + 32 * j), x[j]);
+      else
+        _mm256_storeu_si256((__m256i *)(d + i + 32 * j), x[j]);
   }
+  return i;
+}
+__attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t *s, size_t n) {
+  size_t i = copy128_avx2(d, s, n, false);
   for (; i + 32 <= n; i += 32)
     _mm256_storeu_si256((__m256i *)(d + i), _mm256_loadu_si256((const __m256i *)(s + i)));
   if (i < n)
@@ -1257,16 +1264,7 @@ void dt__copy(void *dst, const void *src, size_t n) {
  * working set. */
 #ifdef RED_X86
 __attribute__((target("avx2"))) static size_t copy_nt_avx2(uint8_t *d, const uint8_t *s, size_t n) {
-  size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i x0 = _mm256_loadu_si256((const __m256i *)(s + i)), x1 = _mm256_loadu_si256((const __m256i *)(s + i + 32)),
-            x2 = _mm256_loadu_si256((const __m256i *)(s + i + 64)), x3 = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-    _mm256_stream_si256((__m256i *)(d + i), x0);
-    _mm256_stream_si256((__m256i *)(d + i + 32), x1);
-    _mm256_stream_si256((__m256i *)(d + i + 64), x2);
-    _mm256_stream_si256((__m256i *)(d + i + 96), x3);
-  }
-  return i;
+  return copy128_avx2(d, s, n, true);
 }
 static size_t copy_nt_sse2(uint8_t *d, const uint8_t *s, size_t n) {
   size_t i = 0;
