@@ -102,7 +102,8 @@
  * call per peer and direction per step). Same host, three alternated rounds of a build stepping
  * 1, 2 or 4 chunks of 512 KiB, `dtrain bench allreduce -n 2 --transport shm --sizes 16M:256M
  * --iters 10 --warmup 3`: 2 chunks 10.9-11.5 ms at 64 MiB against 11.3-11.9, 44.5-45.8 at 256
- * MiB against 45.7-46.3; 4 chunks slower than 1 from 16 MiB (bench/results/nt-out-2026-11-29-xeon.txt). */
+ * MiB against 45.7-46.3; 4 chunks slower than 1 from 16 MiB
+ * (bench/results/nt-out-2026-11-29-xeon.txt). */
 #define SHM_NT_CHUNKS 2
 /* Huge pages for the callers' large buffers: a buffer of at least SHM_THP_MIN bytes that a
  * single-copy collective meets a second time (same address and length, among the last
@@ -1292,9 +1293,9 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
 
 /* Allreduce, one copy: per chunk of the staged path's size (SHM_NT_CHUNKS of them when
  * streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
- * buffer, reduces it with its own (own first, then
- * the others in rank order, as the staged path) into its output, and writes the result from
- * there, still in cache, into every other rank's output. Nobody waits for anybody between the
+ * buffer, reduces it with its own (own first, then the others in rank order, as the staged path)
+ * into its output, and writes the result from there, still in cache, into every other rank's
+ * output. Nobody waits for anybody between the
  * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
  * output; in place, slice s of rank r's buffer is read by rank s before rank s overwrites it.
  * Per rank the memory traffic is its input read once and its output written once, against the
