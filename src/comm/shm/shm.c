@@ -91,9 +91,9 @@
  * --iters 10 --warmup 3` (bench/results/nt-out-2026-11-29-xeon.txt): 2 ranks (single copy) 256
  * MiB 45.2-45.8 ms against 50.4-51.1, 64 MiB 10.7-11.3 against 11.7-12.5, 32 MiB 3.8-4.5 against
  * 4.5-4.9, mixed at 16 MiB; 4 ranks on the 2 cores (staged) 16-20% faster from 16 MiB (256 MiB
- * 106-107 against 129-130), level at 8 MiB. In a one-off build that streamed every copy-out of
- * 64 KiB and more, 2 ranks were 5-10% slower at 2-8 MiB, where a rank's buffers stay cached
- * from call to call. Not on AMD CPUs: on the Zen 3 EPYC guest the single copy streaming its
+ * 106-107 against 129-130), level at 8 MiB. A one-off build streaming the single copy's output
+ * at every size ran 2 ranks 4-10% slower at 2-8 MiB, where a rank's buffers stay cached from call
+ * to call (bench/results/probes-2026-11-29-xeon.txt, section 5). Not on AMD CPUs: on the Zen 3 EPYC guest the single copy streaming its
  * output from the last-level cache's size was level to 3% slower at 64-256 MiB
  * (docs/BENCHMARKS.md, "Writing the allreduce's output around the caches"). DTRAIN_SHM_NT=B or
  * off overrides. */
