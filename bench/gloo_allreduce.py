@@ -10,6 +10,7 @@ and timed on every rank; per call the slowest rank's time counts and the row giv
 the calls (what `dtrain bench` does). all_reduce works in place, so the timed calls reduce
 their own growing output (still plain float adds); afterwards the tensor is refilled with small
 integers and one more call is checked exactly; `wrong` counts wrong elements over all ranks.
+--fresh refills the tensor before every timed call, untimed (as `dtrain bench --fresh`).
 
 It deliberately does only what a PyTorch user writes (dist.all_reduce on a CPU float32 tensor,
 default Gloo algorithm); it does not cover the other collectives (Gloo in torch 1.13 has no
@@ -52,7 +53,11 @@ def worker(args):
         for _ in range(args.warmup):
             dist.all_reduce(t)
         times = torch.zeros(args.iters, dtype=torch.float64)
+        base = t.clone() if args.fresh else None
         for it in range(args.iters):
+            if args.fresh:
+                dist.barrier()  # every rank out of the last call before any refills
+                t.copy_(base)
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(t)
@@ -92,7 +97,8 @@ def launch(args):
     procs = []
     for r in range(args.n):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
-               ",".join(map(str, args.sizes)), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+               ",".join(map(str, args.sizes)), "--iters", str(args.iters), "--warmup", str(args.warmup)] \
+            + (["--fresh"] if args.fresh else [])
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)),
                                       stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
     out = benchlib.wait_ranks(procs, args.timeout, "gloo_allreduce")
@@ -106,6 +112,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=-1, help="default: iters/10 in 1..20")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    ap.add_argument("--fresh", action="store_true", help="refill the tensor before every call, untimed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.sizes = [int(x) for x in args.sizes.split(",") if x]

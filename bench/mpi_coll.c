@@ -15,8 +15,13 @@
  * MPI_Reduce_scatter_block, MPI_Bcast) with Open MPI's own algorithm choice; tuning of Open MPI
  * is left to the command line (--mca ...), as a user would do.
  *
+ * As `dtrain bench` does, a broadcast's receivers rewrite their buffer before every call,
+ * untimed (a receiver uses what it was sent, so its buffer is in its own cache, not the root's).
+ * --fresh, as `dtrain bench --fresh`, rewrites every input and clears every output before every
+ * call, untimed, as a training step writes its gradients before their allreduce.
+ *
  * Usage: mpirun -np N mpi_coll --coll allreduce --sizes 4,16,1048576 [--iters I] [--warmup W]
- *          [--hugepages]
+ *          [--hugepages] [--fresh]
  *   (sizes in bytes; a size that is not a whole number of f32 elements per rank is skipped;
  *   --hugepages: the buffers 2 MiB aligned and advised onto transparent huge pages before first
  *   use, as `dtrain bench --hugepages` allocates its own) */
@@ -113,7 +118,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
 
-  int coll = -1, iters = 20, warmup = -1, huge = 0;
+  int coll = -1, iters = 20, warmup = -1, huge = 0, fresh = 0;
   const char *sizes_arg = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--coll") && i + 1 < argc) {
@@ -131,9 +136,11 @@ int main(int argc, char **argv) {
       warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--hugepages"))
       huge = 1;
+    else if (!strcmp(argv[i], "--fresh"))
+      fresh = 1;
     else
       return die("usage: mpi_coll --coll allreduce|allgather|reduce_scatter|broadcast --sizes B1,B2,... "
-                 "[--iters I] [--warmup W] [--hugepages]");
+                 "[--iters I] [--warmup W] [--hugepages] [--fresh]");
   }
   if (coll < 0)
     return die("--coll must be allreduce, allgather, reduce_scatter or broadcast");
@@ -182,7 +189,16 @@ int main(int argc, char **argv) {
     fill(coll, rank, n, send, recv, count);
     for (int w = 0; w < warmup; w++)
       call(coll, send, recv, count);
+    size_t out_elems = coll == C_ALLGATHER ? count * (size_t)n : count;
     for (int it = 0; it < iters; it++) {
+      if (fresh) {
+        MPI_Barrier(MPI_COMM_WORLD); /* every rank out of the last call before any refills */
+        fill(coll, rank, n, send, recv, count);
+        if (coll != C_BROADCAST)
+          memset(recv, 0, out_elems * sizeof(float));
+      } else if (coll == C_BROADCAST && rank != 0) {
+        memset(recv, 0xa5, count * sizeof(float));
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
       call(coll, send, recv, count);
