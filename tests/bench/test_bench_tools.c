@@ -243,6 +243,14 @@ static void test_harness_usage(void) {
               count(big, "shm 1 bf16 [") == 2 && count(big, "| 4 |") == 2 && count(big, "| 8 |") == 2 &&
               strstr(big, "f16/f32") && strstr(big, "bf16/f32"),
           "bench/dtypes: exit %d: %s", rc, big);
+    /* --fresh reaches every run's command line, and the runs still check their results */
+    snprintf(cmd, sizeof cmd,
+             "cd %s && timeout 120 /usr/bin/python3 bench/dtypes --binaries %s --reps 1 --sizes 4:8 --iters 2 "
+             "--warmup 1 --fresh 2>&1",
+             src_dir, bin);
+    rc = run(cmd, big, sizeof big);
+    CHECK(rc == 0 && strstr(big, "--dtype D --json --fresh") && count(big, "shm 1 bf16 [") == 1,
+          "bench/dtypes --fresh: exit %d: %s", rc, big);
   }
 }
 

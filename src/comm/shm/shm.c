@@ -93,10 +93,12 @@
  * 4.5-4.9, mixed at 16 MiB; 4 ranks on the 2 cores (staged) 16-20% faster from 16 MiB (256 MiB
  * 106-107 against 129-130), level at 8 MiB. A one-off build streaming the single copy's output
  * at every size ran 2 ranks 4-10% slower at 2-8 MiB, where a rank's buffers stay cached from call
- * to call (bench/results/probes-2026-11-29-xeon.txt, section 5). Not on AMD CPUs: on the Zen 3 EPYC guest the single copy streaming its
- * output from the last-level cache's size was level to 3% slower at 64-256 MiB
- * (docs/BENCHMARKS.md, "Writing the allreduce's output around the caches"). DTRAIN_SHM_NT=B or
- * off overrides. */
+ * to call (bench/results/probes-2026-11-29-xeon.txt, section 5); with inputs rewritten before
+ * every call (`--fresh`), streaming from a 2 MiB footprint was 1.2-2x slower at 512 KiB-8 MiB
+ * too (bench/results/probes-2026-11-29b-xeon.txt, section 5). Not on AMD CPUs: on the Zen 3
+ * EPYC guest the single copy streaming its output from the last-level cache's size was level to
+ * 3% slower at 64-256 MiB (docs/BENCHMARKS.md, "Writing the allreduce's output around the
+ * caches"). DTRAIN_SHM_NT=B or off overrides. */
 #define SHM_DEFAULT_NT ((uint64_t)64 << 20)
 /* Streaming its output, the single-copy allreduce steps this many chunks at a time (one system
  * call per peer and direction per step). Same host, three alternated rounds of a build stepping

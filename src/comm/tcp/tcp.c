@@ -59,8 +59,8 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * Loopback neither loses nor queues packets, and with BBR, this Xeon guest's default, a one-way
  * message of 1 MiB or more stalled on BBR's window and pacing: the 2-rank broadcast (one such
  * message) took 287-326 us at 1 MiB and 3.6-4.0 ms at 16 MiB, with Reno 90-104 us and 1.6-1.7
- * ms; 4 ranks 7.4 ms against 15.3 at 16 MiB (one run each); the allreduce and allgather (pieces each way) and
- * latency level (three alternated rounds of `dtrain bench broadcast -n 2 --transport tcp --sizes
+ * ms; 4 ranks 7.4 ms against 15.3 at 16 MiB (one run each); the allreduce and allgather (pieces
+ * each way) and latency level (three alternated rounds of `dtrain bench broadcast -n 2 --transport tcp --sizes
  * 256K:16M --iters 40 --warmup 5`, one build switching by an environment variable, 2026-11-29;
  * bench/results/tcp-reno-2026-11-29-xeon.txt). Then with Reno, 1 MiB buffers against 4 MiB
  * (two alternated rounds, `DTRAIN_SOCKET_BUFFER={4M,1M} dtrain bench <coll> -n {2,4} --transport
