@@ -3,7 +3,7 @@
  *
  * Binomial trees take ceil(log2 n) hops: the right shape for latency-bound messages. For large
  * broadcasts the chain (root -> root+1 -> ... in pieces of DTRAIN_CHAIN_PIECE bytes, default
- * 64 KiB) keeps every link busy: time ~ (pieces + n - 2) piece transfers instead of
+ * CHAIN_PIECE_DEFAULT, 64 KiB less 96 bytes) keeps every link busy: time ~ (pieces + n - 2) piece transfers instead of
  * log2(n) whole-buffer transfers. 64 KiB pieces against 256 KiB (`DTRAIN_CHAIN_PIECE=
  * {65536,131072,262144} dtrain bench broadcast -n 4 --transport tcp --algo chain --sizes
  * 256K:64M --iters 12 --warmup 3`, three alternated runs, 2026-11-28, EPYC guest): 237-341 us
@@ -107,8 +107,18 @@ dt_status dt__broadcast_tree(dt_comm *c, void *buf, size_t bytes, int root, cons
   return DT_OK;
 }
 
+/* 64 KiB less 96 bytes: with the tcp transport's 40-byte header a piece leaves loopback as one
+ * full 65,483-byte segment, where 64 KiB left as a full one and 93 bytes (as the ring's piece,
+ * ring.c). 4 ranks on the 2 cores, three alternated rounds of `DTRAIN_CHAIN_PIECE={65536,65440}
+ * dtrain bench broadcast -n 4 --transport tcp --sizes 256K:16M --iters 20 --warmup 3 [--fresh]`
+ * (2026-11-29, Xeon guest): 1 MiB 391-393 us against 441-454 fresh and 412-421 against 445-463
+ * reused, 4 MiB 1.51-1.57 ms against 1.71-1.85, 16 MiB 7.8-8.1 ms against 9.6-10.9 fresh (9.3-9.5
+ * against 10.1-11.0 reused), 256 KiB 119-124 us against 167-171 fresh. Divisible by 8: whole
+ * elements of every dtype. */
+#define CHAIN_PIECE_DEFAULT 65440u
+
 static size_t chain_piece_bytes(const dt_comm *c) {
-  return c->env.chain_piece > 0 ? (size_t)c->env.chain_piece : 64u << 10; /* checked in config.c */
+  return c->env.chain_piece > 0 ? (size_t)c->env.chain_piece : CHAIN_PIECE_DEFAULT; /* checked in config.c */
 }
 
 dt_status dt__broadcast_chain(dt_comm *c, void *buf, size_t bytes, int root, const dt__fp *fp, int64_t deadline) {

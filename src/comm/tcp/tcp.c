@@ -54,6 +54,11 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 /* Socket buffer size: large enough to keep a loopback or LAN link busy while the other side
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
+/* Smaller buffers are refused: with 16 KiB (a 32 KiB receive window, half a loopback segment)
+ * two ranks exchanging 336 KiB each way stalled for up to a minute in about one run of three, the
+ * window reopening only through the kernel's zero-window probes (backing off from 200 ms); 32
+ * KiB stalled 0.4 s now and then; from 48 KiB none in six runs (test_transport segments). */
+#define TCP_MIN_BUF (64u << 10)
 /* Connections within this host (tcp_same_host) run Reno whatever the host's default congestion
  * control, and, when every rank has a CPU of its own, with TCP_LOCAL_BUF socket buffers.
  * Loopback neither loses nor queues packets, and with BBR, this Xeon guest's default, a one-way
@@ -73,6 +78,23 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * other hosts keep the host's congestion control and TCP_DEFAULT_BUF (a longer round trip needs
  * the larger window). */
 #define TCP_LOCAL_BUF (1u << 20)
+/* Messages that end in a short segment (tcp_cut): on this Xeon guest's loopback (segments of
+ * 65,483 bytes), an exchange whose messages end in a segment of a few hundred bytes after full
+ * ones ran up to twice as long as one a little shorter, and most when the ranks had just done
+ * other work: a 64 KiB payload plus the 40-byte header is one full segment and 93 bytes, 128 KiB
+ * two and 146. Cutting such messages so that their last two segments share the remainder,
+ * three alternated rounds of `dtrain bench <coll> -n {2,4} --transport tcp --sizes 64K:16M
+ * --iters 30 --warmup 4 [--fresh]` (2026-11-29, one build switching by an environment
+ * variable; medians, old time / new): 4 ranks on the 2 cores, allreduce 1.68 / 2.14 at 128 /
+ * 256 KiB fresh and 1.25 / 1.36 at 256 / 512 KiB reused, reduce_scatter 1.51 / 2.10 at 128 /
+ * 256 KiB fresh, broadcast 1.44-2.04 at 128 KiB; 2 ranks fresh, allreduce 1.51 at 256 KiB,
+ * allgather and reduce_scatter 1.56 / 1.84 at 512 KiB; elsewhere within the rounds' spread
+ * (0.91-1.07), except the 2-rank broadcast at 256 KiB fresh (one message one way: 0.86). Up to
+ * four segments: cutting 8-segment messages as well cost the 2-rank broadcast 512 KiB 0.63
+ * (one message one way) for 1.32 on the fresh 2-rank allreduce. Pipelined pieces (the ring's,
+ * the chain's) are sized to fill whole segments instead (ring.c, tree.c). Not explained: no
+ * counters on this guest, and no TCP sysctl changed it (docs/BENCHMARKS.md, "Fresh buffers"). */
+#define TCP_CUT_SEGS 4
 
 /* Waiting: before sleeping in poll(2), a sendrecv whose messages (each way) have at most
  * DTRAIN_TCP_SPIN_MAX bytes retries its nonblocking recv/send for up to DTRAIN_TCP_SPIN_US
@@ -114,6 +136,7 @@ struct dt_transport {
   size_t spin_max; /* sendrecvs whose messages each have up to this many bytes spin */
   bool yield;      /* oversubscribed: spinning yields the core between tries */
   uint64_t *sent, *arrived; /* [n]: messages sent to / fully received from each peer */
+  size_t *seg;              /* [n]: within this host, the connection's segment payload (tcp_cut), else 0 */
   dt__tcp_loss *loss;
   size_t queue; /* bytes every connection's send buffer holds for a peer not reading (tcp_ready);
                  * SIZE_MAX while no connection is up */
@@ -220,6 +243,7 @@ static void tcp_destroy(dt_transport *t) {
   dt__free(t->nacked);
   dt__free(t->sent);
   dt__free(t->arrived);
+  dt__free(t->seg);
   dt__tcp_loss_destroy(t->loss);
   dt__free(t);
 }
@@ -245,6 +269,10 @@ static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
   dt_status st = dt__env_size("DTRAIN_SOCKET_BUFFER", def, &buf);
   if (st != DT_OK)
     return st;
+  if (buf && buf < TCP_MIN_BUF)
+    return dt_set_error(DT_ERR_INVALID, "DTRAIN_SOCKET_BUFFER=%llu: below the %u bytes a connection needs (a window "
+                        "under one segment stalls it: loopback segments carry 65483 bytes), or 0 for the kernel's "
+                        "autotuning", (unsigned long long)buf, TCP_MIN_BUF);
   dt__sock_tune(fd, buf > (64u << 20) ? (64 << 20) : (int)buf);
   if (local && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, "reno", 4) != 0) /* TCP_LOCAL_BUF says why */
     DT_LOG_DEBUG("rank %d: Reno for the connection to rank %d: %s (the host's congestion control stays)", t->rank,
@@ -260,6 +288,9 @@ static dt_status tcp_ready(dt_transport *t, int peer, int fd) {
   if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
     return dt__errno(DT_ERR_SYSTEM, "fcntl O_NONBLOCK");
   t->fd[peer] = fd;
+  struct tcp_info ti;
+  socklen_t tl = sizeof ti;
+  t->seg[peer] = local && getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 ? ti.tcpi_advmss : 0;
   return DT_OK;
 }
 
@@ -449,7 +480,8 @@ static dt_status tcp_create(dt_comm *c, dt_transport **out) {
   t->nacked = dt__calloc(sizeof(bool) * (size_t)t->n);
   t->sent = dt__calloc(sizeof(uint64_t) * (size_t)t->n);
   t->arrived = dt__calloc(sizeof(uint64_t) * (size_t)t->n);
-  if (!t->fd || !t->nacked || !t->sent || !t->arrived || dt__tcp_loss_create(c, &t->loss) != DT_OK) {
+  t->seg = dt__calloc(sizeof(size_t) * (size_t)t->n);
+  if (!t->fd || !t->nacked || !t->sent || !t->arrived || !t->seg || dt__tcp_loss_create(c, &t->loss) != DT_OK) {
     tcp_destroy(t);
     return DT_ERR_NOMEM;
   }
@@ -678,6 +710,16 @@ static dt_status tcp_stall(dt_transport *t, int src, const dt__fp *fp, tcp_wait 
   return DT_OK;
 }
 
+/* Where to cut a message of `total` bytes (header included) to rank dst: the offset at which
+ * the first part ends, 0 for no cut. Within this host a message of one to four full segments
+ * and a short remainder (under a quarter of a segment) goes out in two sendmsg calls, the first
+ * with MSG_EOR, so that its last two segments share the remainder instead of ending in a short
+ * one (TCP_CUT_SEGS says why). */
+static size_t tcp_cut(const dt_transport *t, int dst, size_t total) {
+  size_t seg = t->seg[dst], tail = seg && total > seg && total <= TCP_CUT_SEGS * seg + seg / 4 ? total % seg : 0;
+  return tail && tail < seg / 4 ? total - (seg + tail) / 2 : 0;
+}
+
 static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t sn, int src, void *rbuf, size_t rn,
                               const dt__fp *fp, int64_t deadline) {
   dt_comm *c = t->c;
@@ -698,7 +740,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
    * caller's buffer only after the header was checked. */
   uint8_t shdr[TCP_HDR_BYTES], rhdr[TCP_HDR_BYTES + TCP_SMALL];
   const bool small = rn <= TCP_SMALL;
-  size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0;
+  size_t s_total = dst >= 0 ? TCP_HDR_BYTES + sn : 0, s_done = 0, s_cut = dst >= 0 ? tcp_cut(t, dst, s_total) : 0;
   size_t r_hdr = 0, r_done = 0;
   bool r_need = src >= 0, watch_nack = dst >= 0 && dst != src;
   /* spin_until: 0 until the first try that moved nothing, then the end of the spin phase */
@@ -724,8 +766,16 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       } else {
         iov[k++] = (struct iovec){(uint8_t *)sbuf + (s_done - TCP_HDR_BYTES), s_total - s_done};
       }
+      int eor = 0;
+      if (s_done < s_cut) { /* the first part of a cut message (tcp_cut) */
+        size_t room = s_cut - s_done;
+        if (iov[0].iov_len >= room)
+          k = 1;
+        iov[k - 1].iov_len = k == 1 ? room : room - iov[0].iov_len;
+        eor = MSG_EOR;
+      }
       struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-      ssize_t w = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t w = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | eor);
       if (w > 0) {
         s_done += (size_t)w;
         moved = true;
