@@ -80,20 +80,18 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
 #define TCP_LOCAL_BUF (1u << 20)
 /* Messages that end in a short segment (tcp_cut): on this Xeon guest's loopback (segments of
  * 65,483 bytes), an exchange whose messages end in a segment of a few hundred bytes after full
- * ones ran up to twice as long as one a little shorter, and most when the ranks had just done
- * other work: a 64 KiB payload plus the 40-byte header is one full segment and 93 bytes, 128 KiB
- * two and 146. Cutting such messages so that their last two segments share the remainder,
- * three alternated rounds of `dtrain bench <coll> -n {2,4} --transport tcp --sizes 64K:16M
- * --iters 30 --warmup 4 [--fresh]` (2026-11-29, one build switching by an environment
- * variable; medians, old time / new): 4 ranks on the 2 cores, allreduce 1.68 / 2.14 at 128 /
- * 256 KiB fresh and 1.25 / 1.36 at 256 / 512 KiB reused, reduce_scatter 1.51 / 2.10 at 128 /
- * 256 KiB fresh, broadcast 1.44-2.04 at 128 KiB; 2 ranks fresh, allreduce 1.51 at 256 KiB,
- * allgather and reduce_scatter 1.56 / 1.84 at 512 KiB; elsewhere within the rounds' spread
- * (0.91-1.07), except the 2-rank broadcast at 256 KiB fresh (one message one way: 0.86). Up to
- * four segments: cutting 8-segment messages as well cost the 2-rank broadcast 512 KiB 0.63
- * (one message one way) for 1.32 on the fresh 2-rank allreduce. Pipelined pieces (the ring's,
- * the chain's) are sized to fill whole segments instead (ring.c, tree.c). Not explained: no
- * counters on this guest, and no TCP sysctl changed it (docs/BENCHMARKS.md, "Fresh buffers"). */
+ * ones ran up to twice as long as it should, most when the ranks had just done other work: a 64
+ * KiB payload plus the 40-byte header is one full segment and 93 bytes, 128 KiB two and 146.
+ * Cutting such messages so that their last two segments share the remainder (with the chain's
+ * piece trimmed to one segment, tree.c), three alternated rounds of both builds, `dtrain bench
+ * <coll> -n {2,4} --transport tcp --sizes 4:16M --iters 30 --warmup 4 [--fresh]` (2026-11-29;
+ * medians, old time / new): 4 ranks on the 2 cores, fresh, allreduce 1.78 at 128 and 256 KiB,
+ * reduce_scatter 1.79 / 2.04, broadcast 2.02 / 1.44; reused, allreduce 1.18 / 1.27 at 256 / 512
+ * KiB; 2 ranks fresh, allreduce 1.44 at 256 KiB, allgather and reduce_scatter 1.84 / 1.86 at 512
+ * KiB; the rest 0.82-1.39, the spread of the sizes below 64 KiB, where nothing differs. Up to
+ * four segments: cutting 8-segment messages too cost the 2-rank broadcast (one message one way)
+ * 0.63 at 512 KiB. Not explained (no counters on this guest); rows and commands in
+ * bench/results/tcp-cut-2026-11-29-xeon.txt, docs/BENCHMARKS.md. */
 #define TCP_CUT_SEGS 4
 
 /* Waiting: before sleeping in poll(2), a sendrecv whose messages (each way) have at most
