@@ -777,6 +777,10 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       if (w > 0) {
         s_done += (size_t)w;
         moved = true;
+      } else if (w < 0 && eor && errno == EOPNOTSUPP) {
+        t->seg[dst] = 0; /* a kernel without MSG_EOR for TCP (before 4.8): no more cuts */
+        s_cut = 0;
+        moved = true;
       } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         if (errno == EPIPE || errno == ECONNRESET)
           return tcp_closed(t, dst);
