@@ -3,8 +3,8 @@
  *
  * Binomial trees take ceil(log2 n) hops: the right shape for latency-bound messages. For large
  * broadcasts the chain (root -> root+1 -> ... in pieces of DTRAIN_CHAIN_PIECE bytes, default
- * CHAIN_PIECE_DEFAULT, 64 KiB less 96 bytes) keeps every link busy: time ~ (pieces + n - 2) piece transfers instead of
- * log2(n) whole-buffer transfers. 64 KiB pieces against 256 KiB (`DTRAIN_CHAIN_PIECE=
+ * CHAIN_PIECE_DEFAULT, 64 KiB less 96 bytes) keeps every link busy: time ~ (pieces + n - 2)
+ * piece transfers instead of log2(n) whole-buffer transfers. 64 KiB pieces against 256 KiB (`DTRAIN_CHAIN_PIECE=
  * {65536,131072,262144} dtrain bench broadcast -n 4 --transport tcp --algo chain --sizes
  * 256K:64M --iters 12 --warmup 3`, three alternated runs, 2026-11-28, EPYC guest): 237-341 us
  * against 496-528 at 256 KiB, 671-1014 against 874-1350 at 1 MiB, 3.6-4.7 ms against 3.5-6.2

@@ -55,9 +55,10 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * of a sendrecv runs; DTRAIN_SOCKET_BUFFER overrides (0 leaves the kernel's autotuning). */
 #define TCP_DEFAULT_BUF (4u << 20)
 /* Smaller buffers are refused: with 16 KiB (a 32 KiB receive window, half a loopback segment)
- * two ranks exchanging 336 KiB each way stalled for up to a minute in about one run of three, the
- * window reopening only through the kernel's zero-window probes (backing off from 200 ms); 32
- * KiB stalled 0.4 s now and then; from 48 KiB none in six runs (test_transport segments). */
+ * two ranks exchanging 336 KiB each way stalled for 30-60 s in six runs of nine, the window
+ * reopening only through the kernel's zero-window probes (backing off from 200 ms); 32 KiB
+ * stalled 0.4 s now and then; from 48 KiB none in six runs (test_transport segments,
+ * bench/results/tcp-cut-2026-11-29-xeon.txt). */
 #define TCP_MIN_BUF (64u << 10)
 /* Connections within this host (tcp_same_host) run Reno whatever the host's default congestion
  * control, and, when every rank has a CPU of its own, with TCP_LOCAL_BUF socket buffers.
