@@ -214,7 +214,7 @@ static int case_segments(int rank, int size, void *arg) {
 }
 
 /* Socket buffers too small to carry a loopback segment are refused when the job forms, naming
- * the variable (with 16 KiB two ranks' exchanges stalled for up to a minute: tcp.c, TCP_MIN_BUF). */
+ * the variable (with 16 KiB two ranks' exchanges stalled for 30-60 s: tcp.c, TCP_MIN_BUF). */
 static int case_small_buffer(int rank, int size, void *arg) {
   (void)size;
   (void)arg;
