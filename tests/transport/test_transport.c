@@ -53,9 +53,6 @@ static uint8_t pattern(int src, int dst, size_t size, size_t i) {
   return (uint8_t)(i * 131u + (size_t)src * 17u + (size_t)dst * 5u + size * 7u + 1u);
 }
 
-static int right_of(int rank, int size) { return (rank + 1) % size; }
-static int left_of(int rank, int size) { return (rank + size - 1) % size; }
-
 static int join(dt_comm **c) {
   setenv("DTRAIN_TRANSPORT", g_tp, 1);
   CHECK_OK(dt_comm_create(NULL, c));
@@ -172,7 +169,7 @@ static int case_sendrecv(int rank, int size, void *arg) {
           return 1;
     /* A zero-byte message still synchronizes (barriers use it). */
     dt__fp fp = {.seq = ++c->seq, .coll = DT_COLL_BARRIER, .root = -1};
-    CHECK_OK(c->ops->sendrecv(c->tp, right_of(rank, size), NULL, 0, left_of(rank, size), NULL, 0, &fp,
+    CHECK_OK(c->ops->sendrecv(c->tp, (rank + 1) % size, NULL, 0, (rank + size - 1) % size, NULL, 0, &fp,
                               dt__comm_deadline(c)));
   }
   dt_comm_destroy(c);

@@ -713,7 +713,8 @@ static dt_status tcp_stall(dt_transport *t, int src, const dt__fp *fp, tcp_wait 
  * the first part ends, 0 for no cut. Within this host a message of one to four full segments
  * and a short remainder (under a quarter of a segment) goes out in two sendmsg calls, the first
  * with MSG_EOR, so that its last two segments share the remainder instead of ending in a short
- * one (TCP_CUT_SEGS says why). */
+ * one (TCP_CUT_SEGS says why). A kernel that predates MSG_EOR for TCP ignores the flag: the
+ * message then merely takes two calls. */
 static size_t tcp_cut(const dt_transport *t, int dst, size_t total) {
   size_t seg = t->seg[dst], tail = seg && total > seg && total <= TCP_CUT_SEGS * seg + seg / 4 ? total % seg : 0;
   return tail && tail < seg / 4 ? total - (seg + tail) / 2 : 0;
@@ -777,10 +778,6 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       ssize_t w = sendmsg(sfd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT | eor);
       if (w > 0) {
         s_done += (size_t)w;
-        moved = true;
-      } else if (w < 0 && eor && errno == EOPNOTSUPP) {
-        t->seg[dst] = 0; /* a kernel without MSG_EOR for TCP (before 4.8): no more cuts */
-        s_cut = 0;
         moved = true;
       } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         if (errno == EPIPE || errno == ECONNRESET)
