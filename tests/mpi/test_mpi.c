@@ -116,6 +116,45 @@ static int check_others(dt_comm *c) {
   return 0;
 }
 
+/* Small whole numbers as f16 or bf16 bits (exact: at most 8 significant bits). */
+static uint16_t half_of(int v, int bf) {
+  float f = (float)v;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if (bf || v == 0)
+    return (uint16_t)(u >> 16);
+  int e = (int)((u >> 23) & 0xff) - 127;
+  return (uint16_t)(((u >> 16) & 0x8000) | (uint32_t)(e + 15) << 10 | ((u >> 13) & 0x3ff));
+}
+
+/* reduce_scatter of f16 and bf16 sums (they accumulate in f32 and round once, as on every
+ * transport): out of place and in place, with blocks of more than 2 Mi elements, which the mpi
+ * transport moves in several pieces. Whole numbers, so every sum is exact. */
+static int check_reduce_scatter_half(dt_comm *c) {
+  int size = dt_comm_size(c);
+  const size_t count = ((size_t)1 << 21) + 5, total = count * (size_t)size;
+  uint16_t *in = malloc(total * sizeof *in), *out = malloc(count * sizeof *out);
+  CHECK(in && out, "out of memory");
+  for (int bf = 0; bf < 2; bf++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      for (size_t g = 0; g < total; g++)
+        in[g] = half_of((int)(g % 7) + rank, bf);
+      dt_dtype t = bf ? DT_BF16 : DT_F16;
+      CHECK(dt_comm_reduce_scatter(c, inplace ? DT_IN_PLACE : in, inplace ? in : out, count, t, DT_SUM) == DT_OK,
+            "reduce_scatter %s sum%s", bf ? "bf16" : "f16", inplace ? " in place" : "");
+      const uint16_t *got = inplace ? in : out;
+      for (size_t i = 0; i < count; i++) {
+        size_t g = (size_t)rank * count + i;
+        int want = size * (int)(g % 7) + size * (size - 1) / 2;
+        CHECK(got[i] == half_of(want, bf), "reduce_scatter %s sum%s [%zu] = 0x%04x, want %d (0x%04x)",
+              bf ? "bf16" : "f16", inplace ? " in place" : "", i, got[i], want, half_of(want, bf));
+      }
+    }
+  free(in);
+  free(out);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int mismatch = argc > 1 && strcmp(argv[1], "--mismatch") == 0;
   dt_comm *c = NULL;
@@ -141,7 +180,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (check_allreduce(c, sizes[i]))
       return 1;
-  if (check_others(c) || check_u8(c))
+  if (check_others(c) || check_u8(c) || check_reduce_scatter_half(c))
     return 1;
   /* A split: even and odd ranks. */
   dt_comm *half = NULL;

@@ -393,28 +393,16 @@ static dt_status mpi_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
   return mpi_wait(t, 1, &req, -1, fp, deadline);
 }
 
-static dt_status mpi_reduce_scatter(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
-                                    dt_op op, const dt__fp *fp, int64_t deadline) {
-  DT_CHECK(mpi_check_fp(t, fp, deadline));
-  if (count == 0)
-    return DT_OK;
-  if (count > MPI_PIECE / 8 || dt__coll_wide(dt, op))
-    return dt_set_error(DT_ERR_UNSUPPORTED, "transport mpi: reduce_scatter of %s %s above 128 Mi elements",
-                        dt_dtype_name(dt), dt_op_name(op));
-  const void *s = sbuf ? sbuf : rbuf;
-  size_t esz = dt_dtype_size(dt);
-  /* In place means rbuf holds the full input: reduce it into scratch first. */
-  void *dst = rbuf;
-  if (s == rbuf) {
-    dst = dt__coll_scratch(t->c, 1, count * esz);
-    if (!dst)
-      return DT_ERR_NOMEM;
-  }
+/* One MPI_Ireduce_scatter_block of `count` elements per rank (s: size * count elements; s == r
+ * only where r holds them and the result may land at its start, which MPI does not allow: the
+ * caller passes separate buffers). */
+static dt_status mpi_reduce_scatter_piece(dt_transport *t, const void *s, void *r, size_t count, dt_dtype dt,
+                                          dt_op op, const dt__fp *fp, int64_t deadline) {
   int user = 0;
   MPI_Request req;
   pthread_mutex_lock(&mpi_lock);
-  MPI_Op mop = mpi_op(dt, op == DT_AVG ? DT_SUM : op, &user);
-  int rc = MPI_Ireduce_scatter_block(s, dst, (int)count, mpi_type(dt), mop, t->mc, &req);
+  MPI_Op mop = mpi_op(dt, op, &user);
+  int rc = MPI_Ireduce_scatter_block(s, r, (int)count, mpi_type(dt), mop, t->mc, &req);
   pthread_mutex_unlock(&mpi_lock);
   dt_status st = rc == MPI_SUCCESS ? mpi_wait(t, 1, &req, -1, fp, deadline) : mpi_error(rc, "MPI_Ireduce_scatter_block");
   if (user) {
@@ -422,12 +410,54 @@ static dt_status mpi_reduce_scatter(dt_transport *t, const void *sbuf, void *rbu
     MPI_Op_free(&mop);
     pthread_mutex_unlock(&mpi_lock);
   }
-  if (st != DT_OK)
-    return st;
-  if (dst != rbuf)
-    memcpy(rbuf, dst, count * esz);
-  if (op == DT_AVG)
-    dt__reduce_finish(rbuf, count, dt, DT_AVG, t->c->size);
+  return st;
+}
+
+/* Block r of the input reduces into rank r's output. One call straight between the caller's
+ * buffers where MPI can take it; else in pieces of every block, gathered into scratch: f16/bf16
+ * sums, products and averages widened to f32 (rounded once, as the other transports do), blocks
+ * above 128 Mi elements, and in place (the input's block 0 is the output). In place, piece k of
+ * the output overwrites piece k of block 0 only after every block's piece k was copied out. */
+static dt_status mpi_reduce_scatter(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt,
+                                    dt_op op, const dt__fp *fp, int64_t deadline) {
+  DT_CHECK(mpi_check_fp(t, fp, deadline));
+  if (count == 0)
+    return DT_OK;
+  const int n = t->c->size;
+  const char *s = sbuf ? sbuf : rbuf;
+  const size_t esz = dt_dtype_size(dt);
+  const bool wide = dt__coll_wide(dt, op);
+  const dt_op base = op == DT_AVG ? DT_SUM : op;
+  if (!wide && count <= MPI_PIECE / 8 && s != (const char *)rbuf) {
+    DT_CHECK(mpi_reduce_scatter_piece(t, s, rbuf, count, dt, base, fp, deadline));
+    if (op == DT_AVG)
+      dt__reduce_finish(rbuf, count, dt, DT_AVG, n);
+    return DT_OK;
+  }
+  const dt_dtype wt = wide ? DT_F32 : dt;
+  const size_t wes = dt_dtype_size(wt);
+  /* elements per block per piece: the scratch holds n pieces of at most 16 MiB together */
+  const size_t piece = DT_MIN(count, DT_MAX((size_t)1, ((size_t)16 << 20) / wes / (size_t)n));
+  char *in = dt__coll_scratch(t->c, 0, (size_t)n * piece * wes), *out = dt__coll_scratch(t->c, 1, piece * wes);
+  if (!in || !out)
+    return DT_ERR_NOMEM;
+  for (size_t off = 0; off < count; off += piece) {
+    size_t k = DT_MIN(piece, count - off);
+    for (int r = 0; r < n; r++) {
+      const char *from = s + ((size_t)r * count + off) * esz;
+      if (wide)
+        dt__to_f32((float *)(in + (size_t)r * k * wes), from, k, dt);
+      else
+        memcpy(in + (size_t)r * k * wes, from, k * esz);
+    }
+    DT_CHECK(mpi_reduce_scatter_piece(t, in, out, k, wt, base, fp, deadline));
+    if (op == DT_AVG)
+      dt__reduce_finish(out, k, wt, DT_AVG, n);
+    if (wide)
+      dt__from_f32((char *)rbuf + off * esz, (const float *)out, k, dt);
+    else
+      memcpy((char *)rbuf + off * esz, out, k * esz);
+  }
   return DT_OK;
 }
 
