@@ -168,10 +168,19 @@ dt_status dt__comm_call_error(const dt_comm *c, const dt__fp *fp, dt_status st) 
   return dt_set_error(st, "%s: %s: %s", me, what, detail);
 }
 
+/* On the rank hosting the store, a failure returns only once the store has sent the job's
+ * verdict to every rank: the caller may exit at once, ending the store with its process, and a
+ * rank not yet told would then blame the store's host instead of naming the failure. */
+static dt_status comm_failed(dt_comm *c, dt_status st) {
+  dt__store_server_settle(c->server, dt__deadline_after_ms(COMM_VERDICT_MS));
+  return st;
+}
+
 dt_status dt__comm_fail(dt_comm *c, dt_status st) {
-  /* An abort we merely observed is not a new failure to publish. */
-  if (st == DT_OK || st == DT_ERR_ABORTED || !c || !c->health)
+  if (st == DT_OK || !c || !c->health)
     return st;
+  if (st == DT_ERR_ABORTED) /* an abort we merely observed is not a new failure to publish */
+    return comm_failed(c, st);
   if (st == DT_ERR_PEER && !strstr(dt_last_error(), ": job failed: ")) {
     /* A peer that vanished may itself have been stopping because of an earlier failure
      * elsewhere: give the failure detector a moment to tell the root cause, and lead with it. */
@@ -182,7 +191,7 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
       char local[900], v[768] = "";
       snprintf(local, sizeof local, "%s", dt__comm_skip_self(c, dt_last_error()));
       dt__health_verdict(c->health, v, sizeof v);
-      return dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local);
+      return comm_failed(c, dt_set_error(st, "rank %d: job failed: %s (seen here: %s)", c->rank, v, local));
     }
   }
   /* The verdict names the failing rank first, once (a collective's detail already does). */
@@ -191,7 +200,7 @@ dt_status dt__comm_fail(dt_comm *c, dt_status st) {
   const char *detail = dt_last_error();
   snprintf(msg, sizeof msg, "%s%s", strncmp(detail, who, strlen(who)) ? who : "", detail);
   dt__health_raise(c->health, msg);
-  return st;
+  return comm_failed(c, st);
 }
 
 int64_t dt__comm_deadline(const dt_comm *c) { return dt__deadline_after_ms(c->timeout_ms); }

@@ -113,6 +113,7 @@ struct dt__store_server {
   int seen;             /* ranks that ever sent a heartbeat */
   dt_status verdict_st; /* DT_OK until a rank failed or aborted; then sticky */
   char verdict[DT_STORE_MSG_MAX];
+  bool verdict_told;    /* every live rank was sent the verdict (dt__store_server_settle) */
   int64_t listen_pause_until;
   int64_t tick_due; /* when the last poll should have returned at the latest */
   int64_t accept_warned;
@@ -312,12 +313,19 @@ static void log_refused(dt__store_server *s, const char *peer, const char *why) 
 
 /* ---- failure detector ---- */
 
-static void set_verdict(dt__store_server *s, dt_status st, const char *msg) {
+/* from: the connection whose request brought the verdict (NULL for one the server reached itself):
+ * it is answered after every other rank was told, not pushed to. Its answer ends the raising
+ * rank's wait (health.c), and that rank may exit at once: a push on its own connection first
+ * let it go, and with it this store when it is the host, while the loop below had not yet
+ * reached every rank (a 4-rank job on 2 cores told 2 of 3 ranks, once in ~40 mismatched calls,
+ * tests/coll/test_coll_random.c --mismatch). */
+static void set_verdict(dt__store_server *s, dt_status st, const char *msg, const conn *from) {
   pthread_mutex_lock(&s->lock);
   bool first = s->verdict_st == DT_OK;
   if (first) {
     s->verdict_st = st;
     snprintf(s->verdict, sizeof s->verdict, "%s", msg);
+    s->verdict_told = false;
   }
   pthread_cond_broadcast(&s->cond);
   pthread_mutex_unlock(&s->lock);
@@ -342,10 +350,14 @@ static void set_verdict(dt__store_server *s, dt_status st, const char *msg) {
    * host's launcher stops the hosting rank on seeing this verdict. */
   for (size_t j = 0; j < s->nconns; j++) {
     conn *c = s->conns[j];
-    if (!c->dead && c->authed && c->id < (uint32_t)s->world && s->ranks[c->id].hb_cid == c->cid &&
+    if (c != from && !c->dead && c->authed && c->id < (uint32_t)s->world && s->ranks[c->id].hb_cid == c->cid &&
         !s->ranks[c->id].left)
       respond(s, c, 0, st, s->verdict, strlen(s->verdict), NULL, 0);
   }
+  pthread_mutex_lock(&s->lock);
+  s->verdict_told = true;
+  pthread_cond_broadcast(&s->cond);
+  pthread_mutex_unlock(&s->lock);
 }
 
 static void rank_gone(dt__store_server *s, uint32_t id, bool failed, const char *why) {
@@ -360,7 +372,7 @@ static void rank_gone(dt__store_server *s, uint32_t id, bool failed, const char 
   if (failed) {
     char msg[DT_STORE_MSG_MAX];
     snprintf(msg, sizeof msg, "rank %u failed: %s", id, why);
-    set_verdict(s, DT_ERR_PEER, msg);
+    set_verdict(s, DT_ERR_PEER, msg, NULL);
   }
 }
 
@@ -592,7 +604,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
         snprintf(came, sizeof came, " came with world size %u,", cw);
       snprintf(why, sizeof why, "rank %u%s but this job has %d ranks: every host needs the same -n and --nnodes "
                "(dtrain run), and a dtrain store the same --world", c->id, cw ? came : " joined,", s->world);
-      set_verdict(s, DT_ERR_ABORTED, why);
+      set_verdict(s, DT_ERR_ABORTED, why, NULL);
       respond_text(s, c, seq, DT_ERR_INVALID, "%s", why);
       return;
     }
@@ -642,7 +654,7 @@ static void handle_request(dt__store_server *s, conn *c, uint16_t type, const ui
       snprintf(full, sizeof full, "%s", msg);
     else
       snprintf(full, sizeof full, "rank %u: %.1000s", c->id, msg);
-    set_verdict(s, DT_ERR_ABORTED, full);
+    set_verdict(s, DT_ERR_ABORTED, full, c);
     respond(s, c, seq, DT_OK, NULL, 0, NULL, 0);
     return;
   }
@@ -1085,6 +1097,21 @@ int dt__store_server_drain(dt__store_server *s, int64_t deadline) {
   return live;
 }
 
+void dt__store_server_settle(dt__store_server *s, int64_t deadline) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->lock);
+  while (s->verdict_st != DT_OK && !s->verdict_told && !dt__expired(deadline)) {
+    struct timespec ts; /* bounded sleeps, as in drain above */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+  }
+  pthread_mutex_unlock(&s->lock);
+}
+
 dt_status dt__store_server_status(dt__store_server *s, int *seen, int *live, char *verdict, size_t n) {
   pthread_mutex_lock(&s->lock);
   if (seen)
@@ -1113,6 +1140,11 @@ struct dt__store {
 };
 
 #define STORE_QUIET_MS 10000
+/* A heartbeat that could not be sent looks this long for a verdict the store pushed before it
+ * went: what arrived is read at once, a closed connection reads as closed at once, so only a
+ * store that hangs costs the wait. It was 1 ms, which a preempted thread (4 ranks on 2 cores)
+ * can let pass before it polls, and the pushed verdict then went unread. */
+#define STORE_PUSHED_MS 100
 
 dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len, int rank,
                             int64_t deadline, dt__store **out) {
@@ -1321,7 +1353,8 @@ static dt_status store_call(dt__store *st, const char *op, uint16_t type, const 
   char msg[DT_STORE_MSG_MAX];
   if (!rc)
     rc = store_recv(st, &remote, buf, cap, n, msg, sizeof msg, deadline);
-  else if (type == OP_HEARTBEAT && store_recv(st, &remote, NULL, 0, NULL, msg, sizeof msg, dt__deadline_after_ms(1)) == DT_OK)
+  else if (type == OP_HEARTBEAT && store_recv(st, &remote, NULL, 0, NULL, msg, sizeof msg,
+                                               dt__deadline_after_ms(STORE_PUSHED_MS)) == DT_OK)
     rc = DT_OK; /* the store is gone, but it pushed the job's verdict before it went: that is the news */
   if (rc) {
     if (key)

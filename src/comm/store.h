@@ -42,6 +42,11 @@ pthread_t dt__store_server_thread(const dt__store_server *s);
  * health threads seeing the store vanish under them. Returns the number of ranks still live
  * (0 = all gone). Safe from any thread while the server runs. */
 int dt__store_server_drain(dt__store_server *s, int64_t deadline);
+/* Waits (at most until the deadline) until a verdict the server holds has been sent to every
+ * live rank: a hosting process on its way out after a failure calls it, since its exit ends the
+ * store and with it the telling of ranks not yet told (comm.c, dt__comm_fail). Returns at once
+ * without a verdict. Accepts NULL. */
+void dt__store_server_settle(dt__store_server *s, int64_t deadline);
 /* Snapshot for a supervisor: how many ranks ever sent a heartbeat, how many are live (neither
  * said goodbye nor failed), and the verdict (returned status DT_OK and "" if there is none). */
 dt_status dt__store_server_status(dt__store_server *s, int *seen, int *live, char *verdict, size_t n);

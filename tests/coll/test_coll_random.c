@@ -11,9 +11,15 @@
  * reductions bit for bit).
  *
  * The sequence is a pure function of the seed, the same on every rank. A failure prints the seed,
- * the call's index and everything about it, and the first wrong elements.
+ * the call's index and everything about it, and the first wrong elements. Bytes of recvbuf
+ * around the output must stay as they were.
  *
- * Usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls]
+ * --mismatch: one rank (chosen by the seed) makes one call of the sequence differently (a count,
+ * dtype, op, root, window offset or another collective); every rank must fail in that call,
+ * with an error naming the calls, the rank that found it first exiting at once (as a program
+ * would), and none may return from it, hang, or fail earlier.
+ *
+ * Usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch]]
  *        mpirun -np N test_coll_random mpi - <seeds,...> [calls]   (the communicator from mpirun)
  * Each seed also picks a DTRAIN_ALGO for its run (shm/tcp; a communicator reads it when made). */
 #include <signal.h>
@@ -49,6 +55,7 @@ typedef struct call {
 typedef struct job {
   uint64_t seed;
   int calls;
+  bool mismatch; /* one rank changes one call: every rank must fail in that call */
 } job;
 
 static uint64_t next(uint64_t *s) { return *s = sw_hash(*s); }
@@ -242,6 +249,70 @@ static size_t verify(const call *c, int i, uint64_t seed, int rank, int n, const
   return bad;
 }
 
+/* The mismatch of --mismatch: call c as one rank makes it differently, by something the other
+ * ranks' calls must be found to disagree with (a count, dtype, op, root, collective or window
+ * offset). */
+static void perturb(call *c, uint64_t *s, int n) {
+  bool reduces = c->k == K_ALLREDUCE || c->k == K_REDUCE || c->k == K_REDUCE_SCATTER || c->k == K_WINDOW;
+  bool rooted = c->k == K_REDUCE || c->k == K_BROADCAST || c->k == K_GATHER || c->k == K_SCATTER;
+  switch (next(s) % 5) {
+  case 0:
+    if (c->k != K_BARRIER) {
+      c->count++;
+      return;
+    }
+    break;
+  case 1:
+    if (c->k != K_BARRIER) {
+      c->t = (dt_dtype)((c->t + 1 + next(s) % (DT_DTYPE_COUNT - 1)) % DT_DTYPE_COUNT);
+      if (c->op == DT_AVG && !sw_is_float(c->t))
+        c->op = DT_SUM;
+      return;
+    }
+    break;
+  case 2:
+    if (reduces && c->op != DT_AVG) {
+      c->op = c->op == DT_SUM ? DT_MAX : DT_SUM;
+      return;
+    }
+    break;
+  case 3:
+    if (rooted && n > 1) {
+      c->root = (c->root + 1) % n;
+      return;
+    }
+    if (c->k == K_WINDOW) {
+      c->roff += 64;
+      return;
+    }
+    break;
+  default:
+    break;
+  }
+  /* another collective */
+  c->k = c->k == K_ALLREDUCE ? K_BROADCAST : K_ALLREDUCE;
+  c->inplace = 0;
+  if (c->k == K_ALLREDUCE && c->count == 0)
+    c->count = 1;
+}
+
+/* A call that failed: with --mismatch, the mismatched call failing as one passes: its own
+ * DT_ERR_MISMATCH, or where another rank found it first DT_ERR_ABORTED (that rank's report) or
+ * DT_ERR_PEER (that rank gone after its report: the job's first failure is named), each naming
+ * the calls ("rank R called ..."). Anything else is said and fails. */
+static int failed(const call *c, int i, const job *jb, int bad_call, dt_status st, int rank, const char *how) {
+  char what[300];
+  describe(c, i, jb->seed, what, sizeof what);
+  if (i == bad_call && (st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER) &&
+      strstr(dt_last_error(), " called ")) {
+    if (rank == 0)
+      printf("  rank 0: %s: %s%s\n", what, how, dt_last_error());
+    return 0;
+  }
+  fprintf(stderr, "rank %d: %s: %s%s (%s)\n", rank, what, how, dt_last_error(), dt_strerror(st));
+  return 1;
+}
+
 static int body(int rank, int n, void *arg) {
   const job *jb = arg;
   dt_comm *cm = sw_join(rank);
@@ -262,7 +333,9 @@ static int body(int rank, int n, void *arg) {
     fprintf(stderr, "rank %d: window: %s\n", rank, dt_last_error());
     return 1;
   }
-  uint64_t s = jb->seed * 0x9e3779b97f4a7c15ull + 1;
+  uint64_t s = jb->seed * 0x9e3779b97f4a7c15ull + 1, ms = sw_hash(jb->seed ^ 0x5a5a);
+  /* --mismatch: call `bad_call` differs on rank `odd` */
+  const int bad_call = jb->mismatch ? (int)(ms % (uint64_t)jb->calls) : -1, odd = (int)(sw_hash(ms) % (uint64_t)n);
   size_t wrong = 0, seen = 0;
   for (int i = 0; i < jb->calls && !wrong;) {
     /* a quarter of the time a nonblocking batch of 1-3 calls (never in the window) */
@@ -271,22 +344,25 @@ static int body(int rank, int n, void *arg) {
       call *c = &cs[j];
       memset(c, 0, sizeof *c);
       draw(c, &s, n, win != NULL && !batch);
+      if (i + j == bad_call && rank == odd) {
+        uint64_t ps = ms;
+        perturb(c, &ps, n);
+      }
       c->salt = jb->seed * 1000003ull + (uint64_t)(i + j);
       c->sb = bufs[2 * j];
       c->rb = bufs[2 * j + 1];
       fill(c, rank, n, win);
-      if (start(cm, c, win, batch > 0) != DT_OK) {
-        char what[300];
-        describe(c, i + j, jb->seed, what, sizeof what);
-        fprintf(stderr, "rank %d: %s: %s\n", rank, what, dt_last_error());
-        return 1;
-      }
+      dt_status st = start(cm, c, win, batch > 0);
+      if (st != DT_OK)
+        return failed(c, i + j, jb, bad_call, st, rank, "");
     }
     for (int j = 0; j < m; j++) {
-      if (cs[j].req && dt_request_wait(cs[j].req) != DT_OK) {
-        char what[300];
-        describe(&cs[j], i + j, jb->seed, what, sizeof what);
-        fprintf(stderr, "rank %d: %s: wait: %s\n", rank, what, dt_last_error());
+      dt_status st = cs[j].req ? dt_request_wait(cs[j].req) : DT_OK;
+      if (st != DT_OK)
+        return failed(&cs[j], i + j, jb, bad_call, st, rank, "wait: ");
+      if (i + j == bad_call) {
+        fprintf(stderr, "rank %d: seed %llu call %d returned DT_OK where rank %d's call differed\n", rank,
+                (unsigned long long)jb->seed, bad_call, odd);
         return 1;
       }
       wrong += verify(&cs[j], i + j, jb->seed, rank, n, win, &seen);
@@ -322,14 +398,15 @@ int main(int argc, char **argv) {
   int nr = argc > 2 && strcmp(argv[2], "-") ? parse_list(argv[2], ranks, 16) : 0;
   int ns = argc > 3 ? parse_list(argv[3], seeds, 64) : 0;
   int calls = argc > 4 ? atoi(argv[4]) : CALLS_DEFAULT;
-  bool mpi = argc > 1 && !strcmp(argv[1], "mpi");
-  if (argc < 4 || !ns || calls <= 0 || (!mpi && !nr)) {
-    fprintf(stderr, "usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls]\n"
-                    "       mpirun -np N test_coll_random mpi - <seeds,...> [calls]\n");
+  bool mpi = argc > 1 && !strcmp(argv[1], "mpi"), mismatch = argc > 5 && !strcmp(argv[5], "--mismatch");
+  if (argc < 4 || argc > 6 || !ns || calls <= 0 || (!mpi && !nr) || (argc == 6 && !mismatch)) {
+    fprintf(stderr, "usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch]]\n"
+                    "       mpirun -np N test_coll_random mpi - <seeds,...> [calls [--mismatch]]\n");
     return 2;
   }
+  /* a call that never completes fails with its deadline (a mismatch must be found well before) */
   if (!getenv("DTRAIN_TIMEOUT_MS"))
-    setenv("DTRAIN_TIMEOUT_MS", "120000", 1);
+    setenv("DTRAIN_TIMEOUT_MS", mismatch ? "20000" : "120000", 1);
   int bad = 0, runs = 0;
   if (mpi) { /* one job, made by mpirun: every seed in turn */
     setenv("DTRAIN_TRANSPORT", "mpi", 1);
@@ -340,7 +417,7 @@ int main(int argc, char **argv) {
     }
     int rank = atoi(re), n = atoi(se);
     for (int i = 0; i < ns; i++, runs++) {
-      job jb = {(uint64_t)seeds[i], calls};
+      job jb = {(uint64_t)seeds[i], calls, mismatch};
       if (body(rank, n, &jb)) {
         fprintf(stderr, "FAIL: mpi, %d ranks, seed %ld\n", n, seeds[i]);
         bad++;
@@ -353,7 +430,7 @@ int main(int argc, char **argv) {
   setenv("DTRAIN_TRANSPORT", argv[1], 1);
   for (int r = 0; r < nr; r++)
     for (int i = 0; i < ns; i++, runs++) {
-      job jb = {(uint64_t)seeds[i], calls};
+      job jb = {(uint64_t)seeds[i], calls, mismatch};
       const char *algo = algos[(size_t)seeds[i] % (sizeof algos / sizeof algos[0])];
       if (*algo)
         setenv("DTRAIN_ALGO", algo, 1);
