@@ -19,7 +19,11 @@
  * with an error naming the calls, the rank that found it first exiting at once (as a program
  * would), and none may return from it, hang, or fail earlier.
  *
- * Usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch]]
+ * --kill: one rank (chosen by the seed) is killed (SIGKILL) before one call (or before the
+ * nonblocking batch that holds it); every other rank must fail in that call (the batch's first),
+ * with an error naming the killed rank, and none may hang.
+ *
+ * Usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch|--kill]]
  *        mpirun -np N test_coll_random mpi - <seeds,...> [calls]   (the communicator from mpirun)
  * Each seed also picks a DTRAIN_ALGO for its run (shm/tcp; a communicator reads it when made). */
 #include <signal.h>
@@ -52,11 +56,16 @@ typedef struct call {
   dt_request *req;
 } call;
 
+typedef enum { F_NONE, F_MISMATCH, F_KILL } fault;
 typedef struct job {
   uint64_t seed;
   int calls;
-  bool mismatch; /* one rank changes one call: every rank must fail in that call */
+  fault f; /* F_MISMATCH: one rank changes one call; F_KILL: one rank is killed before one */
 } job;
+
+/* The faulty call of a run and the rank that makes it (the same on every rank). */
+static int fault_call(const job *jb) { return jb->f ? (int)(sw_hash(jb->seed ^ 0x5a5a) % (uint64_t)jb->calls) : -1; }
+static int fault_rank(const job *jb, int n) { return (int)(sw_hash(sw_hash(jb->seed ^ 0x5a5a)) % (uint64_t)n); }
 
 static uint64_t next(uint64_t *s) { return *s = sw_hash(*s); }
 
@@ -296,20 +305,26 @@ static void perturb(call *c, uint64_t *s, int n) {
     c->count = 1;
 }
 
-/* A call that failed: with --mismatch, the mismatched call failing as one passes: its own
- * DT_ERR_MISMATCH, or where another rank found it first DT_ERR_ABORTED (that rank's report) or
- * DT_ERR_PEER (that rank gone after its report: the job's first failure is named), each naming
- * the calls ("rank R called ..."). Anything else is said and fails. */
-static int failed(const call *c, int i, const job *jb, int bad_call, dt_status st, int rank, const char *how) {
-  char what[300];
+/* A call that failed: with a fault, the call where it must show failing as it must passes.
+ * --mismatch: its own DT_ERR_MISMATCH, or where another rank found it first DT_ERR_ABORTED (that
+ * rank's report) or DT_ERR_PEER (that rank gone after its report: the job's first failure is
+ * named), each naming the calls ("rank R called ..."). --kill: DT_ERR_PEER or DT_ERR_ABORTED
+ * naming the killed rank. Anything else is said and fails. */
+static int failed(const call *c, int i, const job *jb, int expect_at, dt_status st, int rank, int odd,
+                  const char *how) {
+  char what[300], killed[32];
   describe(c, i, jb->seed, what, sizeof what);
-  if (i == bad_call && (st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER) &&
-      strstr(dt_last_error(), " called ")) {
-    if (rank == 0)
-      printf("  rank 0: %s: %s%s\n", what, how, dt_last_error());
+  snprintf(killed, sizeof killed, "rank %d", odd);
+  const char *e = dt_last_error();
+  bool ok = i == expect_at &&
+            (jb->f == F_MISMATCH ? (st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || st == DT_ERR_PEER) && strstr(e, " called ")
+                                 : (st == DT_ERR_PEER || st == DT_ERR_ABORTED) && strstr(e, killed));
+  if (ok) {
+    if (rank == 0 || (rank == 1 && odd == 0))
+      printf("  rank %d: %s: %s%s\n", rank, what, how, e);
     return 0;
   }
-  fprintf(stderr, "rank %d: %s: %s%s (%s)\n", rank, what, how, dt_last_error(), dt_strerror(st));
+  fprintf(stderr, "rank %d: %s: %s%s (%s)\n", rank, what, how, e, dt_strerror(st));
   return 1;
 }
 
@@ -333,19 +348,25 @@ static int body(int rank, int n, void *arg) {
     fprintf(stderr, "rank %d: window: %s\n", rank, dt_last_error());
     return 1;
   }
-  uint64_t s = jb->seed * 0x9e3779b97f4a7c15ull + 1, ms = sw_hash(jb->seed ^ 0x5a5a);
-  /* --mismatch: call `bad_call` differs on rank `odd` */
-  const int bad_call = jb->mismatch ? (int)(ms % (uint64_t)jb->calls) : -1, odd = (int)(sw_hash(ms) % (uint64_t)n);
+  uint64_t s = jb->seed * 0x9e3779b97f4a7c15ull + 1;
+  /* the fault: at call `bad_call`, on rank `odd` */
+  const int bad_call = fault_call(jb), odd = fault_rank(jb, n);
+  int expect_at = bad_call; /* where the other ranks must fail */
   size_t wrong = 0, seen = 0;
   for (int i = 0; i < jb->calls && !wrong;) {
     /* a quarter of the time a nonblocking batch of 1-3 calls (never in the window) */
     int batch = next(&s) % 4 == 0 ? 1 + (int)(next(&s) % SLOTS) : 0, m = batch ? batch : 1;
+    if (jb->f == F_KILL && i <= bad_call && bad_call < i + m) {
+      expect_at = i; /* the batch's first call: the killed rank starts none of it */
+      if (rank == odd)
+        kill(getpid(), SIGKILL); /* no goodbye, no destroy: as a crash */
+    }
     for (int j = 0; j < m; j++) {
       call *c = &cs[j];
       memset(c, 0, sizeof *c);
       draw(c, &s, n, win != NULL && !batch);
-      if (i + j == bad_call && rank == odd) {
-        uint64_t ps = ms;
+      if (jb->f == F_MISMATCH && i + j == bad_call && rank == odd) {
+        uint64_t ps = sw_hash(jb->seed ^ 0x5a5a);
         perturb(c, &ps, n);
       }
       c->salt = jb->seed * 1000003ull + (uint64_t)(i + j);
@@ -354,15 +375,15 @@ static int body(int rank, int n, void *arg) {
       fill(c, rank, n, win);
       dt_status st = start(cm, c, win, batch > 0);
       if (st != DT_OK)
-        return failed(c, i + j, jb, bad_call, st, rank, "");
+        return failed(c, i + j, jb, expect_at, st, rank, odd, "");
     }
     for (int j = 0; j < m; j++) {
       dt_status st = cs[j].req ? dt_request_wait(cs[j].req) : DT_OK;
       if (st != DT_OK)
-        return failed(&cs[j], i + j, jb, bad_call, st, rank, "wait: ");
-      if (i + j == bad_call) {
-        fprintf(stderr, "rank %d: seed %llu call %d returned DT_OK where rank %d's call differed\n", rank,
-                (unsigned long long)jb->seed, bad_call, odd);
+        return failed(&cs[j], i + j, jb, expect_at, st, rank, odd, "wait: ");
+      if (i + j == expect_at) {
+        fprintf(stderr, "rank %d: seed %llu call %d returned DT_OK where rank %d's call %s\n", rank,
+                (unsigned long long)jb->seed, i + j, odd, jb->f == F_KILL ? "never came (killed)" : "differed");
         return 1;
       }
       wrong += verify(&cs[j], i + j, jb->seed, rank, n, win, &seen);
@@ -398,15 +419,16 @@ int main(int argc, char **argv) {
   int nr = argc > 2 && strcmp(argv[2], "-") ? parse_list(argv[2], ranks, 16) : 0;
   int ns = argc > 3 ? parse_list(argv[3], seeds, 64) : 0;
   int calls = argc > 4 ? atoi(argv[4]) : CALLS_DEFAULT;
-  bool mpi = argc > 1 && !strcmp(argv[1], "mpi"), mismatch = argc > 5 && !strcmp(argv[5], "--mismatch");
-  if (argc < 4 || argc > 6 || !ns || calls <= 0 || (!mpi && !nr) || (argc == 6 && !mismatch)) {
-    fprintf(stderr, "usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch]]\n"
-                    "       mpirun -np N test_coll_random mpi - <seeds,...> [calls [--mismatch]]\n");
+  bool mpi = argc > 1 && !strcmp(argv[1], "mpi");
+  fault f = argc < 6 ? F_NONE : !strcmp(argv[5], "--mismatch") ? F_MISMATCH : !strcmp(argv[5], "--kill") ? F_KILL : -1;
+  if (argc < 4 || argc > 6 || !ns || calls <= 0 || (!mpi && !nr) || (int)f < 0 || (mpi && f)) {
+    fprintf(stderr, "usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch|--kill]]\n"
+                    "       mpirun -np N test_coll_random mpi - <seeds,...> [calls]\n");
     return 2;
   }
-  /* a call that never completes fails with its deadline (a mismatch must be found well before) */
+  /* a call that never completes fails with its deadline (a fault must be found well before) */
   if (!getenv("DTRAIN_TIMEOUT_MS"))
-    setenv("DTRAIN_TIMEOUT_MS", mismatch ? "20000" : "120000", 1);
+    setenv("DTRAIN_TIMEOUT_MS", f ? "20000" : "120000", 1);
   int bad = 0, runs = 0;
   if (mpi) { /* one job, made by mpirun: every seed in turn */
     setenv("DTRAIN_TRANSPORT", "mpi", 1);
@@ -417,7 +439,7 @@ int main(int argc, char **argv) {
     }
     int rank = atoi(re), n = atoi(se);
     for (int i = 0; i < ns; i++, runs++) {
-      job jb = {(uint64_t)seeds[i], calls, mismatch};
+      job jb = {(uint64_t)seeds[i], calls, f};
       if (body(rank, n, &jb)) {
         fprintf(stderr, "FAIL: mpi, %d ranks, seed %ld\n", n, seeds[i]);
         bad++;
@@ -430,7 +452,7 @@ int main(int argc, char **argv) {
   setenv("DTRAIN_TRANSPORT", argv[1], 1);
   for (int r = 0; r < nr; r++)
     for (int i = 0; i < ns; i++, runs++) {
-      job jb = {(uint64_t)seeds[i], calls, mismatch};
+      job jb = {(uint64_t)seeds[i], calls, f};
       const char *algo = algos[(size_t)seeds[i] % (sizeof algos / sizeof algos[0])];
       if (*algo)
         setenv("DTRAIN_ALGO", algo, 1);
@@ -438,8 +460,11 @@ int main(int argc, char **argv) {
         unsetenv("DTRAIN_ALGO");
       printf("# %s, %ld ranks, seed %ld, DTRAIN_ALGO=%s\n", argv[1], ranks[r], seeds[i], *algo ? algo : "(auto)");
       fflush(stdout);
-      int codes[64] = {0};
-      if (mp_run_codes((int)ranks[r], body, &jb, 300, codes)) {
+      int codes[64] = {0}, odd = fault_rank(&jb, (int)ranks[r]);
+      int failures = mp_run_codes((int)ranks[r], body, &jb, 300, codes);
+      if (f == F_KILL) /* the killed rank must have died of it, and only it */
+        failures = codes[odd] == 128 + SIGKILL ? failures - 1 : failures + 1;
+      if (failures) {
         fprintf(stderr, "FAIL: %s, %ld ranks, seed %ld:", argv[1], ranks[r], seeds[i]);
         for (int k = 0; k < ranks[r]; k++)
           if (codes[k])
