@@ -3,7 +3,8 @@
  * copies, staging chunks: 4 KiB-1 MiB of bytes, a few elements either side) or log-uniform from
  * 0; buffers at random offsets from 64-byte alignment; in place (DT_IN_PLACE, or sendbuf ==
  * recvbuf) where the API allows it; nonblocking batches of up to three calls in flight between
- * blocking ones; and on shm, allreduces in the shared window between them. So a call meets
+ * blocking ones; a third of them on a split of the world (even and odd ranks), mixed with the
+ * world's; and on shm, allreduces in the shared window between them. So a call meets
  * whatever state the calls before it, of other paths and sizes, left behind (sequence counters,
  * staging parity, flat rounds, huge-page bookkeeping), which the per-call sweep
  * (test_coll_sweep.c) does not vary. Every result is checked against the serial reference of
@@ -46,6 +47,7 @@ static const char *algos[] = {"", "ring", "rhd,broadcast=chain,allgather=bruck,r
                               "rd,broadcast=tree,allgather=ring,reduce_scatter=ring", ""};
 
 typedef struct call {
+  bool sub; /* on the split communicator (even and odd ranks), not the world */
   kind k;
   dt_dtype t;
   dt_op op;
@@ -348,6 +350,13 @@ static int body(int rank, int n, void *arg) {
     fprintf(stderr, "rank %d: window: %s\n", rank, dt_last_error());
     return 1;
   }
+  /* without a fault, a third of the calls go to a split of the world (even and odd ranks, in
+   * reverse order), between and among the world's, blocking or in flight together */
+  dt_comm *sub = NULL;
+  if (!jb->f && dt_comm_split(cm, rank % 2, -rank, &sub) != DT_OK) {
+    fprintf(stderr, "rank %d: split: %s\n", rank, dt_last_error());
+    return 1;
+  }
   uint64_t s = jb->seed * 0x9e3779b97f4a7c15ull + 1;
   /* the fault: at call `bad_call`, on rank `odd` */
   const int bad_call = fault_call(jb), odd = fault_rank(jb, n);
@@ -364,7 +373,10 @@ static int body(int rank, int n, void *arg) {
     for (int j = 0; j < m; j++) {
       call *c = &cs[j];
       memset(c, 0, sizeof *c);
-      draw(c, &s, n, win != NULL && !batch);
+      c->sub = sub && next(&s) % 3 == 0;
+      dt_comm *on = c->sub ? sub : cm;
+      int cr = dt_comm_rank(on), cn = dt_comm_size(on);
+      draw(c, &s, cn, win != NULL && !batch && !c->sub);
       if (jb->f == F_MISMATCH && i + j == bad_call && rank == odd) {
         uint64_t ps = sw_hash(jb->seed ^ 0x5a5a);
         perturb(c, &ps, n);
@@ -372,8 +384,8 @@ static int body(int rank, int n, void *arg) {
       c->salt = jb->seed * 1000003ull + (uint64_t)(i + j);
       c->sb = bufs[2 * j];
       c->rb = bufs[2 * j + 1];
-      fill(c, rank, n, win);
-      dt_status st = start(cm, c, win, batch > 0);
+      fill(c, cr, cn, win);
+      dt_status st = start(on, c, win, batch > 0);
       if (st != DT_OK)
         return failed(c, i + j, jb, expect_at, st, rank, odd, "");
     }
@@ -386,12 +398,14 @@ static int body(int rank, int n, void *arg) {
                 (unsigned long long)jb->seed, i + j, odd, jb->f == F_KILL ? "never came (killed)" : "differed");
         return 1;
       }
-      wrong += verify(&cs[j], i + j, jb->seed, rank, n, win, &seen);
+      dt_comm *on = cs[j].sub ? sub : cm;
+      wrong += verify(&cs[j], i + j, jb->seed, dt_comm_rank(on), dt_comm_size(on), win, &seen);
     }
     i += m;
   }
   if (rank == 0 && !wrong)
     printf("  rank 0 checked %zu elements of %d calls%s\n", seen, jb->calls, win ? " (with the shared window)" : "");
+  dt_comm_destroy(sub);
   dt_comm_destroy(cm);
   for (int i = 0; i < 2 * SLOTS; i++)
     dt__free(bufs[i]);
