@@ -315,10 +315,11 @@ static void log_refused(dt__store_server *s, const char *peer, const char *why) 
 
 /* from: the connection whose request brought the verdict (NULL for one the server reached itself):
  * it is answered after every other rank was told, not pushed to. Its answer ends the raising
- * rank's wait (health.c), and that rank may exit at once: a push on its own connection first
- * let it go, and with it this store when it is the host, while the loop below had not yet
- * reached every rank (a 4-rank job on 2 cores told 2 of 3 ranks, once in ~40 mismatched calls,
- * tests/coll/test_coll_random.c --mismatch). */
+ * rank's wait (health.c), and that rank may exit at once, ending this store if it is the host,
+ * while the loop below has not reached every rank yet. A push wakes another raiser in the host's
+ * process the same way, so the host's failing calls also wait for verdict_told
+ * (dt__store_server_settle, comm.c). Without both, 4 tcp ranks on 2 cores blamed the store's
+ * host instead of the failure in about 1 run of 60 of tests/coll/test_coll_random --mismatch. */
 static void set_verdict(dt__store_server *s, dt_status st, const char *msg, const conn *from) {
   pthread_mutex_lock(&s->lock);
   bool first = s->verdict_st == DT_OK;
@@ -1142,8 +1143,9 @@ struct dt__store {
 #define STORE_QUIET_MS 10000
 /* A heartbeat that could not be sent looks this long for a verdict the store pushed before it
  * went: what arrived is read at once, a closed connection reads as closed at once, so only a
- * store that hangs costs the wait. It was 1 ms, which a preempted thread (4 ranks on 2 cores)
- * can let pass before it polls, and the pushed verdict then went unread. */
+ * store that hangs costs the wait. It was 1 ms, which a thread preempted between setting the
+ * deadline and polling (4 ranks on 2 cores) can miss, leaving the verdict unread (reasoned from
+ * the code; not seen in a test). */
 #define STORE_PUSHED_MS 100
 
 dt_status dt__store_connect(const char *host, int port, const uint8_t *secret, size_t secret_len, int rank,

@@ -393,9 +393,8 @@ static dt_status mpi_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
   return mpi_wait(t, 1, &req, -1, fp, deadline);
 }
 
-/* One MPI_Ireduce_scatter_block of `count` elements per rank (s: size * count elements; s == r
- * only where r holds them and the result may land at its start, which MPI does not allow: the
- * caller passes separate buffers). */
+/* One MPI_Ireduce_scatter_block: s holds size * count elements, r receives count; separate
+ * buffers (MPI's in-place form is not used). */
 static dt_status mpi_reduce_scatter_piece(dt_transport *t, const void *s, void *r, size_t count, dt_dtype dt,
                                           dt_op op, const dt__fp *fp, int64_t deadline) {
   int user = 0;
