@@ -4,7 +4,8 @@
  * 0; buffers at random offsets from 64-byte alignment; in place (DT_IN_PLACE, or sendbuf ==
  * recvbuf) where the API allows it; nonblocking batches of up to three calls in flight between
  * blocking ones; a third of them on a split of the world (even and odd ranks), mixed with the
- * world's; and on shm, allreduces in the shared window between them. So a call meets
+ * world's; sends and receives between rank pairs; and on shm, allreduces in the shared window
+ * between them. So a call meets
  * whatever state the calls before it, of other paths and sizes, left behind (sequence counters,
  * staging parity, flat rounds, huge-page bookkeeping), which the per-call sweep
  * (test_coll_sweep.c) does not vary. Every result is checked against the serial reference of
@@ -26,7 +27,8 @@
  *
  * Usage: test_coll_random <shm|tcp> <ranks,...> <seeds,...> [calls [--mismatch|--kill]]
  *        mpirun -np N test_coll_random mpi - <seeds,...> [calls]   (the communicator from mpirun)
- * Each seed also picks a DTRAIN_ALGO for its run (shm/tcp; a communicator reads it when made). */
+ * Each seed also picks a DTRAIN_ALGO for its run (shm/tcp; a communicator reads it when made),
+ * unless the environment sets one. */
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,9 +41,10 @@
 enum { CALLS_DEFAULT = 120, SLOTS = 3, MAX_COUNT = 1 << 18 };
 
 typedef enum { K_ALLREDUCE, K_REDUCE, K_BROADCAST, K_ALLGATHER, K_REDUCE_SCATTER, K_GATHER, K_SCATTER, K_ALLTOALL,
-               K_BARRIER, K_WINDOW, K_COUNT } kind;
+               K_BARRIER, K_WINDOW, K_P2P, K_COUNT } kind;
 static const char *kind_name[K_COUNT] = {"allreduce", "reduce", "broadcast", "allgather", "reduce_scatter",
-                                         "gather", "scatter", "alltoall", "barrier", "window allreduce"};
+                                         "gather", "scatter", "alltoall", "barrier", "window allreduce",
+                                         "send and recv"};
 /* per seed, the algorithms a run forces (DTRAIN_ALGO); "" leaves the automatic choice */
 static const char *algos[] = {"", "ring", "rhd,broadcast=chain,allgather=bruck,reduce_scatter=rhd",
                               "rd,broadcast=tree,allgather=ring,reduce_scatter=ring", ""};
@@ -89,10 +92,11 @@ static void describe(const call *c, int i, uint64_t seed, char *b, size_t cap) {
 }
 
 /* Draws call i of the sequence (the same on every rank). */
-static void draw(call *c, uint64_t *s, int n, bool window) {
+/* window: a window allreduce may be drawn; p2p: a send and recv between rank pairs may be. */
+static void draw(call *c, uint64_t *s, int n, bool window, bool p2p) {
   static const size_t marks[] = {4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576};
   c->k = (kind)(next(s) % K_COUNT);
-  if (c->k == K_WINDOW && !window)
+  if ((c->k == K_WINDOW && !window) || (c->k == K_P2P && !p2p))
     c->k = K_ALLREDUCE;
   c->t = (dt_dtype)(next(s) % DT_DTYPE_COUNT);
   c->op = (dt_op)(next(s) % DT_OP_COUNT);
@@ -135,8 +139,26 @@ static void fill(call *c, int rank, int n, char *win) {
   sw_fill(in, in_elems(c, n), 0, c->salt, rank, c->t, c->op);
 }
 
+/* Rank pairs (0, 1), (2, 3), ...: the even one sends, then receives; an odd world size's last
+ * rank sits out. */
+static int p2p_partner(int rank, int n) { return (rank ^ 1) < n ? rank ^ 1 : -1; }
+
 static dt_status start(dt_comm *cm, call *c, char *win, bool nonblocking) {
   char *rb = c->k == K_WINDOW ? win + c->roff : c->rb + c->roff;
+  if (c->k == K_P2P) { /* blocking only: drawn outside batches */
+    int me = dt_comm_rank(cm), peer = p2p_partner(me, dt_comm_size(cm));
+    dt_status st = DT_OK;
+    if (peer >= 0 && me % 2 == 0) {
+      st = dt_comm_send(cm, c->sb + c->soff, c->count, c->t, peer, 7);
+      if (st == DT_OK)
+        st = dt_comm_recv(cm, rb, c->count, c->t, peer, 8);
+    } else if (peer >= 0) {
+      st = dt_comm_recv(cm, rb, c->count, c->t, peer, 7);
+      if (st == DT_OK)
+        st = dt_comm_send(cm, c->sb + c->soff, c->count, c->t, peer, 8);
+    }
+    return st;
+  }
   const void *sb = c->inplace == 1 ? DT_IN_PLACE : c->inplace == 2 ? (const void *)rb : c->sb + c->soff;
   dt_request **r = nonblocking ? &c->req : NULL;
   switch (c->k) {
@@ -201,6 +223,9 @@ static bool expect(const call *c, int rank, int n, size_t j, int *src, size_t *g
       return false;
     *src = (int)(j / cnt), *gi = (size_t)rank * cnt + j % cnt;
     return j < cnt * (size_t)n;
+  case K_P2P:
+    *src = p2p_partner(rank, n), *gi = j;
+    return *src >= 0 && j < cnt;
   default:
     return false;
   }
@@ -211,7 +236,7 @@ static bool expect(const call *c, int rank, int n, size_t j, int *src, size_t *g
  * rank has no output: reduce and gather off the root) must be untouched. */
 static size_t guards(const call *c, int i, uint64_t seed, int rank, int n) {
   size_t es = dt_dtype_size(c->t);
-  bool none = (c->k == K_REDUCE || c->k == K_GATHER) && rank != c->root;
+  bool none = ((c->k == K_REDUCE || c->k == K_GATHER) && rank != c->root) || (c->k == K_P2P && p2p_partner(rank, n) < 0);
   size_t span = none ? 0 : c->k == K_REDUCE_SCATTER && c->inplace ? in_elems(c, n) : out_elems(c, n);
   if (c->k == K_BARRIER)
     span = 0;
@@ -376,7 +401,7 @@ static int body(int rank, int n, void *arg) {
       c->sub = sub && next(&s) % 3 == 0;
       dt_comm *on = c->sub ? sub : cm;
       int cr = dt_comm_rank(on), cn = dt_comm_size(on);
-      draw(c, &s, cn, win != NULL && !batch && !c->sub);
+      draw(c, &s, cn, win != NULL && !batch && !c->sub, !batch && !jb->f);
       if (jb->f == F_MISMATCH && i + j == bad_call && rank == odd) {
         uint64_t ps = sw_hash(jb->seed ^ 0x5a5a);
         perturb(c, &ps, n);
@@ -464,10 +489,11 @@ int main(int argc, char **argv) {
     return bad ? 1 : 0;
   }
   setenv("DTRAIN_TRANSPORT", argv[1], 1);
+  const char *given = getenv("DTRAIN_ALGO"); /* a DTRAIN_ALGO of the caller's holds for every seed */
   for (int r = 0; r < nr; r++)
     for (int i = 0; i < ns; i++, runs++) {
       job jb = {(uint64_t)seeds[i], calls, f};
-      const char *algo = algos[(size_t)seeds[i] % (sizeof algos / sizeof algos[0])];
+      const char *algo = given ? given : algos[(size_t)seeds[i] % (sizeof algos / sizeof algos[0])];
       if (*algo)
         setenv("DTRAIN_ALGO", algo, 1);
       else
