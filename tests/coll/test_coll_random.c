@@ -5,7 +5,7 @@
  * recvbuf) where the API allows it; nonblocking batches of up to three calls in flight between
  * blocking ones; a third of them on a split of the world (even and odd ranks), mixed with the
  * world's; sends and receives between rank pairs; and on shm, allreduces in the shared window
- * between them. So a call meets
+ * between them; now and then one rank late into a call. So a call meets
  * whatever state the calls before it, of other paths and sizes, left behind (sequence counters,
  * staging parity, flat rounds, huge-page bookkeeping), which the per-call sweep
  * (test_coll_sweep.c) does not vary. Every result is checked against the serial reference of
@@ -410,6 +410,11 @@ static int body(int rank, int n, void *arg) {
       c->sb = bufs[2 * j];
       c->rb = bufs[2 * j + 1];
       fill(c, cr, cn, win);
+      /* now and then this rank comes late (up to 3 ms; each rank its own draw): the others wait
+       * inside the call, or run ahead to the next */
+      uint64_t late = sw_hash(jb->seed ^ ((uint64_t)rank << 32) ^ (uint64_t)(i + j));
+      if (!jb->f && late % 8 == 0)
+        dt__sleep_ns((int64_t)(late >> 8) % 3000000);
       dt_status st = start(on, c, win, batch > 0);
       if (st != DT_OK)
         return failed(c, i + j, jb, expect_at, st, rank, odd, "");
