@@ -91,8 +91,8 @@ static void describe(const call *c, int i, uint64_t seed, char *b, size_t cap) {
            c->roff);
 }
 
-/* Draws call i of the sequence (the same on every rank). */
-/* window: a window allreduce may be drawn; p2p: a send and recv between rank pairs may be. */
+/* Draws the next call of the sequence (the same on every rank of the communicator it goes to);
+ * window: a window allreduce may be drawn; p2p: a send and recv between rank pairs may be. */
 static void draw(call *c, uint64_t *s, int n, bool window, bool p2p) {
   static const size_t marks[] = {4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576};
   c->k = (kind)(next(s) % K_COUNT);
