@@ -303,6 +303,9 @@ static void perturb(call *c, uint64_t *s, int n) {
       c->t = (dt_dtype)((c->t + 1 + next(s) % (DT_DTYPE_COUNT - 1)) % DT_DTYPE_COUNT);
       if (c->op == DT_AVG && !sw_is_float(c->t))
         c->op = DT_SUM;
+      size_t es = dt_dtype_size(c->t); /* whole elements of the new type from the offsets on */
+      c->soff = c->soff / es * es;
+      c->roff = c->roff / es * es;
       return;
     }
     break;
