@@ -727,6 +727,8 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
   pthread_mutex_lock(&c->lock);
   st = c->ops->window(c->tp, bytes, &w, dt__comm_deadline(c));
   pthread_mutex_unlock(&c->lock);
+  if (st == DT_ERR_PEER) /* a rank or the store gone meanwhile: name the job's failure, as calls do */
+    return dt__comm_fail(c, st);
   if (st != DT_OK)
     return st;
   c->win = w;
