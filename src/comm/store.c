@@ -1079,20 +1079,23 @@ void dt__store_server_stop(dt__store_server *s) {
   dt__free(s);
 }
 
+/* One wait on s->cond (lock held) of at most 50 ms and the deadline: bounded sleeps, since the
+ * condition variable uses the realtime clock and deadlines the monotonic one. */
+static void server_cond_wait(dt__store_server *s, int64_t deadline) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += DT_MIN((int64_t)dt__ms_left(deadline), 50) * 1000000LL;
+  ts.tv_sec += ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+}
+
 int dt__store_server_drain(dt__store_server *s, int64_t deadline) {
   if (!s)
     return 0;
   pthread_mutex_lock(&s->lock);
-  while (s->live > 0 && !dt__expired(deadline)) {
-    /* Bounded sleeps: the condition variable uses the realtime clock, deadlines the monotonic one. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t step = DT_MIN((int64_t)dt__ms_left(deadline), 50) * 1000000LL;
-    ts.tv_nsec += step;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-  }
+  while (s->live > 0 && !dt__expired(deadline))
+    server_cond_wait(s, deadline);
   int live = s->live;
   pthread_mutex_unlock(&s->lock);
   return live;
@@ -1102,14 +1105,8 @@ void dt__store_server_settle(dt__store_server *s, int64_t deadline) {
   if (!s)
     return;
   pthread_mutex_lock(&s->lock);
-  while (s->verdict_st != DT_OK && !s->verdict_told && !dt__expired(deadline)) {
-    struct timespec ts; /* bounded sleeps, as in drain above */
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-  }
+  while (s->verdict_st != DT_OK && !s->verdict_told && !dt__expired(deadline))
+    server_cond_wait(s, deadline);
   pthread_mutex_unlock(&s->lock);
 }
 

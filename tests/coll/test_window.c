@@ -14,7 +14,8 @@
  *     works), 0 bytes, a second window, 0 bytes on one rank only (both fail at once, then a
  *     window works), a window on one rank against an allreduce on the other (a mismatch at once);
  *     tcp and a single rank have none;
- *   - a rank that dies before the call is named by the survivors. */
+ *   - a rank that dies before the call is named by the survivors, and so is the store's host
+ *     leaving while the others still make the window. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,6 +301,32 @@ static int body_dead(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Rank 0, the store's host, leaves right after its window call returns, while the others may
+ * still be reading the window's verdict from its store: whether they fail in the window call or
+ * in the next one, the message names rank 0 (in the window call it once said only that the
+ * store connection closed). Exit 0: failed in the window call, named; 3: in the allreduce,
+ * named. */
+static int body_host_gone(int rank, int size, void *arg) {
+  (void)arg;
+  (void)size;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  float *w = NULL;
+  dt_status st = dt_comm_window(c, 1 << 16, (void **)&w);
+  if (rank == 0)
+    _exit(0); /* gone without a word, as a crash, and its store with it */
+  if (st != DT_OK) {
+    CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "window gave %s: %s", dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), "rank 0"), "window: message does not name rank 0: %s", dt_last_error());
+    return 0;
+  }
+  st = dt_comm_allreduce(c, DT_IN_PLACE, w, 8192, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "dead store host gave %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(strstr(dt_last_error(), "rank 0"), "message does not name rank 0: %s", dt_last_error());
+  return 3;
+}
+
 static int body_none(int rank, int size, void *arg) {
   (void)arg;
   dt_comm *c = sw_join(rank);
@@ -338,6 +365,23 @@ int main(void) {
     fprintf(stderr, "FAIL: dead peer (rank 0 exit %d)\n", codes[0]);
     bad++;
   }
+  /* timing decides where the others fail; up to 20 tries for one inside the window call */
+  ran++;
+  int in_window = 0, tries = 0, host_bad = 0;
+  for (; tries < 20 && !in_window && !host_bad; tries++) {
+    int hc[3] = {0};
+    mp_run_codes(3, body_host_gone, NULL, 60, hc);
+    if ((hc[1] != 0 && hc[1] != 3) || (hc[2] != 0 && hc[2] != 3)) {
+      fprintf(stderr, "FAIL: store host gone after its window call (ranks 1, 2 exit %d, %d)\n", hc[1], hc[2]);
+      bad++;
+      host_bad = 1;
+      continue;
+    }
+    in_window = hc[1] == 0 || hc[2] == 0;
+  }
+  if (!host_bad)
+    printf("# store host gone after its window call: %s after %d run(s)\n",
+           in_window ? "a rank failed inside the window call" : "every rank got past the window call", tries);
   ran++;
   if (mp_run(1, body_none, NULL, 60)) {
     fprintf(stderr, "FAIL: single rank\n");
