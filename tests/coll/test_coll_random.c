@@ -133,10 +133,13 @@ static void draw(call *c, uint64_t *s, int n, bool window, bool p2p) {
     c->inplace = 1, c->roff = (size_t)(next(s) % 4) * 64; /* the same offset on every rank */
 }
 
+/* Where call c's output (recvbuf) starts: in the window, or in its own buffer. */
+static char *recv_of(const call *c, char *win) { return c->k == K_WINDOW ? win + c->roff : c->rb + c->roff; }
+
 /* Fills this rank's input of call c (salt: the call's) and poisons the output. */
 static void fill(call *c, int rank, int n, char *win) {
   size_t es = dt_dtype_size(c->t);
-  char *rb = c->k == K_WINDOW ? win + c->roff : c->rb + c->roff;
+  char *rb = recv_of(c, win);
   if (c->k != K_WINDOW)
     memset(c->rb, 0xa7, c->roff + (out_elems(c, n) + in_elems(c, n)) * es + 64);
   char *in = c->sb + c->soff;
@@ -152,7 +155,7 @@ static void fill(call *c, int rank, int n, char *win) {
 static int p2p_partner(int rank, int n) { return (rank ^ 1) < n ? rank ^ 1 : -1; }
 
 static dt_status start(dt_comm *cm, call *c, char *win, bool nonblocking) {
-  char *rb = c->k == K_WINDOW ? win + c->roff : c->rb + c->roff;
+  char *rb = recv_of(c, win);
   if (c->k == K_P2P) { /* blocking only: drawn outside batches */
     int me = dt_comm_rank(cm), peer = p2p_partner(me, dt_comm_size(cm));
     dt_status st = DT_OK;
@@ -262,8 +265,8 @@ static size_t guards(const call *c, int i, uint64_t seed, int rank, int n) {
 
 /* Checks this rank's output of call i; returns the number of wrong elements (the first few said)
  * and adds the number checked to *seen. */
-static size_t verify(const call *c, int i, uint64_t seed, int rank, int n, const char *win, size_t *seen) {
-  const char *out = c->k == K_WINDOW ? win + c->roff : c->rb + c->roff;
+static size_t verify(const call *c, int i, uint64_t seed, int rank, int n, char *win, size_t *seen) {
+  const char *out = recv_of(c, win);
   size_t bad = c->k == K_WINDOW ? 0 : guards(c, i, seed, rank, n);
   for (size_t j = 0;; j++, ++*seen) {
     int src = 0;
