@@ -1,0 +1,254 @@
+/* test_coll_threads.c - communicators driven at the same time by different threads of each rank.
+ *
+ * A communicator is used by one application thread at a time (comm.h), but nothing stops an
+ * application from driving several at once: a gradient thread on one, the main thread's
+ * barriers and metrics on another, a split per pipeline stage. Each rank here makes the world
+ * communicator W and two splits of it with every rank (D1 in rank order, D2 reversed), then
+ * three threads run random sequences of collectives on W, D1 and D2 at once: allreduce (f32,
+ * f64, i32; sum, max; in place or not), allgather, reduce_scatter, broadcast from a random root,
+ * alltoall, barrier, and nonblocking batches of two; counts from 1 to 300,000 elements. Values
+ * are small integers, so every result is exact and checked element by element, with the bytes
+ * after each output untouched. Every rank draws the same sequence per communicator (its seed).
+ * Then the world communicator is destroyed while the splits go on with one more call each
+ * (a split may outlive its parent). Also run under TSan by scripts/test.
+ *
+ *   test_coll_threads TRANSPORT SIZES ITERS      e.g. test_coll_threads shm 2,3,4 40 */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "common/mp.h"
+#include "coll/sweep.h"
+
+#define GUARD 64 /* bytes after each output that must stay 0xA5 */
+
+typedef struct {
+  dt_comm *c;
+  int which, world_rank, iters;
+  uint64_t seed;
+  char err[512];
+} job;
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/* the value rank r contributes at element i of call k: a small integer, exact in every dtype */
+static int val(uint64_t k, int r, size_t i) { return (int)(mix(k * 1315423911u + (uint64_t)r * 2654435761u + i) % 201) - 100; }
+
+static void put(void *b, dt_dtype t, size_t i, int v) {
+  if (t == DT_F32)
+    ((float *)b)[i] = (float)v;
+  else if (t == DT_F64)
+    ((double *)b)[i] = v;
+  else
+    ((int32_t *)b)[i] = v;
+}
+static int get(const void *b, dt_dtype t, size_t i) {
+  if (t == DT_F32)
+    return (int)((const float *)b)[i];
+  if (t == DT_F64)
+    return (int)((const double *)b)[i];
+  return ((const int32_t *)b)[i];
+}
+
+#define FAILJ(...)                                                                                 \
+  do {                                                                                             \
+    snprintf(j->err, sizeof j->err, __VA_ARGS__);                                                  \
+    goto out;                                                                                      \
+  } while (0)
+
+static void *drive(void *arg) {
+  job *j = arg;
+  const int n = dt_comm_size(j->c), me = dt_comm_rank(j->c);
+  static const char *names[] = {"world", "split", "reversed split"};
+  const size_t maxc = 300000;
+  /* the largest buffer: an allgather or alltoall of maxc / n per rank, or maxc for the rest */
+  size_t cap = (maxc + 8) * 8 + GUARD;
+  unsigned char *in = malloc(cap), *out = malloc(cap), *in2 = malloc(cap), *out2 = malloc(cap);
+  if (!in || !out || !in2 || !out2)
+    FAILJ("malloc");
+  for (int it = 0; it < j->iters; it++) {
+    uint64_t k = mix(j->seed * 7919 + (uint64_t)j->which * 104729 + (uint64_t)it);
+    int kind = (int)(k % 8);
+    static const dt_dtype types[] = {DT_F32, DT_F64, DT_I32};
+    dt_dtype t = types[(k >> 8) % 3];
+    dt_op op = (k >> 12) % 2 ? DT_MAX : DT_SUM;
+    size_t es = dt_dtype_size(t);
+    size_t count = (k >> 16) % 4 == 0 ? 1 + (k >> 20) % 300000 : 1 + (k >> 20) % 3000;
+    if (kind == 2 || kind == 3 || kind == 5) /* per-rank blocks */
+      count = 1 + count / (size_t)n;
+    bool inplace = (k >> 40) % 3 == 0;
+    int root = (int)((k >> 44) % (uint64_t)n);
+    /* elements out: size * count for the gathers, count for the rest (reduce_scatter takes
+     * size * count in) */
+    size_t nout = kind == 2 || kind == 5 ? count * (size_t)n : count;
+    memset(out, 0xA5, nout * es + GUARD);
+    dt_status st = DT_OK;
+    const char *what = "";
+    switch (kind) {
+    case 0: /* allreduce */
+    case 6: /* two nonblocking allreduces, the second on in2/out2 */
+      what = kind == 0 ? "allreduce" : "two iallreduce";
+      for (size_t i = 0; i < count; i++)
+        put(inplace ? out : in, t, i, val(k, me, i));
+      if (kind == 0) {
+        st = dt_comm_allreduce(j->c, inplace ? DT_IN_PLACE : in, out, count, t, op);
+      } else {
+        for (size_t i = 0; i < count; i++)
+          put(in2, t, i, val(k + 1, me, i));
+        memset(out2, 0xA5, count * es + GUARD);
+        dt_request *r1 = NULL, *r2 = NULL;
+        st = dt_comm_iallreduce(j->c, inplace ? DT_IN_PLACE : in, out, count, t, op, &r1);
+        if (st == DT_OK)
+          st = dt_comm_iallreduce(j->c, in2, out2, count, t, op, &r2);
+        dt_status s1 = r1 ? dt_request_wait(r1) : st, s2 = r2 ? dt_request_wait(r2) : st;
+        st = s1 ? s1 : s2;
+      }
+      break;
+    case 1:
+      what = "broadcast";
+      for (size_t i = 0; i < count; i++)
+        put(out, t, i, me == root ? val(k, root, i) : 7);
+      st = dt_comm_broadcast(j->c, out, count, t, root);
+      break;
+    case 2:
+      what = "allgather";
+      for (size_t i = 0; i < count; i++)
+        put(inplace ? out + (size_t)me * count * es : in, t, i, val(k, me, i));
+      st = dt_comm_allgather(j->c, inplace ? DT_IN_PLACE : in, out, count, t);
+      break;
+    case 3:
+      what = "reduce_scatter";
+      for (size_t i = 0; i < count * (size_t)n; i++)
+        put(in, t, i, val(k, me, i));
+      st = dt_comm_reduce_scatter(j->c, in, out, count, t, op);
+      break;
+    case 4:
+      what = "barrier";
+      st = dt_comm_barrier(j->c);
+      nout = 0;
+      break;
+    case 5:
+      what = "alltoall";
+      for (size_t i = 0; i < count * (size_t)n; i++)
+        put(in, t, i, val(k, me, i));
+      st = dt_comm_alltoall(j->c, in, out, count, t);
+      break;
+    default: /* 7: a nonblocking barrier and broadcast together */
+      what = "ibarrier + ibroadcast";
+      for (size_t i = 0; i < count; i++)
+        put(out, t, i, me == root ? val(k, root, i) : 7);
+      {
+        dt_request *r1 = NULL, *r2 = NULL;
+        st = dt_comm_ibarrier(j->c, &r1);
+        if (st == DT_OK)
+          st = dt_comm_ibroadcast(j->c, out, count, t, root, &r2);
+        dt_status s1 = r1 ? dt_request_wait(r1) : st, s2 = r2 ? dt_request_wait(r2) : st;
+        st = s1 ? s1 : s2;
+      }
+      break;
+    }
+    if (st != DT_OK)
+      FAILJ("%s communicator, call %d (%s of %zu): %s: %s", names[j->which], it, what, count, dt_strerror(st),
+            dt_last_error());
+    for (size_t i = 0; i < nout; i++) {
+      int want;
+      if (kind == 0 || kind == 6 || kind == 3) {
+        size_t gi = kind == 3 ? (size_t)me * count + i : i;
+        want = op == DT_SUM ? 0 : -1000;
+        for (int r = 0; r < n; r++)
+          want = op == DT_SUM ? want + val(k, r, gi) : (val(k, r, gi) > want ? val(k, r, gi) : want);
+      } else if (kind == 1 || kind == 7) {
+        want = val(k, root, i);
+      } else if (kind == 2) {
+        want = val(k, (int)(i / count), i % count);
+      } else { /* alltoall: block r of my output is block me of rank r's input */
+        want = val(k, (int)(i / count), (size_t)me * count + i % count);
+      }
+      if (get(out, t, i) != want)
+        FAILJ("%s communicator, call %d (%s of %zu, dtype %d): element %zu is %d, expected %d", names[j->which], it,
+              what, count, (int)t, i, get(out, t, i), want);
+    }
+    for (size_t g = 0; g < GUARD; g++)
+      if (out[nout * es + g] != 0xA5)
+        FAILJ("%s communicator, call %d (%s of %zu): byte %zu after the output was written", names[j->which], it,
+              what, count, g);
+    if (kind == 6)
+      for (size_t i = 0; i < count; i++) {
+        int want = op == DT_SUM ? 0 : -1000;
+        for (int r = 0; r < n; r++)
+          want = op == DT_SUM ? want + val(k + 1, r, i) : (val(k + 1, r, i) > want ? val(k + 1, r, i) : want);
+        if (get(out2, t, i) != want)
+          FAILJ("%s communicator, call %d (second iallreduce of %zu): element %zu is %d, expected %d", names[j->which],
+                it, count, i, get(out2, t, i), want);
+      }
+  }
+out:
+  free(in);
+  free(out);
+  free(in2);
+  free(out2);
+  return NULL;
+}
+
+typedef struct {
+  int iters;
+  uint64_t seed;
+} params;
+
+static int body(int rank, int size, void *arg) {
+  const params *P = arg;
+  dt_comm *w = sw_join(rank), *d[2] = {NULL, NULL};
+  CHECK(w, "join failed");
+  CHECK(dt_comm_split(w, 0, rank, &d[0]) == DT_OK, "split: %s", dt_last_error());
+  CHECK(dt_comm_split(w, 0, size - rank, &d[1]) == DT_OK, "reversed split: %s", dt_last_error());
+  CHECK(dt_comm_rank(d[1]) == size - 1 - rank, "reversed split: rank %d", dt_comm_rank(d[1]));
+  job jobs[3];
+  dt_comm *cs[3] = {w, d[0], d[1]};
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) {
+    jobs[i] = (job){.c = cs[i], .which = i, .world_rank = rank, .iters = P->iters, .seed = P->seed};
+    CHECK(pthread_create(&th[i], NULL, drive, &jobs[i]) == 0, "pthread_create");
+  }
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 0; i < 3; i++)
+    CHECK(!jobs[i].err[0], "seed %llu: %s", (unsigned long long)P->seed, jobs[i].err);
+  dt_comm_destroy(w); /* the splits outlive it */
+  for (int i = 0; i < 2; i++) {
+    int32_t v = rank + 1;
+    CHECK(dt_comm_allreduce(d[i], DT_IN_PLACE, &v, 1, DT_I32, DT_SUM) == DT_OK, "split after the world went: %s",
+          dt_last_error());
+    CHECK(v == size * (size + 1) / 2, "split after the world went: %d", v);
+    dt_comm_destroy(d[i]);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: test_coll_threads TRANSPORT SIZES ITERS\n");
+    return 2;
+  }
+  setenv("DTRAIN_TRANSPORT", argv[1], 1);
+  int iters = atoi(argv[3]), failures = 0;
+  char *sizes = strdup(argv[2]);
+  uint64_t seed = 1;
+  for (char *s = strtok(sizes, ","); s; s = strtok(NULL, ","), seed++) {
+    int n = atoi(s);
+    params P = {iters, seed};
+    int f = mp_run(n, body, &P, 240);
+    printf("test_coll_threads: %s, %d ranks, 3 communicators x %d calls at once (seed %llu): %s\n", argv[1], n, iters,
+           (unsigned long long)seed, f ? "FAILED" : "ok");
+    failures += f;
+  }
+  free(sizes);
+  return failures ? 1 : 0;
+}
