@@ -12,8 +12,15 @@
  * Then the world communicator is destroyed while the splits go on with one more call each
  * (a split may outlive its parent). Also run under TSan by scripts/test.
  *
- *   test_coll_threads TRANSPORT SIZES ITERS      e.g. test_coll_threads shm 2,3,4 40 */
+ * --mismatch: one rank changes one call (its count, or a barrier becomes an allreduce) on one of
+ * the three communicators, picked by the seed. That call fails on every rank naming both calls,
+ * the threads in the other communicators' calls fail with the same verdict (or had finished),
+ * and any later call on any of them fails naming it, within 20 s. --kill: one rank is SIGKILLed
+ * before one call of one communicator instead; the others fail, each thread naming it, likewise.
+ *
+ *   test_coll_threads TRANSPORT SIZES ITERS [--mismatch|--kill]   e.g. test_coll_threads shm 2,3,4 40 */
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +35,11 @@
 typedef struct {
   dt_comm *c;
   int which, world_rank, iters;
+  int perturb; /* the call this rank changes (--mismatch) or dies before (--kill), or -1 */
+  bool kill;
   uint64_t seed;
-  char err[512];
+  dt_status st; /* of the failed call */
+  char err[1024];
 } job;
 
 static uint64_t mix(uint64_t x) {
@@ -60,6 +70,7 @@ static int get(const void *b, dt_dtype t, size_t i) {
 
 #define FAILJ(...)                                                                                 \
   do {                                                                                             \
+    j->st = st;                                                                                    \
     snprintf(j->err, sizeof j->err, __VA_ARGS__);                                                  \
     goto out;                                                                                      \
   } while (0)
@@ -72,6 +83,7 @@ static void *drive(void *arg) {
   /* the largest buffer: an allgather or alltoall of maxc / n per rank, or maxc for the rest */
   size_t cap = (maxc + 8) * 8 + GUARD;
   unsigned char *in = malloc(cap), *out = malloc(cap), *in2 = malloc(cap), *out2 = malloc(cap);
+  dt_status st = DT_OK;
   if (!in || !out || !in2 || !out2)
     FAILJ("malloc");
   for (int it = 0; it < j->iters; it++) {
@@ -84,13 +96,16 @@ static void *drive(void *arg) {
     size_t count = (k >> 16) % 4 == 0 ? 1 + (k >> 20) % 300000 : 1 + (k >> 20) % 3000;
     if (kind == 2 || kind == 3 || kind == 5) /* per-rank blocks */
       count = 1 + count / (size_t)n;
+    if (it == j->perturb && j->kill) /* --kill: no goodbye, no destroy: as a crash */
+      kill(getpid(), SIGKILL);
+    if (it == j->perturb) /* --mismatch: this rank's call differs from the others' */
+      count = count > 1 && kind != 4 ? count - 1 : count + 1, kind = kind == 4 ? 0 : kind;
     bool inplace = (k >> 40) % 3 == 0;
     int root = (int)((k >> 44) % (uint64_t)n);
     /* elements out: size * count for the gathers, count for the rest (reduce_scatter takes
      * size * count in) */
     size_t nout = kind == 2 || kind == 5 ? count * (size_t)n : count;
     memset(out, 0xA5, nout * es + GUARD);
-    dt_status st = DT_OK;
     const char *what = "";
     switch (kind) {
     case 0: /* allreduce */
@@ -201,7 +216,45 @@ out:
 typedef struct {
   int iters;
   uint64_t seed;
+  bool mismatch, kill;
 } params;
+
+/* --mismatch: every thread either ended its calls before the verdict reached it or failed
+ * naming the mismatch (" called "), the communicator of the changed call failed on every rank,
+ * and every later call on any of the three fails naming it too, all within 20 s. */
+static int check_mismatch(int rank, const job *jobs, int bad, dt_comm *const *cs, double t0) {
+  CHECK(jobs[bad].err[0], "the changed call on the %s communicator did not fail", bad ? "split" : "world");
+  for (int i = 0; i < 3; i++)
+    CHECK(!jobs[i].err[0] || strstr(jobs[i].err, " called "), "thread %d failed without naming the mismatch: %s", i,
+          jobs[i].err);
+  for (int i = 0; i < 3; i++) {
+    dt_status st = dt_comm_barrier(cs[i]);
+    CHECK(st != DT_OK && strstr(dt_last_error(), " called "), "a barrier on communicator %d after the mismatch: %s: %s",
+          i, dt_strerror(st), dt_last_error());
+  }
+  CHECK(check_now_s() - t0 < 20, "took %.1f s", check_now_s() - t0);
+  return 0;
+}
+
+/* --kill: every thread either ended its calls before it learned or failed with DT_ERR_PEER or
+ * DT_ERR_ABORTED naming the killed rank (world rank `dead`), the communicator of the call it
+ * died before failed, and a later call on any of the three fails naming it, within 20 s. */
+static int check_kill(int rank, const job *jobs, int bad, int dead, dt_comm *const *cs, double t0) {
+  char name[32];
+  snprintf(name, sizeof name, "rank %d", dead);
+  CHECK(jobs[bad].err[0], "the %s communicator's calls went on after world rank %d died", bad ? "split" : "world",
+        dead);
+  for (int i = 0; i < 3; i++)
+    CHECK(!jobs[i].err[0] || ((jobs[i].st == DT_ERR_PEER || jobs[i].st == DT_ERR_ABORTED) && strstr(jobs[i].err, name)),
+          "thread %d failed without naming world rank %d: %s", i, dead, jobs[i].err);
+  for (int i = 0; i < 3; i++) {
+    dt_status st = dt_comm_barrier(cs[i]);
+    CHECK(st != DT_OK && strstr(dt_last_error(), name), "a barrier on communicator %d after world rank %d died: %s: %s",
+          i, dead, dt_strerror(st), dt_last_error());
+  }
+  CHECK(check_now_s() - t0 < 20, "took %.1f s", check_now_s() - t0);
+  return 0;
+}
 
 static int body(int rank, int size, void *arg) {
   const params *P = arg;
@@ -213,12 +266,24 @@ static int body(int rank, int size, void *arg) {
   job jobs[3];
   dt_comm *cs[3] = {w, d[0], d[1]};
   pthread_t th[3];
+  /* --mismatch: which communicator, which rank and which call, from the seed */
+  const uint64_t h = mix(P->seed + 99);
+  const int bad = (int)(h % 3), bad_rank = (int)((h >> 8) % (uint64_t)size), bad_call = 2 + (int)((h >> 16) % 8);
+  double t0 = check_now_s();
   for (int i = 0; i < 3; i++) {
-    jobs[i] = (job){.c = cs[i], .which = i, .world_rank = rank, .iters = P->iters, .seed = P->seed};
+    jobs[i] = (job){.c = cs[i], .which = i, .world_rank = rank, .iters = P->iters, .seed = P->seed, .perturb = -1};
+    if ((P->mismatch || P->kill) && i == bad && rank == bad_rank)
+      jobs[i].perturb = bad_call, jobs[i].kill = P->kill;
     CHECK(pthread_create(&th[i], NULL, drive, &jobs[i]) == 0, "pthread_create");
   }
   for (int i = 0; i < 3; i++)
     pthread_join(th[i], NULL);
+  if (P->mismatch || P->kill) {
+    int rc = P->kill ? check_kill(rank, jobs, bad, bad_rank, cs, t0) : check_mismatch(rank, jobs, bad, cs, t0);
+    for (int i = 2; i >= 0; i--)
+      dt_comm_destroy(cs[i]);
+    return rc;
+  }
   for (int i = 0; i < 3; i++)
     CHECK(!jobs[i].err[0], "seed %llu: %s", (unsigned long long)P->seed, jobs[i].err);
   dt_comm_destroy(w); /* the splits outlive it */
@@ -233,8 +298,9 @@ static int body(int rank, int size, void *arg) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: test_coll_threads TRANSPORT SIZES ITERS\n");
+  bool mismatch = argc == 5 && !strcmp(argv[4], "--mismatch"), killing = argc == 5 && !strcmp(argv[4], "--kill");
+  if (argc != 4 && !mismatch && !killing) {
+    fprintf(stderr, "usage: test_coll_threads TRANSPORT SIZES ITERS [--mismatch|--kill]\n");
     return 2;
   }
   setenv("DTRAIN_TRANSPORT", argv[1], 1);
@@ -243,10 +309,17 @@ int main(int argc, char **argv) {
   uint64_t seed = 1;
   for (char *s = strtok(sizes, ","); s; s = strtok(NULL, ","), seed++) {
     int n = atoi(s);
-    params P = {iters, seed};
-    int f = mp_run(n, body, &P, 240);
-    printf("test_coll_threads: %s, %d ranks, 3 communicators x %d calls at once (seed %llu): %s\n", argv[1], n, iters,
-           (unsigned long long)seed, f ? "FAILED" : "ok");
+    params P = {iters, seed, mismatch, killing};
+    int codes[64] = {0}, f = mp_run_codes(n, body, &P, 240, codes);
+    if (killing) { /* the rank the seed picked died of SIGKILL, the others exited 0 */
+      int dead = (int)((mix(seed + 99) >> 8) % (uint64_t)n);
+      f = 0;
+      for (int r = 0; r < n; r++)
+        f += r == dead ? codes[r] != 128 + SIGKILL : codes[r] != 0;
+    }
+    printf("test_coll_threads: %s, %d ranks, 3 communicators x %d calls at once (seed %llu%s): %s\n", argv[1], n,
+           iters, (unsigned long long)seed,
+           mismatch ? ", one call changed on one rank" : killing ? ", one rank killed" : "", f ? "FAILED" : "ok");
     failures += f;
   }
   free(sizes);
