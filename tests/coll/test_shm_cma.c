@@ -3,6 +3,9 @@
  *   - a rank SIGKILLed while the others are in large single-copy allreduces: every survivor
  *     returns an error naming the dead rank within seconds (never a hang, a crash or DT_OK with
  *     a half-written result);
+ *   - the job aborted by one rank while both are in large single-copy allreduces, at 30 moments a
+ *     millisecond apart: the other fails naming the abort, and no copy lands in memory the
+ *     failed rank unmapped and mapped again after its call returned;
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
  *   - a bad DTRAIN_SHM_CMA, DTRAIN_SHM_NT (or waiting knob): dt_comm_create fails naming the variable;
@@ -22,6 +25,7 @@
  *     otherwise.
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -74,6 +78,66 @@ static int kill_body(int rank, int size, void *arg) {
   dt_comm_destroy(c);
   free(buf);
   free(out);
+  return 0;
+}
+
+/* Rank 0 aborts the job (through a split, from a second thread) at a moment given by *arg (us)
+ * while both ranks loop over single-copy allreduces of fresh buffers; a rank whose call failed
+ * at once unmaps its buffers and maps a canary over the output's addresses, as a caller that
+ * frees and reuses its memory would. The other rank must fail naming the abort, not "buffer not
+ * readable" after a copy from freed memory, and no copy may land in the canary: a failed rank
+ * leaves the call only once the others stopped touching its buffers. */
+typedef struct {
+  dt_comm *d;
+  int us;
+} abort_arg;
+static void *abort_later(void *arg) {
+  abort_arg *a = arg;
+  usleep((useconds_t)a->us);
+  dt_comm_abort(a->d, "rehearsed abort");
+  return NULL;
+}
+static int abort_body(int rank, int size, void *arg) {
+  (void)size;
+  dt_comm *c = sw_join(rank), *d = NULL;
+  CHECK(c, "create: %s", dt_last_error());
+  CHECK(dt_comm_split(c, 0, rank, &d) == DT_OK, "split: %s", dt_last_error());
+  const size_t bytes = (size_t)BIG * sizeof(float);
+  float *in = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(in != MAP_FAILED && out != MAP_FAILED, "mmap: %s", strerror(errno));
+  CHECK(dt_comm_allreduce(c, in, out, BIG, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  abort_arg a = {d, *(const int *)arg};
+  pthread_t th;
+  if (rank == 0)
+    CHECK(pthread_create(&th, NULL, abort_later, &a) == 0, "pthread_create");
+  dt_status st = DT_OK;
+  double t0 = check_now_s();
+  for (int i = 0; st == DT_OK && check_now_s() - t0 < 10; i++) {
+    for (size_t j = 0; j < BIG; j += 1024) /* fresh inputs, as a training step's */
+      in[j] = (float)(i + j);
+    st = dt_comm_allreduce(c, in, out, BIG, DT_F32, DT_SUM);
+  }
+  /* the caller's memory goes back and comes again, under a canary */
+  CHECK(munmap(in, bytes) == 0 && munmap(out, bytes) == 0, "munmap: %s", strerror(errno));
+  unsigned char *canary = mmap(out, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  CHECK(canary == (unsigned char *)out, "mmap of the canary: %s", strerror(errno));
+  memset(canary, 0x5A, bytes);
+  char err[1024];
+  snprintf(err, sizeof err, "%s", dt_last_error());
+  if (rank == 0)
+    pthread_join(th, NULL);
+  usleep(100000);
+  size_t hit = bytes;
+  for (size_t j = 0; j < bytes && hit == bytes; j++)
+    if (canary[j] != 0x5A)
+      hit = j;
+  CHECK(hit == bytes, "byte %zu of memory mapped where the output was, after the call failed, was written", hit);
+  CHECK(st == DT_ERR_ABORTED || st == DT_ERR_PEER, "allreduce with the job aborted returned %s: %s", dt_strerror(st), err);
+  CHECK(strstr(err, "rehearsed abort"), "the error does not name the abort: %s", err);
+  munmap(canary, bytes);
+  dt_comm_destroy(d);
+  dt_comm_destroy(c);
   return 0;
 }
 
@@ -319,6 +383,13 @@ int main(void) {
             codes[2]);
     bad++;
   }
+  ran++;
+  for (int us = 0; us < 30000; us += 1000) /* the abort at every millisecond of a few calls */
+    if (mp_run(2, abort_body, &us, 60)) {
+      fprintf(stderr, "FAIL: single-copy allreduces with the job aborted %d us into them\n", us);
+      bad++;
+      break;
+    }
   ran++;
   if (mp_run(2, mismatch_body, NULL, 60)) {
     fprintf(stderr, "FAIL: mismatched single-copy allreduces\n");

@@ -199,6 +199,10 @@ typedef struct shm_rank {
   /* Single-copy collectives: the call's buffers as addresses in this rank's process, written
    * before in_seq is published for the call and read by the others after they saw it. */
   alignas(SHM_LINE) uint64_t cma_in, cma_out;
+  /* cma_go = g once this rank may touch the others' buffers in call g; cma_quit = g once it
+   * leaves call g failed (shm_cma_begin, shm_cma_end) */
+  alignas(SHM_LINE) _Atomic uint64_t cma_go;
+  _Atomic uint64_t cma_quit;
 } shm_rank;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
@@ -265,6 +269,7 @@ struct dt_transport {
   size_t cma_move_min; /* single-copy allgather and broadcast from this many bytes (0: never) */
   size_t nt_min;      /* allreduce outputs streamed from this footprint (0: never), as rank 0 set */
   uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
+  uint64_t cma_g;     /* the last single-copy call whose buffers this rank published */
   size_t thp_step;    /* collapse buffers met twice onto huge pages, this much per call (0: never) */
   struct {
     uintptr_t at;
@@ -1256,6 +1261,21 @@ static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
   t->seen_next = (t->seen_next + 1) % SHM_THP_SEEN;
 }
 
+/* DT_OK unless a rank left single-copy call g failed (cma_quit, published before its out_seq):
+ * then what its failure became, the job's verdict (or its death, or the deadline), once it
+ * arrives. */
+static dt_status shm_cma_quitters(dt_transport *t, uint64_t g, const dt__fp *fp, int64_t deadline) {
+  dt_status st = DT_OK;
+  for (int r = 0; r < t->n && st == DT_OK; r++)
+    if (r != t->rank && atomic_load(&t->ranks[r].cma_quit) == g) {
+      shm_wait w = {0};
+      while ((st = shm_pause(t, &w, r, atomic_load(shm_bell(t, r)), r, fp, deadline)) == DT_OK) {
+      }
+      shm_unarm(t, &w);
+    }
+  return st;
+}
+
 /* in/out: this rank's buffers, in_bytes and out_bytes long (the same buffer: in == out; in_bytes
  * 0: in lies within out). */
 static dt_status shm_cma_begin(dt_transport *t, const void *in, size_t in_bytes, void *out, size_t out_bytes,
@@ -1272,10 +1292,49 @@ static dt_status shm_cma_begin(dt_transport *t, const void *in, size_t in_bytes,
   /* only this call's parity: a rank still in call g - 1 may be reading the other one */
   me->fp[g & 1] = *fp;
   shm_publish(t, offsetof(shm_rank, in_seq), g);
+  t->cma_g = g;
   dt_status st = shm_wait_all(t, offsetof(shm_rank, in_seq), g, offsetof(shm_rank, fp), (int)(g & 1), fp, deadline);
+  if (st == DT_OK) {
+    /* Before touching anyone's buffers: a rank that already left this call failed (its buffers
+     * may be gone) means failing too. With shm_cma_drain's quit-then-look this is Dekker's
+     * handshake: either it sees cma_go and waits for this rank's copies, or this rank sees its
+     * cma_quit here and copies nothing. */
+    atomic_store(&me->cma_go, g);
+    st = shm_cma_quitters(t, g, fp, deadline);
+  }
   if (st != DT_OK)
     t->broken = true;
   return st;
+}
+
+/* A single-copy call that failed on this rank after it published its buffers: others that
+ * passed shm_cma_begin may be copying from or into them right now, and the caller frees or
+ * reuses them once this returns (a write landing there later would corrupt this process, a read
+ * fail with a misleading "buffer not readable"). So: say so (cma_quit, and out_seq = g: this
+ * rank touches nothing more), then wait until every rank that may touch them (cma_go = g) has
+ * left the call (out_seq >= g), died, or SHM_DRAIN_NS passed (a copy takes milliseconds; a
+ * stopped rank is not waited for longer, and is named by the failure detector). */
+#define SHM_DRAIN_NS 2000000000LL
+static void shm_cma_drain(dt_transport *t, uint64_t g) {
+  shm_rank *me = &t->ranks[t->rank];
+  atomic_store(&me->cma_quit, g);
+  shm_publish(t, offsetof(shm_rank, out_seq), g);
+  const int64_t end = dt_now_ns() + SHM_DRAIN_NS;
+  for (int r = 0; r < t->n; r++) {
+    if (r == t->rank || atomic_load(&t->ranks[r].cma_go) != g)
+      continue;
+    int pid;
+    while (atomic_load_explicit(&t->ranks[r].out_seq, memory_order_acquire) < g && shm_alive(t, r, &pid)) {
+      if (dt_now_ns() >= end) {
+        char pn[64];
+        dt__comm_peer_name(t->c, r, pn, sizeof pn);
+        DT_LOG_WARN("shared memory: %s has not left a failed single-copy call after %lld ms; leaving it (it may "
+                    "still touch this rank's buffers)", pn, SHM_DRAIN_NS / 1000000);
+        break;
+      }
+      sched_yield();
+    }
+  }
 }
 
 /* st: how the call went here; on failure the others are not waited for (they see a mismatch,
@@ -1285,7 +1344,12 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
   if (st == DT_OK) {
     shm_publish(t, offsetof(shm_rank, out_seq), g);
     st = shm_wait_all(t, offsetof(shm_rank, out_seq), g, 0, 0, fp, deadline);
+    /* a rank that quit published out_seq too, maybe without its part of the copies */
+    if (st == DT_OK)
+      st = shm_cma_quitters(t, g, fp, deadline);
   }
+  if (st != DT_OK && t->cma_g == g)
+    shm_cma_drain(t, g);
   if (st != DT_OK)
     t->broken = true;
   else
