@@ -199,10 +199,11 @@ typedef struct shm_rank {
   /* Single-copy collectives: the call's buffers as addresses in this rank's process, written
    * before in_seq is published for the call and read by the others after they saw it. */
   alignas(SHM_LINE) uint64_t cma_in, cma_out;
-  /* cma_go = g once this rank may touch the others' buffers in call g; cma_quit = g once it
-   * leaves call g failed (shm_cma_begin, shm_cma_end) */
+  /* cma_go = g once this rank may touch the others' buffers in call g (written every call);
+   * cma_quit = g once it leaves call g failed (read by the others every call, so on a line of
+   * its own); shm_cma_begin, shm_cma_drain */
   alignas(SHM_LINE) _Atomic uint64_t cma_go;
-  _Atomic uint64_t cma_quit;
+  alignas(SHM_LINE) _Atomic uint64_t cma_quit;
 } shm_rank;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
