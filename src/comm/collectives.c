@@ -727,7 +727,8 @@ dt_status dt_comm_window(dt_comm *c, size_t bytes, void **out) {
   pthread_mutex_lock(&c->lock);
   st = c->ops->window(c->tp, bytes, &w, dt__comm_deadline(c));
   pthread_mutex_unlock(&c->lock);
-  if (st == DT_ERR_PEER) /* a rank or the store gone meanwhile: name the job's failure, as calls do */
+  /* a rank or the store gone, or the job failed, meanwhile: name the job's failure, as calls do */
+  if (st == DT_ERR_PEER || st == DT_ERR_ABORTED)
     return dt__comm_fail(c, st);
   if (st != DT_OK)
     return st;

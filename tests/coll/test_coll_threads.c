@@ -6,7 +6,8 @@
  * communicator W and two splits of it with every rank (D1 in rank order, D2 reversed), then
  * three threads run random sequences of collectives on W, D1 and D2 at once: allreduce (f32,
  * f64, i32; sum, max; in place or not), allgather, reduce_scatter, broadcast from a random root,
- * alltoall, barrier, and nonblocking batches of two; counts from 1 to 300,000 elements. Values
+ * alltoall, barrier, and nonblocking batches of two; counts from 1 to 300,000 elements; on shm
+ * half the in-place allreduces run in each communicator's shared window. Values
  * are small integers, so every result is exact and checked element by element, with the bytes
  * after each output untouched. Every rank draws the same sequence per communicator (its seed).
  * Then the world communicator is destroyed while the splits go on with one more call each
@@ -84,8 +85,12 @@ static void *drive(void *arg) {
   size_t cap = (maxc + 8) * 8 + GUARD;
   unsigned char *in = malloc(cap), *out = malloc(cap), *in2 = malloc(cap), *out2 = malloc(cap);
   dt_status st = DT_OK;
+  unsigned char *win = NULL;
   if (!in || !out || !in2 || !out2)
     FAILJ("malloc");
+  if (!strcmp(getenv("DTRAIN_TRANSPORT"), "shm") &&
+      (st = dt_comm_window(j->c, cap + 64 * 64, (void **)&win)) != DT_OK)
+    FAILJ("%s communicator: dt_comm_window: %s: %s", names[j->which], dt_strerror(st), dt_last_error());
   for (int it = 0; it < j->iters; it++) {
     uint64_t k = mix(j->seed * 7919 + (uint64_t)j->which * 104729 + (uint64_t)it);
     int kind = (int)(k % 8);
@@ -105,22 +110,27 @@ static void *drive(void *arg) {
     /* elements out: size * count for the gathers, count for the rest (reduce_scatter takes
      * size * count in) */
     size_t nout = kind == 2 || kind == 5 ? count * (size_t)n : count;
-    memset(out, 0xA5, nout * es + GUARD);
+    /* in-place allreduces in the communicator's shared window (shm) half the time, at an offset
+     * every rank shares; the rest of the window stays the caller's (the guard bytes) */
+    unsigned char *o = out;
+    if (win && (kind == 0 || kind == 6) && inplace && (k >> 48) % 2)
+      o = win + ((k >> 52) % 64) * 64;
+    memset(o, 0xA5, nout * es + GUARD);
     const char *what = "";
     switch (kind) {
     case 0: /* allreduce */
     case 6: /* two nonblocking allreduces, the second on in2/out2 */
       what = kind == 0 ? "allreduce" : "two iallreduce";
       for (size_t i = 0; i < count; i++)
-        put(inplace ? out : in, t, i, val(k, me, i));
+        put(inplace ? o : in, t, i, val(k, me, i));
       if (kind == 0) {
-        st = dt_comm_allreduce(j->c, inplace ? DT_IN_PLACE : in, out, count, t, op);
+        st = dt_comm_allreduce(j->c, inplace ? DT_IN_PLACE : in, o, count, t, op);
       } else {
         for (size_t i = 0; i < count; i++)
           put(in2, t, i, val(k + 1, me, i));
         memset(out2, 0xA5, count * es + GUARD);
         dt_request *r1 = NULL, *r2 = NULL;
-        st = dt_comm_iallreduce(j->c, inplace ? DT_IN_PLACE : in, out, count, t, op, &r1);
+        st = dt_comm_iallreduce(j->c, inplace ? DT_IN_PLACE : in, o, count, t, op, &r1);
         if (st == DT_OK)
           st = dt_comm_iallreduce(j->c, in2, out2, count, t, op, &r2);
         dt_status s1 = r1 ? dt_request_wait(r1) : st, s2 = r2 ? dt_request_wait(r2) : st;
@@ -130,20 +140,20 @@ static void *drive(void *arg) {
     case 1:
       what = "broadcast";
       for (size_t i = 0; i < count; i++)
-        put(out, t, i, me == root ? val(k, root, i) : 7);
-      st = dt_comm_broadcast(j->c, out, count, t, root);
+        put(o, t, i, me == root ? val(k, root, i) : 7);
+      st = dt_comm_broadcast(j->c, o, count, t, root);
       break;
     case 2:
       what = "allgather";
       for (size_t i = 0; i < count; i++)
-        put(inplace ? out + (size_t)me * count * es : in, t, i, val(k, me, i));
-      st = dt_comm_allgather(j->c, inplace ? DT_IN_PLACE : in, out, count, t);
+        put(inplace ? o + (size_t)me * count * es : in, t, i, val(k, me, i));
+      st = dt_comm_allgather(j->c, inplace ? DT_IN_PLACE : in, o, count, t);
       break;
     case 3:
       what = "reduce_scatter";
       for (size_t i = 0; i < count * (size_t)n; i++)
         put(in, t, i, val(k, me, i));
-      st = dt_comm_reduce_scatter(j->c, in, out, count, t, op);
+      st = dt_comm_reduce_scatter(j->c, in, o, count, t, op);
       break;
     case 4:
       what = "barrier";
@@ -154,17 +164,17 @@ static void *drive(void *arg) {
       what = "alltoall";
       for (size_t i = 0; i < count * (size_t)n; i++)
         put(in, t, i, val(k, me, i));
-      st = dt_comm_alltoall(j->c, in, out, count, t);
+      st = dt_comm_alltoall(j->c, in, o, count, t);
       break;
     default: /* 7: a nonblocking barrier and broadcast together */
       what = "ibarrier + ibroadcast";
       for (size_t i = 0; i < count; i++)
-        put(out, t, i, me == root ? val(k, root, i) : 7);
+        put(o, t, i, me == root ? val(k, root, i) : 7);
       {
         dt_request *r1 = NULL, *r2 = NULL;
         st = dt_comm_ibarrier(j->c, &r1);
         if (st == DT_OK)
-          st = dt_comm_ibroadcast(j->c, out, count, t, root, &r2);
+          st = dt_comm_ibroadcast(j->c, o, count, t, root, &r2);
         dt_status s1 = r1 ? dt_request_wait(r1) : st, s2 = r2 ? dt_request_wait(r2) : st;
         st = s1 ? s1 : s2;
       }
@@ -187,12 +197,12 @@ static void *drive(void *arg) {
       } else { /* alltoall: block r of my output is block me of rank r's input */
         want = val(k, (int)(i / count), (size_t)me * count + i % count);
       }
-      if (get(out, t, i) != want)
+      if (get(o, t, i) != want)
         FAILJ("%s communicator, call %d (%s of %zu, dtype %d): element %zu is %d, expected %d", names[j->which], it,
-              what, count, (int)t, i, get(out, t, i), want);
+              what, count, (int)t, i, get(o, t, i), want);
     }
     for (size_t g = 0; g < GUARD; g++)
-      if (out[nout * es + g] != 0xA5)
+      if (o[nout * es + g] != 0xA5)
         FAILJ("%s communicator, call %d (%s of %zu): byte %zu after the output was written", names[j->which], it,
               what, count, g);
     if (kind == 6)

@@ -15,8 +15,12 @@
  *     window works), a window on one rank against an allreduce on the other (a mismatch at once);
  *     tcp and a single rank have none;
  *   - a rank that dies before the call is named by the survivors, and so is the store's host
- *     leaving while the others still make the window. */
+ *     leaving while the others still make the window, and a rank killed during its own window
+ *     call (DT_ERR_PEER or DT_ERR_ABORTED naming it, also when rank 0 was waiting for another
+ *     rank to map the window). */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +315,38 @@ static int body_gone(int rank, int size, void *arg) {
   return 3;
 }
 
+/* Rank 2 of 3 is SIGKILLed by its own thread *arg us after it starts its window call, maybe
+ * while rank 0 waits for it to map the window: every other rank must fail naming rank 2, with
+ * DT_ERR_PEER or DT_ERR_ABORTED, inside the window call (exit 0) or in the allreduce after it
+ * (exit 3), never as a system error blaming some rank that "did not answer". */
+static void *kill_me_later(void *arg) {
+  usleep((useconds_t)(*(const int *)arg));
+  kill(getpid(), SIGKILL);
+  return NULL;
+}
+static int body_killed_in(int rank, int size, void *arg) {
+  (void)size;
+  dt_comm *c = sw_join(rank);
+  if (!c)
+    return 2;
+  pthread_t th;
+  if (rank == 2)
+    CHECK(pthread_create(&th, NULL, kill_me_later, arg) == 0, "pthread_create");
+  float *w = NULL;
+  dt_status st = dt_comm_window(c, 1 << 20, (void **)&w);
+  if (rank == 2)
+    pause(); /* until the kill */
+  if (st != DT_OK) {
+    CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "window gave %s: %s", dt_strerror(st), dt_last_error());
+    CHECK(strstr(dt_last_error(), "rank 2"), "window: message does not name rank 2: %s", dt_last_error());
+    return 0;
+  }
+  st = dt_comm_allreduce(c, DT_IN_PLACE, w, 8192, DT_F32, DT_SUM);
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "dead peer gave %s: %s", dt_strerror(st), dt_last_error());
+  CHECK(strstr(dt_last_error(), "rank 2"), "message does not name rank 2: %s", dt_last_error());
+  return 3;
+}
+
 static int body_none(int rank, int size, void *arg) {
   (void)arg;
   dt_comm *c = sw_join(rank);
@@ -366,6 +402,22 @@ int main(void) {
   if (!host_bad)
     printf("# store host gone after its window call: %s after %d run(s)\n",
            in_window ? "a rank failed inside the window call" : "every rank got past the window call", tries);
+  /* a rank killed during its window call, at moments 0.3 ms apart until a survivor fails
+   * inside the call (up to 40 runs) */
+  ran++;
+  int killed_in = 0, killed_bad = 0, runs = 0;
+  for (int us = 0; runs < 40 && !killed_bad; us += 300, runs++) {
+    int kc[3] = {0};
+    mp_run_codes(3, body_killed_in, &us, 60, kc);
+    if ((kc[0] != 0 && kc[0] != 3) || (kc[1] != 0 && kc[1] != 3) || kc[2] != 128 + SIGKILL) {
+      fprintf(stderr, "FAIL: rank 2 killed %d us into its window call (exit codes %d %d %d)\n", us, kc[0], kc[1], kc[2]);
+      bad++;
+      killed_bad = 1;
+    }
+    killed_in += kc[0] == 0 || kc[1] == 0;
+  }
+  if (!killed_bad)
+    printf("# rank 2 killed during its window call: %d of %d runs failed inside the call\n", killed_in, runs);
   ran++;
   if (mp_run(1, body_none, NULL, 60)) {
     fprintf(stderr, "FAIL: single rank\n");

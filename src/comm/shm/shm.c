@@ -1863,7 +1863,8 @@ static void *shm_window_part(dt_transport *t, int r) { return shm_win(t, r); }
 
 /* Rank 0 creates one object holding every rank's part and publishes "name bytes" (or "!why");
  * each other rank maps it and answers "1" (or "0why"); rank 0 unlinks it and publishes the
- * verdict ("1", or "0" and the first rank's reason), which every rank returns. */
+ * verdict ("1", or "0" and the first rank's reason, or "p" and the job's failure when a rank
+ * died or the job failed meanwhile), which every rank returns (DT_ERR_PEER for "p"). */
 static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t deadline) {
   dt_comm *c = t->c;
   size_t stride = shm_align(bytes, 4096), size = stride * (size_t)t->n, len = 0;
@@ -1898,13 +1899,16 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       return dt__error_prefix(sst, "publishing the shared window");
     }
     char verdict[512] = "1";
+    dt_status wst = DT_OK; /* the job failed (or the deadline passed) while rank 0 waited */
     for (int q = 1; q < t->n; q++) {
       char k2[128], v[400];
       dt__comm_key(c, k2, sizeof k2, "shm/win/%u/mapped/%d", n_try, q);
-      st = dt__store_wait(c->store, k2, v, sizeof v - 1, &len, deadline);
-      if (st != DT_OK) {
-        dt__error_prefix(st, "waiting for rank %d to map the shared window", q);
-        snprintf(verdict, sizeof verdict, "0rank %d did not answer: %s", q, dt_last_error());
+      wst = dt__store_wait(c->store, k2, v, sizeof v - 1, &len, deadline);
+      if (wst != DT_OK) {
+        /* not "rank q did not answer": the job's failure (a rank killed, an abort) names its
+         * cause, which need not be rank q */
+        dt__error_prefix(wst, "while rank 0 waited for rank %d to map the shared window", q);
+        snprintf(verdict, sizeof verdict, "p%s", dt_last_error());
         break;
       }
       v[len] = '\0';
@@ -1917,6 +1921,8 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
     dt_status vst = dt__store_set(c->store, vkey, verdict, strlen(verdict), deadline);
     if (verdict[0] != '1' || vst != DT_OK) {
       munmap(p, size);
+      if (wst != DT_OK)
+        return dt_set_error(wst, "shared window of %zu bytes per rank: %s", bytes, verdict + 1);
       if (verdict[0] != '1')
         return dt_set_error(verdict[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
                             bytes, verdict + 1);
@@ -1956,8 +1962,10 @@ static dt_status shm_window(dt_transport *t, size_t bytes, void **out, int64_t d
       if (st != DT_OK)
         return dt__error_prefix(st, "waiting for the shared window's verdict");
       val[len] = '\0';
-      return dt_set_error(len && val[0] == 'm' ? DT_ERR_MISMATCH : DT_ERR_SYSTEM, "shared window of %zu bytes per rank: %s",
-                          bytes, len ? val + 1 : "?");
+      return dt_set_error(len && val[0] == 'm'   ? DT_ERR_MISMATCH
+                          : len && val[0] == 'p' ? DT_ERR_PEER
+                                                 : DT_ERR_SYSTEM,
+                          "shared window of %zu bytes per rank: %s", bytes, len ? val + 1 : "?");
     }
   }
   t->win_base = p;
