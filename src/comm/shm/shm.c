@@ -1338,8 +1338,9 @@ static void shm_cma_drain(dt_transport *t, uint64_t g) {
   }
 }
 
-/* st: how the call went here; on failure the others are not waited for (they see a mismatch,
- * an abort or this rank gone). */
+/* st: how the call went here; on failure the others are not waited for to finish the call
+ * (they see a mismatch, an abort or this rank gone), only to stop touching this rank's buffers
+ * (shm_cma_drain). */
 static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, int64_t deadline) {
   uint64_t g = t->chunks + 1;
   if (st == DT_OK) {
