@@ -1099,7 +1099,16 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
       shm_unarm(t, wp);
       continue;
     }
-    DT_CHECK(shm_pause(t, wp, r, bell, r, fp, deadline));
+    dt_status st = shm_pause(t, wp, r, bell, r, fp, deadline);
+    if (st != DT_OK) {
+      /* What this waits for may have come during the pause (the last rank published, the
+       * others left this call, and an abort of their next call reached this rank before it
+       * looked again): a call whose every part arrived completes; it fails in the next one. */
+      for (int q = r; q < t->n; q++)
+        if (atomic_load_explicit((_Atomic uint64_t *)((uint8_t *)&t->ranks[q] + field), memory_order_acquire) <
+            target)
+          return st;
+    }
   }
   return DT_OK;
 }
