@@ -746,6 +746,7 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
   /* spin_until: 0 until the first try that moved nothing, then the end of the spin phase */
   const bool spin = t->spin_ns > 0 && (dst < 0 || sn <= t->spin_max) && (src < 0 || rn <= t->spin_max);
   int64_t spin_until = 0;
+  bool abort_seen = false; /* the abort fd was readable at the last poll */
   tcp_wait w = {0};
   if (dst >= 0) {
     tcp_encode(shdr, TCP_DATA, sn, fp);
@@ -877,8 +878,15 @@ static dt_status tcp_sendrecv(dt_transport *t, int dst, const void *sbuf, size_t
       return dt__errno(DT_ERR_SYSTEM, "rank %d: poll in tcp sendrecv", t->rank);
     if (rc <= 0)
       continue;
-    if (ia >= 0 && (p[ia].revents & POLLIN) && dt__comm_aborted(c))
-      return dt__comm_abort_status(c);
+    /* The job failed (a later call of the others, maybe): this call still completes if what it
+     * waits for has arrived too (a peer sent its last part and left before the abort), so one
+     * more round of progress first; the next poll that shows the abort ends it. */
+    if (ia >= 0 && (p[ia].revents & POLLIN) && dt__comm_aborted(c)) {
+      if (abort_seen)
+        return dt__comm_abort_status(c);
+      abort_seen = true;
+      continue;
+    }
     /* Input on the send-only socket: a NACK for an earlier message of ours is fatal; data for a
      * later call is left queued and no longer watched. */
     if (is >= 0 && is != ir && (p[is].revents & (POLLIN | POLLHUP | POLLERR))) {
