@@ -960,6 +960,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
   bool ahead = false; /* the awaited peer was seen in a collective we have not started */
+  dt_status paused = DT_OK; /* the last pause's failure: one more look at the rings first */
   for (;;) {
     uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
@@ -1060,7 +1061,11 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       ahead = true;
       continue;
     }
-    DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
+    /* A failed pause (the job's abort, say) ends the call after one more look at the rings:
+     * what it waits for may have arrived meanwhile (as in shm_wait_all_w). */
+    if (paused != DT_OK)
+      return paused;
+    paused = shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline);
   }
 }
 
@@ -1517,8 +1522,11 @@ static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, 
       uint32_t bell = atomic_load_explicit(shm_bell(t, r), memory_order_relaxed);
       if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
         break;
-      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK)
+      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK) {
+        if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
+          st = DT_OK; /* it came during the pause (as in shm_wait_all_w) */
         break;
+      }
     }
     shm_unarm(t, &w);
     if (st)
