@@ -334,6 +334,7 @@ typedef struct shm_wait {
   _Atomic uint32_t *armed;
   int64_t t0, next_alive;
   int gone; /* 1 + the rank found gone, whom the caller looks at once more before it is reported */
+  bool aborted; /* the job's abort was seen; the caller has looked once more since */
 } shm_wait;
 
 /* Ends one wait (the condition held, or the caller gives up), so the next starts spinning. */
@@ -467,6 +468,8 @@ static bool shm_board_ahead(dt_transport *t, int peer, dt__fp *theirs) {
 static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t bell, int peer, const dt__fp *fp,
                            int64_t deadline) {
   dt_comm *c = t->c;
+  if (w->aborted) /* it looked once more after the abort (below) and still waits */
+    return dt__comm_abort_status(c);
   w->iter++;
   int64_t spin_ns = t->spin_ns, yield_ns = t->yield_ns;
   if (dt__on_progress_thread()) {
@@ -504,8 +507,14 @@ static dt_status shm_pause(dt_transport *t, shm_wait *w, int bell_rank, uint32_t
     struct timespec ts = {0, SHM_SLEEP_NS};
     syscall(SYS_futex, shm_bell(t, bell_rank), FUTEX_WAIT, bell, &ts, NULL, 0);
   }
-  if (dt__comm_aborted(c))
-    return dt__comm_abort_status(c);
+  /* The job failed (the others' next call, maybe): the caller looks once more first, as for a
+   * rank found gone, since what it waits for may have come during this pause (the last rank
+   * published, the others left this call and aborted the next before this rank looked); a call
+   * whose every part arrived completes, and the rank fails in its next one. */
+  if (dt__comm_aborted(c)) {
+    w->aborted = true;
+    return DT_OK;
+  }
   if (w->iter >= 64 || w->phase)
     DT_CHECK(shm_board_check(t, peer, fp));
   int64_t now = dt_now_ns();
@@ -960,7 +969,6 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
   size_t s_done = 0, r_done = 0;
   bool r_first = true;
   bool ahead = false; /* the awaited peer was seen in a collective we have not started */
-  dt_status paused = DT_OK; /* the last pause's failure: one more look at the rings first */
   for (;;) {
     uint32_t bell = atomic_load(shm_bell(t, -1));
     bool moved = false;
@@ -1061,11 +1069,7 @@ static dt_status shm_sendrecv_w(dt_transport *t, int dst, const void *sbuf, size
       ahead = true;
       continue;
     }
-    /* A failed pause (the job's abort, say) ends the call after one more look at the rings:
-     * what it waits for may have arrived meanwhile (as in shm_wait_all_w). */
-    if (paused != DT_OK)
-      return paused;
-    paused = shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline);
+    DT_CHECK(shm_pause(t, wp, -1, bell, r_pending ? src : dst, fp, deadline));
   }
 }
 
@@ -1104,16 +1108,7 @@ static dt_status shm_wait_all_w(dt_transport *t, shm_wait *wp, size_t field, uin
       shm_unarm(t, wp);
       continue;
     }
-    dt_status st = shm_pause(t, wp, r, bell, r, fp, deadline);
-    if (st != DT_OK) {
-      /* What this waits for may have come during the pause (the last rank published, the
-       * others left this call, and an abort of their next call reached this rank before it
-       * looked again): a call whose every part arrived completes; it fails in the next one. */
-      for (int q = r; q < t->n; q++)
-        if (atomic_load_explicit((_Atomic uint64_t *)((uint8_t *)&t->ranks[q] + field), memory_order_acquire) <
-            target)
-          return st;
-    }
+    DT_CHECK(shm_pause(t, wp, r, bell, r, fp, deadline));
   }
   return DT_OK;
 }
@@ -1522,11 +1517,8 @@ static dt_status shm_flat_wait(dt_transport *t, int r, shm_flat *s, uint64_t g, 
       uint32_t bell = atomic_load_explicit(shm_bell(t, r), memory_order_relaxed);
       if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
         break;
-      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK) {
-        if (atomic_load_explicit(&s->g, memory_order_acquire) == g)
-          st = DT_OK; /* it came during the pause (as in shm_wait_all_w) */
+      if ((st = shm_pause(t, &w, r, bell, r, fp, *deadline)) != DT_OK)
         break;
-      }
     }
     shm_unarm(t, &w);
     if (st)
