@@ -60,6 +60,7 @@ typedef struct trainer {
   size_t maxreqs, nreqs;
   dt_request **reqs;
   size_t *req_lo;
+  size_t nar, *ar_end;         /* planned allreduce buckets (no ZeRO): i sums [ar_end[i-1], ar_end[i]) */
   size_t started;              /* grads[0 .. started) are in started buckets */
   int armed;                   /* the hook starts buckets (last micro-batch, world > 1) */
   dt_status hook_rc;           /* first failure inside the hook */
@@ -107,12 +108,16 @@ void dt_train_config_init(dt_train_config *cfg) {
 
 /* ---- buckets ----------------------------------------------------------------------------
  *
- * A bucket is the gradient range backward finished since the previous bucket: the hook starts
- * one at the end of a layer once the range holds at least bucket_bytes, and finish_allreduce
- * starts the rest. Buckets never end inside a layer: a layer's gradient becomes final all at
- * once (the hook runs per layer), so cutting it would only add calls, each one more rendezvous
- * of the ranks and one more wake-up of the progress thread, while one call already pipelines
- * its chunks inside the transport. Each bucket is summed in place in the gradient arena. */
+ * A bucket is a range of layers' gradients that holds at least bucket_bytes (the last one: what
+ * is left), planned once from the ranges the hook will report (dt_model_grad_segments): the
+ * hook starts each bucket as soon as backward has finished it, and finish_allreduce starts the
+ * rest. The plan, not the hook, decides where buckets end, because a rank may run no backward
+ * in a step, or none in its last micro-batch (fewer samples than ranks or than --accumulate):
+ * its hook never runs, yet it must call the same allreduces as every other rank. Buckets never
+ * end inside a layer: a layer's gradient becomes final all at once (the hook runs per layer),
+ * so cutting it would only add calls, each one more rendezvous of the ranks and one more
+ * wake-up of the progress thread, while one call already pipelines its chunks inside the
+ * transport. Each bucket is summed in place in the gradient arena. */
 
 static void start_bucket(trainer *t, size_t hi) {
   float *g = dt_model_grads(t->model);
@@ -144,18 +149,29 @@ static void grad_hook(void *ctx, size_t off, size_t count) {
       start_block_sum(t);
     return;
   }
-  if ((done - t->started) * sizeof(float) >= t->bucket_min && t->nreqs + 1 < t->maxreqs)
-    start_bucket(t, done);
+  while (t->hook_rc == DT_OK && t->nreqs < t->nar && t->ar_end[t->nreqs] <= done)
+    start_bucket(t, t->ar_end[t->nreqs]);
 }
 
 static dt_status setup_buckets(trainer *t) {
-  /* at most one bucket per parameter tensor (a layer has one or two) plus the remainder;
-   * ZeRO plans at most one per layer plus the remainder */
-  t->maxreqs = DT_MAX(dt_model_tensor_count(t->model), t->nbk) + 1;
+  size_t np = dt_model_param_count(t->model), nseg = dt_model_grad_segments(t->model, NULL, 0);
+  /* at most one bucket per layer plus the remainder, whether planned here or by setup_zero */
+  t->maxreqs = DT_MAX(nseg, t->nbk) + 1;
   t->reqs = dt__calloc(t->maxreqs * sizeof(dt_request *));
   t->req_lo = dt__calloc(t->maxreqs * sizeof(size_t));
-  if (!t->reqs || !t->req_lo)
+  t->ar_end = dt__calloc(t->maxreqs * sizeof(size_t));
+  if (!t->reqs || !t->req_lo || !t->ar_end)
     return dt__error_prefix(DT_ERR_NOMEM, "%zu allreduce requests", t->maxreqs);
+  if (t->zero)
+    return DT_OK;
+  /* the layer ends, in the order backward finishes them, kept in place where a bucket ends */
+  dt_model_grad_segments(t->model, t->ar_end, nseg);
+  size_t started = 0;
+  t->nar = 0;
+  for (size_t i = 0; i < nseg && t->ar_end[i] < np; i++)
+    if ((t->ar_end[i] - started) * sizeof(float) >= t->bucket_min)
+      started = t->ar_end[t->nar++] = t->ar_end[i];
+  t->ar_end[t->nar++] = np;
   return DT_OK;
 }
 
@@ -167,8 +183,8 @@ static dt_status finish_allreduce(trainer *t) {
   dt_status rc = t->hook_rc;
   size_t n = dt_model_param_count(t->model);
   t->armed = 0;
-  if (rc == DT_OK && t->started < n) {
-    start_bucket(t, n);
+  while (rc == DT_OK && t->nreqs < t->nar) {
+    start_bucket(t, t->ar_end[t->nreqs]);
     rc = t->hook_rc;
   }
   if (rc == DT_OK)
@@ -1454,6 +1470,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt_dataset_free(&t.train);
   dt_dataset_free(&t.test);
   dt__free(t.req_lo);
+  dt__free(t.ar_end);
   dt__free(t.reqs);
   dt__free(t.bk_lo);
   dt__free(t.bk_c);

@@ -3,7 +3,8 @@
  *   equiv     1, 2, 3 and 4 workers, same global batch (uneven shards with 3 and 4) and seed,
  *             end with the same parameters after K steps: max|a-b| / max|b| <= 1e-5; the
  *             logged losses (global means) agree too; also with accumulation, with short
- *             last batches that leave some ranks (and micro-batches) empty, and for a model
+ *             last batches that leave some ranks (and micro-batches) empty (also with a
+ *             gradient bucket per layer, no ZeRO, over shm and tcp), and for a model
  *             with two dropout layers on 1, 2 and 4 workers and with --accumulate 2 (each
  *             sample's mask depends on its position in the global batch, not on the split)
  *   mismatch  rank 1 started with another --seed (through a wrapper script) -> every rank
@@ -106,6 +107,23 @@ static void group_equiv(void) {
   d = model_diff("e4", "e1");
   fprintf(stderr, "short last batch, 4 workers vs 1: rel diff %.3g\n", d);
   CHECK(d <= 1e-5, "4 workers with empty shards differ from 1 worker: %g", d);
+  /* a bucket per layer and the whole-gradient allreduce (no ZeRO), over shm and over tcp: a rank
+   * with no sample (3 samples on 4 workers), or whose last micro-batch is empty while others'
+   * are not (10 = 3+3+2+2 in 3 micro-batches), runs no backward there and so no gradient hook,
+   * yet must call the same bucket allreduces as the others (they once ended where its hook had
+   * not been: "rank 0 called allreduce #3 with 68 x f32 sum, rank 1 ... with 234 x f32 sum") */
+  const char *few[] = {"--batch 3 --max-steps 6", "--batch 10 --accumulate 3 --max-steps 6"};
+  for (int i = 0; i < 2; i++) {
+    char ex[256];
+    snprintf(ex, sizeof ex, "%s --bucket-size 64 --zero 0", few[i]);
+    train_n(1, ex, "b1");
+    train_n(4, ex, "b4");
+    setenv("DTRAIN_TRANSPORT", "tcp", 1);
+    train_n(4, ex, "b4t");
+    unsetenv("DTRAIN_TRANSPORT");
+    CHECK((d = model_diff("b4", "b1")) <= 1e-5, "%s, 4 workers over shm: rel diff %g", ex, d);
+    CHECK((d = model_diff("b4t", "b1")) <= 1e-5, "%s, 4 workers over tcp: rel diff %g", ex, d);
+  }
 
   /* a conv net (conv, pool, layernorm layers report their gradients through the hook too) */
   const char *conv = "--epochs 2 --max-steps 25 --model 'in=1x8x8,conv3x3:4:p1,relu,maxpool2,"

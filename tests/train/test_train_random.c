@@ -1,0 +1,296 @@
+/* test_train_random.c - data parallel against one worker, on random settings. Each case draws a
+ * small model (convolutions of random kernel, stride and padding, pooling, layernorm, gelu,
+ * dropout, linear layers), a global batch (down to fewer samples than workers), a step count that
+ * may cross epochs, an optimizer (SGD with or without momentum, Nesterov and weight decay, or
+ * AdamW), a learning-rate schedule and gradient clipping; one worker trains with those settings,
+ * then 2-4 workers under `dtrain run` train with the same ones and with random choices that must
+ * not change the result: micro-batches (--accumulate), compute threads, --bucket-size, --zero,
+ * the transport (shm or tcp), the shared window and deferred weight gradients (DTRAIN_WINDOW,
+ * DTRAIN_DEFER) and the algorithms of allreduce, allgather and reduce_scatter (DTRAIN_ALGO).
+ * Both sides run dtrain's own matrix product or, in some cases, OpenBLAS's (DTRAIN_GEMM=blas). In some cases the workers stop at a
+ * random step with a checkpoint and another number of workers resumes. The per-step losses and the
+ * final parameters must match the one worker's within the rounding of another summation order.
+ *
+ *   test_train_random CASES [SEED]      CASES cases from SEED (default 1); a failure prints the
+ *                                       seed and both command lines to repeat it */
+#include "train_test.h"
+
+static char dir[1024], data[2048];
+
+static uint64_t rng_state;
+static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) % n);
+}
+static int chance(int percent) { return (int)rnd(100) < percent; }
+
+#define CAT(buf, ...) snprintf((buf) + strlen(buf), sizeof(buf) - strlen(buf), __VA_ARGS__)
+
+/* A random model on the 1x8x8 images of train_test.h's 4-class set. */
+static void random_model(char *m, size_t cap) {
+  char s[512] = "in=1x8x8";
+  int c = 1, h = 8, flat = 0;
+  if (chance(60)) {
+    for (int conv = 0, nconv = 1 + (int)rnd(2); conv < nconv && h >= 2; conv++) {
+      int k = 1 + (int)rnd(3 < h ? 3 : h), st = 1 + (int)rnd(2), p = (int)rnd((uint32_t)k);
+      c = 2 + (int)rnd(5); /* one channel: often dead after relu, or a bias a layernorm cancels (see below) */
+      CAT(s, ",conv%dx%d:%d:s%d:p%d", k, k, c, st, p);
+      h = (h + 2 * p - k) / st + 1;
+      if (chance(70))
+        CAT(s, ",%s", chance(50) ? "relu" : "gelu");
+      if (h >= 2 && chance(40)) {
+        int ps = 1 + (int)rnd(2);
+        CAT(s, ",%s2:s%d", chance(50) ? "maxpool" : "avgpool", ps);
+        h = (h - 2) / ps + 1;
+      }
+    }
+    CAT(s, ",flatten");
+    flat = c * h * h;
+  } else {
+    CAT(s, ",flatten");
+    flat = 64;
+  }
+  for (int l = 0, nl = (int)rnd(3); l < nl; l++) {
+    if (flat >= 8 && chance(25))
+      CAT(s, ",layernorm");
+    flat = 4 + (int)rnd(29);
+    CAT(s, ",linear:%d", flat);
+    CAT(s, ",%s", chance(60) ? "relu" : "gelu");
+    if (chance(25))
+      CAT(s, ",dropout:0.%d", 1 + (int)rnd(4));
+  }
+  if (flat >= 8 && chance(20))
+    CAT(s, ",layernorm");
+  CAT(s, ",linear:4");
+  snprintf(m, cap, "%s", s);
+}
+
+/* The settings both sides share: model, data order, steps, optimizer, schedule, clipping. */
+static int random_common(char *c, size_t cap, int n_train, int *batch_out) {
+  char m[512];
+  random_model(m, sizeof m);
+  int batch = chance(20) ? 1 + (int)rnd(4) : 5 + (int)rnd(60);
+  *batch_out = batch;
+  int per_epoch = (n_train + batch - 1) / batch, epochs = 1 + (int)rnd(3);
+  int steps = 4 + (int)rnd(27);
+  if (steps > per_epoch * epochs)
+    steps = per_epoch * epochs;
+  snprintf(c, cap, "--model '%s' --batch %d --epochs %d --max-steps %d --seed %u --log-interval 1 "
+           "--eval-batch %d --progress off",
+           m, batch, epochs, steps, rnd(1000), 1 + (int)rnd(60));
+  char o[256] = "";
+  if (chance(65)) {
+    CAT(o, " --optimizer sgd --lr 0.%02d", 2 + (int)rnd(9));
+    double mom[] = {0, 0.5, 0.9};
+    double mo = mom[rnd(3)];
+    if (mo > 0)
+      CAT(o, " --momentum %g%s", mo, chance(40) ? " --nesterov" : "");
+    if (chance(40))
+      CAT(o, " --weight-decay %s", chance(50) ? "0.001" : "0.05");
+  } else {
+    CAT(o, " --optimizer adamw --lr 0.00%d", 2 + (int)rnd(8));
+    if (chance(50))
+      CAT(o, " --weight-decay %s", chance(50) ? "0" : "0.1");
+  }
+  switch (rnd(5)) {
+  case 0: break;
+  case 1: CAT(o, " --schedule step:%d:0.5", 2 + (int)rnd(10)); break;
+  case 2: CAT(o, " --schedule cosine"); break;
+  case 3: CAT(o, " --schedule cosine:%d:0.001", 1 + (int)rnd(5)); break;
+  default: CAT(o, " --schedule warmup=%d,constant", 1 + (int)rnd(6)); break;
+  }
+  if (chance(35))
+    CAT(o, " --clip %s", chance(50) ? "0.5" : "3");
+  snprintf(c + strlen(c), cap - strlen(c), "%s", o);
+  return steps;
+}
+
+static const char *gemm; /* "DTRAIN_GEMM=blas " or "": every run of a case */
+
+/* What must not change the result: the workers' own choices. */
+static void random_worker_side(int batch, char *flags, size_t fcap, char *env, size_t ecap) {
+  int acc = 1 + (int)rnd(3);
+  snprintf(flags, fcap, "--threads %d --accumulate %d", 1 + (int)rnd(2), acc < batch ? acc : batch);
+  if (chance(50)) {
+    const char *b[] = {"64", "256", "1K", "4K", "1M"};
+    snprintf(flags + strlen(flags), fcap - strlen(flags), " --bucket-size %s", b[rnd(5)]);
+  }
+  const char *z[] = {"auto", "0", "1"};
+  snprintf(flags + strlen(flags), fcap - strlen(flags), " --zero %s", z[rnd(3)]);
+  int tcp = chance(30);
+  snprintf(env, ecap, "env %sDTRAIN_TRANSPORT=%s", gemm, tcp ? "tcp" : "shm");
+  if (!tcp && chance(30))
+    snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_WINDOW=0");
+  if (chance(40))
+    snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_DEFER=%d", (int)rnd(2));
+  if (chance(50)) { /* the algorithms, shm's own ones last (not on tcp) */
+    const char *ar[] = {"ring", "rd", "rhd", "shm", "flat"}, *ag[] = {"ring", "bruck", "shm", "flat"},
+               *rs[] = {"ring", "rhd", "shm", "flat"};
+    char algo[128] = "";
+    if (chance(60))
+      CAT(algo, ",allreduce=%s", ar[rnd(tcp ? 3 : 5)]);
+    if (chance(50))
+      CAT(algo, ",allgather=%s", ag[rnd(tcp ? 2 : 4)]);
+    if (chance(50))
+      CAT(algo, ",reduce_scatter=%s", rs[rnd(tcp ? 2 : 4)]);
+    if (algo[0])
+      snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_ALGO=%s", algo + 1);
+  }
+}
+
+/* How far another summation order alone moves run "ref": the one worker again on two compute
+ * threads and two micro-batches, "ref2". An unstable run (a loss that jumps) or a max pooling
+ * whose two largest inputs are a rounding apart (the gradient goes to the other one) turns
+ * rounding into a visible difference; the workers may then differ from one worker by as much as
+ * the two summation orders of one worker do, times a margin. */
+static double floor_loss[64], floor_params;
+#define MARGIN 20
+
+static void measure_floor(int steps, int have_ref2) {
+  double la[64], lb[64], worst = 0;
+  tt_run_losses(dir, "ref", la, 64);
+  if (have_ref2)
+    tt_run_losses(dir, "ref2", lb, 64);
+  for (int s = 1; s <= steps && s < 64; s++) {
+    if (have_ref2 && !isnan(la[s]) && !isnan(lb[s]))
+      worst = fmax(worst, fabs(lb[s] - la[s]) / fmax(fabs(la[s]), 1e-30));
+    floor_loss[s] = worst;
+  }
+  floor_params = have_ref2 ? tt_runs_model_diff(dir, "ref2", "ref") : 0;
+}
+
+/* Losses of steps (from, to] and (if params) the final parameters of run b against "ref". */
+static int compare(const char *b, int from, int to, int params, double tol, const char *what) {
+  double la[64], lb[64];
+  tt_run_losses(dir, "ref", la, 64);
+  tt_run_losses(dir, b, lb, 64);
+  for (int s = from + 1; s <= to; s++) {
+    if (isnan(lb[s]) || isnan(la[s])) {
+      fprintf(stderr, "%s: step %d has no loss (%g, %g)\n", what, s, la[s], lb[s]);
+      return 0;
+    }
+    double allow = fmax(tol, MARGIN * floor_loss[s]);
+    if (fabs(lb[s] - la[s]) > allow * fabs(la[s]) + 1e-7) {
+      fprintf(stderr, "%s: step %d loss %.9g, one worker %.9g (allowed relative difference %.3g)\n", what,
+              s, lb[s], la[s], allow);
+      return 0;
+    }
+  }
+  double d = params ? tt_runs_model_diff(dir, b, "ref") : 0, allow = fmax(tol, MARGIN * floor_params);
+  if (d > allow) {
+    fprintf(stderr, "%s: parameters differ from one worker's by %.3g (relative; allowed %.3g)\n", what, d,
+            allow);
+    return 0;
+  }
+  return 1;
+}
+
+static int run_ok(const char *what, tt_result *r, const char *cmd) {
+  if (r->code == 0)
+    return 1;
+  fprintf(stderr, "%s: exit %d\n  $ %s\n%s\n", what, r->code, cmd, r->err);
+  return 0;
+}
+
+static int one_case(unsigned seed) {
+  rng_state = seed * 0x2545f4914f6cdd1dull;
+  gemm = chance(15) ? "DTRAIN_GEMM=blas " : "";
+  char common[2048], flags[512], env[256];
+  int batch;
+  int steps = random_common(common, sizeof common, 203, &batch);
+  random_worker_side(batch, flags, sizeof flags, env, sizeof env);
+  int n = 2 + (int)rnd(3);
+  /* AdamW's step does not shrink with the gradient: an element whose gradient is tiny (a gelu
+   * input far below zero, a feature dropout and layernorm leave almost constant) moves by about
+   * the learning rate in a direction its rounding decides, so another summation order moves it
+   * by up to lr per step (seen: 1e-3 of the largest parameter after 4 steps, through 2e-3 in the
+   * loss). AdamW cases catch what breaks its state (shards, resumes, step counts), which moves
+   * far more; SGD cases hold the workers to the rounding of one worker. */
+  double tol = strstr(common, "adamw") ? 1e-2 : 5e-5;
+  int resume_at = steps > 2 && chance(35) ? 1 + (int)rnd((uint32_t)steps - 1) : 0;
+
+  char ref[4096], ref2[4096] = "", cmd[8192] = "", cmd2[8192] = "";
+  snprintf(ref, sizeof ref, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 1 --zero 0 --out %s/ref",
+           gemm, tt_bin(), tt_bin(), data, common, dir);
+  tt_result r = tt_run(dir, 120, "%s", ref);
+  if (r.code == 1 && strstr(r.err, "training diverged")) { /* nothing to compare: drawn again */
+    tt_result_free(&r);
+    return -1;
+  }
+  int ok = run_ok("one worker", &r, ref);
+  tt_result_free(&r);
+  if (!ok)
+    goto fail;
+  if (batch >= 2) {
+    snprintf(ref2, sizeof ref2, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 2 --zero 0 "
+             "--accumulate 2 --out %s/ref2", gemm, tt_bin(), tt_bin(), data, common, dir);
+    r = tt_run(dir, 120, "%s", ref2);
+    ok = run_ok("one worker, two micro-batches", &r, ref2);
+    tt_result_free(&r);
+    if (!ok)
+      goto fail;
+  }
+  measure_floor(steps, batch >= 2);
+  if (!resume_at) {
+    snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --out %s/dp", env, tt_bin(),
+             n, tt_bin(), data, common, flags, dir);
+    r = tt_run(dir, 120, "%s", cmd);
+    ok = run_ok("data parallel", &r, cmd);
+    tt_result_free(&r);
+    if (!ok || !compare("dp", 0, steps, 1, tol, "data parallel"))
+      goto fail;
+  } else {
+    /* stop at resume_at (a checkpoint at the end), go on with other workers and settings */
+    int n2 = 1 + (int)rnd(4);
+    char flags2[512], env2[256];
+    random_worker_side(batch, flags2, sizeof flags2, env2, sizeof env2);
+    snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --max-steps %d "
+             "--checkpoint-dir %s/ck --checkpoint-every %d --out %s/part1",
+             env, tt_bin(), n, tt_bin(), data, common, flags, resume_at, dir, 1 + (int)rnd(4), dir);
+    r = tt_run(dir, 120, "%s", cmd);
+    ok = run_ok("first part", &r, cmd);
+    tt_result_free(&r);
+    if (!ok || !compare("part1", 0, resume_at, 0, tol, "first part"))
+      goto fail;
+    snprintf(cmd2, sizeof cmd2, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --checkpoint-dir %s/ck "
+             "--resume --out %s/dp",
+             env2, tt_bin(), n2, tt_bin(), data, common, flags2, dir, dir);
+    r = tt_run(dir, 120, "%s", cmd2);
+    ok = run_ok("resumed", &r, cmd2);
+    tt_result_free(&r);
+    if (!ok || !compare("dp", resume_at, steps, 1, tol, "resumed"))
+      goto fail;
+  }
+  return 1;
+fail:
+  fprintf(stderr, "case seed %u failed (noise floor: loss %.3g, parameters %.3g)\n  one worker: $ %s\n"
+          "  workers: $ %s\n", seed, floor_loss[steps < 64 ? steps : 63], floor_params, ref, cmd);
+  if (cmd2[0])
+    fprintf(stderr, "  resumed: $ %s\n", cmd2);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int cases = argc > 1 ? atoi(argv[1]) : 20;
+  unsigned seed = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 1;
+  tt_scratch(dir, sizeof dir, "trainrand");
+  snprintf(data, sizeof data, "%s/data", dir);
+  CHECK(mkdir(data, 0777) == 0, "mkdir %s", data);
+  tt_make_dataset(data, 203, 50);
+  int bad = 0, diverged = 0;
+  for (int i = 0; i < cases + diverged; i++) {
+    char rm[8192];
+    snprintf(rm, sizeof rm, "rm -rf '%s/ref' '%s/ref2' '%s/dp' '%s/part1' '%s/ck'", dir, dir, dir, dir, dir);
+    CHECK(system(rm) == 0, "%s", rm);
+    int rc = one_case(seed + (unsigned)i);
+    bad += rc == 0;
+    diverged += rc < 0;
+  }
+  fprintf(stderr, "%d of %d cases differ (%d more drawn where one worker's training diverged)\n", bad, cases,
+          diverged);
+  if (!bad)
+    tt_rmrf(dir);
+  return bad ? 1 : 0;
+}
