@@ -15,7 +15,7 @@
  *                                       seed and both command lines to repeat it */
 #include "train_test.h"
 
-static char dir[1024], data[2048];
+static char dir[1024], data_big[2048], small[2048];
 
 static uint64_t rng_state;
 static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
@@ -27,6 +27,7 @@ static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
 static int chance(int percent) { return (int)rnd(100) < percent; }
 
 #define CAT(buf, ...) snprintf((buf) + strlen(buf), sizeof(buf) - strlen(buf), __VA_ARGS__)
+#define CAT1(buf, cap, ...) snprintf((buf) + strlen(buf), (cap) - strlen(buf), __VA_ARGS__)
 
 /* A random model on the 1x8x8 images of train_test.h's 4-class set. */
 static void random_model(char *m, size_t cap) {
@@ -72,13 +73,15 @@ static int random_common(char *c, size_t cap, int n_train, int *batch_out) {
   char m[512];
   random_model(m, sizeof m);
   int batch = chance(20) ? 1 + (int)rnd(4) : 5 + (int)rnd(60);
+  if (batch > n_train)
+    batch = n_train;
   *batch_out = batch;
   int per_epoch = (n_train + batch - 1) / batch, epochs = 1 + (int)rnd(3);
   int steps = 4 + (int)rnd(27);
   if (steps > per_epoch * epochs)
     steps = per_epoch * epochs;
   snprintf(c, cap, "--model '%s' --batch %d --epochs %d --max-steps %d --seed %u --log-interval 1 "
-           "--eval-batch %d --progress off",
+           "--eval-batch %d --progress off --json",
            m, batch, epochs, steps, rnd(1000), 1 + (int)rnd(60));
   char o[256] = "";
   if (chance(65)) {
@@ -187,19 +190,71 @@ static int compare(const char *b, int from, int to, int params, double tol, cons
   return 1;
 }
 
+/* Faults for a run of `steps` steps, a checkpoint every `every`, that recovers by restarts: a
+ * worker killed, exiting, stopped (found by the fault timeout), cut off or losing its data (tcp),
+ * at a step's start or before its update; sometimes the newest checkpoint damaged first, while
+ * an older one is there to fall back to (with none, the resume refuses: tests/train
+ * test_train_dp's refuse group); sometimes a second death in the generation that recovers. */
+static void random_faults(char *spec, size_t cap, int steps, int every, int tcp) {
+  int at = 1 + (int)rnd((uint32_t)steps - 1);
+  spec[0] = '\0';
+  if (at > 2 * every && chance(40))
+    snprintf(spec, cap, "corrupt-ckpt:dir=%s/ck,step=%d,mode=%s;", dir, 2 * every + (int)rnd((uint32_t)(at - 2 * every)),
+             chance(50) ? "flip" : "truncate");
+  const char *upd = chance(30) ? ",at=update" : "";
+  switch (rnd(tcp ? 7 : 5)) {
+  case 0: case 1: CAT1(spec, cap, "kill:rank=any,step=%d%s", at, upd); break;
+  case 2: CAT1(spec, cap, "exit:rank=any,step=%d,code=%d%s", at, chance(50) ? 1 : 3, upd); break;
+  case 3: CAT1(spec, cap, "%s:rank=any,step=%d%s", chance(30) ? "stop" : "kill", at, upd); break;
+  case 4: CAT1(spec, cap, "exit:rank=any,step=%d%s", at, upd); break;
+  case 5: CAT1(spec, cap, "close:rank=any,step=%d", at); break;
+  default: CAT1(spec, cap, "drop:rank=any,step=%d,count=1", at); break;
+  }
+  if (chance(25))
+    CAT1(spec, cap, ";kill:rank=any,step=%d,gen=1", 1 + (int)rnd((uint32_t)steps - 1));
+  CAT1(spec, cap, ";seed=%u", rnd(1000));
+}
+
+static int n_plain, n_resumed, n_faulty, n_fired, n_restarts; /* what the cases did */
+
 static int run_ok(const char *what, tt_result *r, const char *cmd) {
-  if (r->code == 0)
+  if (r->code == 0 && tt_json_is_object(r->out))
     return 1;
-  fprintf(stderr, "%s: exit %d\n  $ %s\n%s\n", what, r->code, cmd, r->err);
+  fprintf(stderr, "%s: exit %d\n  $ %s\n%s%s\n", what, r->code, cmd, r->out, r->err);
   return 0;
+}
+
+/* The summaries' final test loss and accuracy and the last epoch's mean training loss (a resumed
+ * run goes on with its epoch's earlier steps): within tol of one worker's (relative), or of the
+ * margin times ref2's distance; the accuracy within two test samples (AdamW: a tenth). */
+static int compare_summary(const char *ref, const char *ref2, const char *dp, double tol, int n_test) {
+  const char *key[] = {"test_loss", "train_loss"};
+  for (int i = 0; i < 2; i++) {
+    double a = tt_json_num(ref, key[i]), b = tt_json_num(dp, key[i]);
+    double noise = ref2[0] ? fabs(tt_json_num(ref2, key[i]) - a) / fmax(fabs(a), 1e-30) : 0;
+    double allow = fmax(tol, MARGIN * noise);
+    if (!(fabs(b - a) <= allow * fabs(a) + 1e-7)) {
+      fprintf(stderr, "summary: %s %.9g, one worker %.9g (allowed relative difference %.3g)\n", key[i], b, a, allow);
+      return 0;
+    }
+  }
+  double a = tt_json_num(ref, "test_accuracy"), b = tt_json_num(dp, "test_accuracy");
+  double allow = tol >= 1e-2 ? 0.1 : 2.0 / n_test + 1e-9;
+  if (!(fabs(b - a) <= allow)) {
+    fprintf(stderr, "summary: test_accuracy %.4f, one worker %.4f\n", b, a);
+    return 0;
+  }
+  return 1;
 }
 
 static int one_case(unsigned seed) {
   rng_state = seed * 0x2545f4914f6cdd1dull;
   gemm = chance(15) ? "DTRAIN_GEMM=blas " : "";
   char common[2048], flags[512], env[256];
-  int batch;
-  int steps = random_common(common, sizeof common, 203, &batch);
+  int batch, few = chance(25); /* 37 training and 7 test samples instead of 203 and 50 */
+  const char *data = few ? small : data_big;
+  int n_test = few ? 7 : 50;
+  int steps = random_common(common, sizeof common, few ? 37 : 203, &batch);
   random_worker_side(batch, flags, sizeof flags, env, sizeof env);
   int n = 2 + (int)rnd(3);
   /* AdamW's step does not shrink with the gradient: an element whose gradient is tiny (a gelu
@@ -211,7 +266,9 @@ static int one_case(unsigned seed) {
   double tol = strstr(common, "adamw") ? 1e-2 : 5e-5;
   int resume_at = steps > 2 && chance(35) ? 1 + (int)rnd((uint32_t)steps - 1) : 0;
 
-  char ref[4096], ref2[4096] = "", cmd[8192] = "", cmd2[8192] = "";
+  char ref[4096], ref2[4096] = "", cmd[12288] = "", cmd2[8192] = "";
+  char *out_ref = NULL, *out_ref2 = NULL;
+  int passed = 0;
   snprintf(ref, sizeof ref, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 1 --zero 0 --out %s/ref",
            gemm, tt_bin(), tt_bin(), data, common, dir);
   tt_result r = tt_run(dir, 120, "%s", ref);
@@ -220,27 +277,55 @@ static int one_case(unsigned seed) {
     return -1;
   }
   int ok = run_ok("one worker", &r, ref);
-  tt_result_free(&r);
+  out_ref = r.out;
+  free(r.err);
   if (!ok)
-    goto fail;
+    goto done;
   if (batch >= 2) {
     snprintf(ref2, sizeof ref2, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 2 --zero 0 "
              "--accumulate 2 --out %s/ref2", gemm, tt_bin(), tt_bin(), data, common, dir);
     r = tt_run(dir, 120, "%s", ref2);
     ok = run_ok("one worker, two micro-batches", &r, ref2);
-    tt_result_free(&r);
+    out_ref2 = r.out;
+    free(r.err);
     if (!ok)
-      goto fail;
+      goto done;
   }
   measure_floor(steps, batch >= 2);
-  if (!resume_at) {
+  if (!resume_at && steps >= 2 && chance(50)) {
+    /* faults, and restarts that resume from the last good checkpoint */
+    char spec[2048];
+    int every = 1 + (int)rnd(4);
+    random_faults(spec, sizeof spec, steps, every, strstr(env, "tcp") != NULL);
+    snprintf(cmd, sizeof cmd, "%s %s run -n %d --max-restarts 3 --fault-timeout 2 --inject-fault '%s' --raw-stdout -- "
+             "%s train --data %s %s %s --checkpoint-dir %s/ck --checkpoint-every %d --resume --out %s/dp",
+             env, tt_bin(), n, spec, tt_bin(), data, common, flags, dir, every, dir);
+    r = tt_run(dir, 120, "%s", cmd);
+    ok = run_ok("with faults", &r, cmd);
+    n_faulty++;
+    for (const char *f = r.err; (f = strstr(f, "dtrain fault: rank ")); f++)
+      n_fired++;
+    for (const char *f = r.err; (f = strstr(f, "; restarting (")); f++)
+      n_restarts++;
+    if (ok && !strstr(r.err, "dtrain fault: rank")) {
+      fprintf(stderr, "with faults: no fault fired\n  $ %s\n%s\n", cmd, r.err);
+      ok = 0;
+    }
+    ok = ok && compare("dp", 0, steps, 1, tol, "with faults") &&
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
+    tt_result_free(&r);
+    if (!ok)
+      goto done;
+  } else if (!resume_at) {
     snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --out %s/dp", env, tt_bin(),
              n, tt_bin(), data, common, flags, dir);
     r = tt_run(dir, 120, "%s", cmd);
-    ok = run_ok("data parallel", &r, cmd);
+    n_plain++;
+    ok = run_ok("data parallel", &r, cmd) && compare("dp", 0, steps, 1, tol, "data parallel") &&
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
     tt_result_free(&r);
-    if (!ok || !compare("dp", 0, steps, 1, tol, "data parallel"))
-      goto fail;
+    if (!ok)
+      goto done;
   } else {
     /* stop at resume_at (a checkpoint at the end), go on with other workers and settings */
     int n2 = 1 + (int)rnd(4);
@@ -250,21 +335,27 @@ static int one_case(unsigned seed) {
              "--checkpoint-dir %s/ck --checkpoint-every %d --out %s/part1",
              env, tt_bin(), n, tt_bin(), data, common, flags, resume_at, dir, 1 + (int)rnd(4), dir);
     r = tt_run(dir, 120, "%s", cmd);
-    ok = run_ok("first part", &r, cmd);
+    ok = run_ok("first part", &r, cmd) && compare("part1", 0, resume_at, 0, tol, "first part");
     tt_result_free(&r);
-    if (!ok || !compare("part1", 0, resume_at, 0, tol, "first part"))
-      goto fail;
+    if (!ok)
+      goto done;
     snprintf(cmd2, sizeof cmd2, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --checkpoint-dir %s/ck "
              "--resume --out %s/dp",
              env2, tt_bin(), n2, tt_bin(), data, common, flags2, dir, dir);
     r = tt_run(dir, 120, "%s", cmd2);
-    ok = run_ok("resumed", &r, cmd2);
+    n_resumed++;
+    ok = run_ok("resumed", &r, cmd2) && compare("dp", resume_at, steps, 1, tol, "resumed") &&
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
     tt_result_free(&r);
-    if (!ok || !compare("dp", resume_at, steps, 1, tol, "resumed"))
-      goto fail;
+    if (!ok)
+      goto done;
   }
-  return 1;
-fail:
+  passed = 1;
+done:
+  free(out_ref);
+  free(out_ref2);
+  if (passed)
+    return 1;
   fprintf(stderr, "case seed %u failed (noise floor: loss %.3g, parameters %.3g)\n  one worker: $ %s\n"
           "  workers: $ %s\n", seed, floor_loss[steps < 64 ? steps : 63], floor_params, ref, cmd);
   if (cmd2[0])
@@ -276,9 +367,12 @@ int main(int argc, char **argv) {
   int cases = argc > 1 ? atoi(argv[1]) : 20;
   unsigned seed = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 1;
   tt_scratch(dir, sizeof dir, "trainrand");
-  snprintf(data, sizeof data, "%s/data", dir);
-  CHECK(mkdir(data, 0777) == 0, "mkdir %s", data);
-  tt_make_dataset(data, 203, 50);
+  snprintf(data_big, sizeof data_big, "%s/data", dir);
+  CHECK(mkdir(data_big, 0777) == 0, "mkdir %s", data_big);
+  tt_make_dataset(data_big, 203, 50);
+  snprintf(small, sizeof small, "%s/small", dir);
+  CHECK(mkdir(small, 0777) == 0, "mkdir %s", small);
+  tt_make_dataset(small, 37, 7);
   int bad = 0, diverged = 0;
   for (int i = 0; i < cases + diverged; i++) {
     char rm[8192];
@@ -288,6 +382,8 @@ int main(int argc, char **argv) {
     bad += rc == 0;
     diverged += rc < 0;
   }
+  fprintf(stderr, "%d plain, %d resumed on other workers, %d with faults (%d fired, %d restarts)\n", n_plain,
+          n_resumed, n_faulty, n_fired, n_restarts);
   fprintf(stderr, "%d of %d cases differ (%d more drawn where one worker's training diverged)\n", bad, cases,
           diverged);
   if (!bad)
