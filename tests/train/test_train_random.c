@@ -11,8 +11,10 @@
  * random step with a checkpoint and another number of workers resumes. The per-step losses and the
  * final parameters must match the one worker's within the rounding of another summation order.
  *
- *   test_train_random CASES [SEED]      CASES cases from SEED (default 1); a failure prints the
- *                                       seed and both command lines to repeat it */
+ *   test_train_random CASES [SEED [MPIRUN]]   CASES cases from SEED (default 1); with MPIRUN,
+ *                                             some start their workers with Open MPI's mpirun
+ *                                             (DTRAIN_TRANSPORT mpi, shm or tcp). A failure
+ *                                             prints the seed and the command lines to repeat it */
 #include "train_test.h"
 
 static char dir[1024], data_big[2048], small[2048];
@@ -215,7 +217,8 @@ static void random_faults(char *spec, size_t cap, int steps, int every, int tcp)
   CAT1(spec, cap, ";seed=%u", rnd(1000));
 }
 
-static int n_plain, n_resumed, n_faulty, n_fired, n_restarts; /* what the cases did */
+static int n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts; /* what the cases did */
+static const char *mpirun; /* Open MPI's mpirun, when given: some cases start the workers with it */
 
 static int run_ok(const char *what, tt_result *r, const char *cmd) {
   if (r->code == 0 && tt_json_is_object(r->out))
@@ -224,10 +227,11 @@ static int run_ok(const char *what, tt_result *r, const char *cmd) {
   return 0;
 }
 
-/* The summaries' final test loss and accuracy and the last epoch's mean training loss (a resumed
- * run goes on with its epoch's earlier steps): within tol of one worker's (relative), or of the
- * margin times ref2's distance; the accuracy within two test samples (AdamW: a tenth). */
-static int compare_summary(const char *ref, const char *ref2, const char *dp, double tol, int n_test) {
+/* The summaries' final test loss and the last epoch's mean training loss (a resumed run goes on
+ * with its epoch's earlier steps): within tol of one worker's (relative), or of the margin times
+ * ref2's distance. Not the accuracy: a model whose logits hardly depend on the input yet (dead
+ * units after a step or two) changes every answer at once on a rounding. */
+static int compare_summary(const char *ref, const char *ref2, const char *dp, double tol) {
   const char *key[] = {"test_loss", "train_loss"};
   for (int i = 0; i < 2; i++) {
     double a = tt_json_num(ref, key[i]), b = tt_json_num(dp, key[i]);
@@ -238,12 +242,6 @@ static int compare_summary(const char *ref, const char *ref2, const char *dp, do
       return 0;
     }
   }
-  double a = tt_json_num(ref, "test_accuracy"), b = tt_json_num(dp, "test_accuracy");
-  double allow = tol >= 1e-2 ? 0.1 : 2.0 / n_test + 1e-9;
-  if (!(fabs(b - a) <= allow)) {
-    fprintf(stderr, "summary: test_accuracy %.4f, one worker %.4f\n", b, a);
-    return 0;
-  }
   return 1;
 }
 
@@ -253,7 +251,6 @@ static int one_case(unsigned seed) {
   char common[2048], flags[512], env[256];
   int batch, few = chance(25); /* 37 training and 7 test samples instead of 203 and 50 */
   const char *data = few ? small : data_big;
-  int n_test = few ? 7 : 50;
   int steps = random_common(common, sizeof common, few ? 37 : 203, &batch);
   random_worker_side(batch, flags, sizeof flags, env, sizeof env);
   int n = 2 + (int)rnd(3);
@@ -312,7 +309,21 @@ static int one_case(unsigned seed) {
       ok = 0;
     }
     ok = ok && compare("dp", 0, steps, 1, tol, "with faults") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
+    tt_result_free(&r);
+    if (!ok)
+      goto done;
+  } else if (!resume_at && mpirun && chance(50)) {
+    /* started by Open MPI's mpirun, collectives over dtrain's transport or over MPI (which has
+     * its own algorithms: DTRAIN_ALGO would be refused, naming it) */
+    snprintf(cmd, sizeof cmd, "%s --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo -np %d %s "
+             "DTRAIN_JOB_SECRET=train-random %s%s train --data %s %s %s --out %s/dp",
+             mpirun, n, env, chance(40) ? "env -u DTRAIN_ALGO DTRAIN_TRANSPORT=mpi " : "", tt_bin(), data, common,
+             flags, dir);
+    r = tt_run(dir, 120, "%s", cmd);
+    n_mpi++;
+    ok = run_ok("under mpirun", &r, cmd) && compare("dp", 0, steps, 1, tol, "under mpirun") &&
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
     tt_result_free(&r);
     if (!ok)
       goto done;
@@ -322,7 +333,7 @@ static int one_case(unsigned seed) {
     r = tt_run(dir, 120, "%s", cmd);
     n_plain++;
     ok = run_ok("data parallel", &r, cmd) && compare("dp", 0, steps, 1, tol, "data parallel") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
     tt_result_free(&r);
     if (!ok)
       goto done;
@@ -345,7 +356,7 @@ static int one_case(unsigned seed) {
     r = tt_run(dir, 120, "%s", cmd2);
     n_resumed++;
     ok = run_ok("resumed", &r, cmd2) && compare("dp", resume_at, steps, 1, tol, "resumed") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol, n_test);
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
     tt_result_free(&r);
     if (!ok)
       goto done;
@@ -366,6 +377,7 @@ done:
 int main(int argc, char **argv) {
   int cases = argc > 1 ? atoi(argv[1]) : 20;
   unsigned seed = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 1;
+  mpirun = argc > 3 ? argv[3] : NULL;
   tt_scratch(dir, sizeof dir, "trainrand");
   snprintf(data_big, sizeof data_big, "%s/data", dir);
   CHECK(mkdir(data_big, 0777) == 0, "mkdir %s", data_big);
@@ -382,8 +394,8 @@ int main(int argc, char **argv) {
     bad += rc == 0;
     diverged += rc < 0;
   }
-  fprintf(stderr, "%d plain, %d resumed on other workers, %d with faults (%d fired, %d restarts)\n", n_plain,
-          n_resumed, n_faulty, n_fired, n_restarts);
+  fprintf(stderr, "%d plain, %d under mpirun, %d resumed on other workers, %d with faults (%d fired, %d restarts)\n",
+          n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts);
   fprintf(stderr, "%d of %d cases differ (%d more drawn where one worker's training diverged)\n", bad, cases,
           diverged);
   if (!bad)
