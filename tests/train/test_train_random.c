@@ -1,15 +1,19 @@
 /* test_train_random.c - data parallel against one worker, on random settings. Each case draws a
  * small model (convolutions of random kernel, stride and padding, pooling, layernorm, gelu,
- * dropout, linear layers), a global batch (down to fewer samples than workers), a step count that
- * may cross epochs, an optimizer (SGD with or without momentum, Nesterov and weight decay, or
- * AdamW), a learning-rate schedule and gradient clipping; one worker trains with those settings,
- * then 2-4 workers under `dtrain run` train with the same ones and with random choices that must
- * not change the result: micro-batches (--accumulate), compute threads, --bucket-size, --zero,
- * the transport (shm or tcp), the shared window and deferred weight gradients (DTRAIN_WINDOW,
- * DTRAIN_DEFER) and the algorithms of allreduce, allgather and reduce_scatter (DTRAIN_ALGO).
- * Both sides run dtrain's own matrix product or, in some cases, OpenBLAS's (DTRAIN_GEMM=blas). In some cases the workers stop at a
- * random step with a checkpoint and another number of workers resumes. The per-step losses and the
- * final parameters must match the one worker's within the rounding of another summation order.
+ * dropout, linear layers), a data set (203 or 37 training samples), a global batch (down to
+ * fewer samples than workers), a step count that may cross epochs, an optimizer (SGD with or
+ * without momentum, Nesterov and weight decay, or AdamW), a learning-rate schedule and gradient
+ * clipping, and dtrain's own matrix product or OpenBLAS's (DTRAIN_GEMM=blas). One worker trains
+ * with those settings; then 2-4 workers under `dtrain run` train with the same ones and with
+ * random choices that must not change the result: micro-batches (--accumulate), compute
+ * threads, --bucket-size, --zero, the transport (shm or tcp), the shared window and deferred
+ * weight gradients (DTRAIN_WINDOW, DTRAIN_DEFER) and the algorithms of allreduce, allgather and
+ * reduce_scatter (DTRAIN_ALGO). Some cases stop the workers at a random step with a checkpoint
+ * and resume on another number of workers with other choices; some inject faults that `dtrain
+ * run --max-restarts` recovers from (random_faults); some start the workers with mpirun. The
+ * per-step losses, the summary's final test and training losses and the final parameters must
+ * match the one worker's within the rounding of another summation order, and `dtrain eval` of
+ * the saved model must repeat the summary's test loss.
  *
  *   test_train_random CASES [SEED [MPIRUN]]   CASES cases from SEED (default 1); with MPIRUN,
  *                                             some start their workers with Open MPI's mpirun
@@ -231,7 +235,10 @@ static int run_ok(const char *what, tt_result *r, const char *cmd) {
  * with its epoch's earlier steps): within tol of one worker's (relative), or of the margin times
  * ref2's distance. Not the accuracy: a model whose logits hardly depend on the input yet (dead
  * units after a step or two) changes every answer at once on a rounding. */
+static double dp_test_loss; /* the workers' final test loss (compare_summary) */
+
 static int compare_summary(const char *ref, const char *ref2, const char *dp, double tol) {
+  dp_test_loss = tt_json_num(dp, "test_loss");
   const char *key[] = {"test_loss", "train_loss"};
   for (int i = 0; i < 2; i++) {
     double a = tt_json_num(ref, key[i]), b = tt_json_num(dp, key[i]);
@@ -361,6 +368,22 @@ static int one_case(unsigned seed) {
     if (!ok)
       goto done;
   }
+  /* the model the workers saved evaluates as their summary said, in other batches and threads */
+  char ev[4096];
+  snprintf(ev, sizeof ev, "%s eval --model-file %s/dp/model.safetensors --data %s --batch %d --threads %d --json",
+           tt_bin(), dir, data, 1 + (int)rnd(60), 1 + (int)rnd(2));
+  r = tt_run(dir, 120, "%s", ev);
+  ok = run_ok("dtrain eval", &r, ev);
+  if (ok) {
+    double a = tt_json_num(r.out, "test_loss"), b = dp_test_loss;
+    if (!(fabs(a - b) <= 1e-5 * fabs(b) + 1e-7)) {
+      fprintf(stderr, "dtrain eval: test_loss %.9g, the workers' summary %.9g\n", a, b);
+      ok = 0;
+    }
+  }
+  tt_result_free(&r);
+  if (!ok)
+    goto done;
   passed = 1;
 done:
   free(out_ref);
