@@ -19,9 +19,32 @@
  *                                             some start their workers with Open MPI's mpirun
  *                                             (DTRAIN_TRANSPORT mpi, shm or tcp). A failure
  *                                             prints the seed and the command lines to repeat it */
+#include "dtrain/data.h"
 #include "train_test.h"
 
-static char dir[1024], data_big[2048], small[2048];
+static char dir[1024], data_big[2048], small[2048], fmnist[2048];
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+#define N_FMNIST 3000 /* training images taken (and a sixth as many test images) */
+
+/* The first n images and labels of one Fashion-MNIST split, written raw into dir. */
+static int copy_split(const char *prefix, uint64_t n) {
+  const char *kind[2] = {"images-idx3", "labels-idx1"};
+  for (int k = 0; k < 2; k++) {
+    char in[4096], out[4096];
+    snprintf(in, sizeof in, FMNIST "/%s-%s-ubyte.gz", prefix, kind[k]);
+    snprintf(out, sizeof out, "%s/%s-%s-ubyte", fmnist, prefix, kind[k]);
+    dt_idx idx;
+    if (dt_idx_read(in, 0, &idx) != DT_OK)
+      return 0;
+    uint32_t dims[3];
+    for (int d = 0; d < idx.ndim && d < 3; d++)
+      dims[d] = (uint32_t)idx.dims[d];
+    dims[0] = (uint32_t)n;
+    tt_write_idx(out, idx.data, idx.ndim, dims);
+    dt_idx_free(&idx);
+  }
+  return 1;
+}
 
 static uint64_t rng_state;
 static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
@@ -35,14 +58,25 @@ static int chance(int percent) { return (int)rnd(100) < percent; }
 #define CAT(buf, ...) snprintf((buf) + strlen(buf), sizeof(buf) - strlen(buf), __VA_ARGS__)
 #define CAT1(buf, cap, ...) snprintf((buf) + strlen(buf), (cap) - strlen(buf), __VA_ARGS__)
 
-/* A random model on the 1x8x8 images of train_test.h's 4-class set. */
-static void random_model(char *m, size_t cap) {
-  char s[512] = "in=1x8x8";
-  int c = 1, h = 8, flat = 0;
+/* The sizes a case draws from: train_test.h's 8x8 4-class set, or the first images of the real
+ * Fashion-MNIST (28x28, 10 classes) with layers wide enough for the paths a tiny model never
+ * takes (several buckets at the default 1 MiB, many ZeRO blocks, deferred weight gradients
+ * over several tiles, convolutions of many channels). */
+typedef struct scale {
+  int side, classes, width, chans, kernel, batch, steps, eval;
+} scale;
+static const scale tiny = {8, 4, 32, 6, 3, 60, 27, 60}, real = {28, 10, 1100, 40, 5, 300, 6, 600};
+
+/* A random model on the scale's 1 x side x side images. */
+static void random_model(const scale *z, char *m, size_t cap) {
+  char s[512];
+  snprintf(s, sizeof s, "in=1x%dx%d", z->side, z->side);
+  int c = 1, h = z->side, flat = 0;
   if (chance(60)) {
     for (int conv = 0, nconv = 1 + (int)rnd(2); conv < nconv && h >= 2; conv++) {
-      int k = 1 + (int)rnd(3 < h ? 3 : h), st = 1 + (int)rnd(2), p = (int)rnd((uint32_t)k);
-      c = 2 + (int)rnd(5); /* one channel: often dead after relu, or a bias a layernorm cancels (see below) */
+      int kmax = z->kernel < h ? z->kernel : h;
+      int k = 1 + (int)rnd((uint32_t)kmax), st = 1 + (int)rnd(2), p = (int)rnd((uint32_t)k);
+      c = 2 + (int)rnd((uint32_t)z->chans - 1); /* one channel: often dead after relu, or a bias a layernorm cancels (see below) */
       CAT(s, ",conv%dx%d:%d:s%d:p%d", k, k, c, st, p);
       h = (h + 2 * p - k) / st + 1;
       if (chance(70))
@@ -57,12 +91,12 @@ static void random_model(char *m, size_t cap) {
     flat = c * h * h;
   } else {
     CAT(s, ",flatten");
-    flat = 64;
+    flat = z->side * z->side;
   }
   for (int l = 0, nl = (int)rnd(3); l < nl; l++) {
     if (flat >= 8 && chance(25))
       CAT(s, ",layernorm");
-    flat = 4 + (int)rnd(29);
+    flat = 4 + (int)rnd((uint32_t)z->width - 3);
     CAT(s, ",linear:%d", flat);
     CAT(s, ",%s", chance(60) ? "relu" : "gelu");
     if (chance(25))
@@ -70,25 +104,25 @@ static void random_model(char *m, size_t cap) {
   }
   if (flat >= 8 && chance(20))
     CAT(s, ",layernorm");
-  CAT(s, ",linear:4");
+  CAT(s, ",linear:%d", z->classes);
   snprintf(m, cap, "%s", s);
 }
 
 /* The settings both sides share: model, data order, steps, optimizer, schedule, clipping. */
-static int random_common(char *c, size_t cap, int n_train, int *batch_out) {
+static int random_common(const scale *z, char *c, size_t cap, int n_train, int *batch_out) {
   char m[512];
-  random_model(m, sizeof m);
-  int batch = chance(20) ? 1 + (int)rnd(4) : 5 + (int)rnd(60);
+  random_model(z, m, sizeof m);
+  int batch = chance(20) ? 1 + (int)rnd(4) : 5 + (int)rnd((uint32_t)z->batch);
   if (batch > n_train)
     batch = n_train;
   *batch_out = batch;
   int per_epoch = (n_train + batch - 1) / batch, epochs = 1 + (int)rnd(3);
-  int steps = 4 + (int)rnd(27);
+  int steps = 2 + (int)rnd((uint32_t)z->steps);
   if (steps > per_epoch * epochs)
     steps = per_epoch * epochs;
   snprintf(c, cap, "--model '%s' --batch %d --epochs %d --max-steps %d --seed %u --log-interval 1 "
            "--eval-batch %d --progress off --json",
-           m, batch, epochs, steps, rnd(1000), 1 + (int)rnd(60));
+           m, batch, epochs, steps, rnd(1000), 1 + (int)rnd((uint32_t)z->eval));
   char o[256] = "";
   if (chance(65)) {
     CAT(o, " --optimizer sgd --lr 0.%02d", 2 + (int)rnd(9));
@@ -124,16 +158,16 @@ static void random_worker_side(int batch, char *flags, size_t fcap, char *env, s
   snprintf(flags, fcap, "--threads %d --accumulate %d", 1 + (int)rnd(2), acc < batch ? acc : batch);
   if (chance(50)) {
     const char *b[] = {"64", "256", "1K", "4K", "1M"};
-    snprintf(flags + strlen(flags), fcap - strlen(flags), " --bucket-size %s", b[rnd(5)]);
+    CAT1(flags, fcap, " --bucket-size %s", b[rnd(5)]);
   }
   const char *z[] = {"auto", "0", "1"};
-  snprintf(flags + strlen(flags), fcap - strlen(flags), " --zero %s", z[rnd(3)]);
+  CAT1(flags, fcap, " --zero %s", z[rnd(3)]);
   int tcp = chance(30);
   snprintf(env, ecap, "env %sDTRAIN_TRANSPORT=%s", gemm, tcp ? "tcp" : "shm");
   if (!tcp && chance(30))
-    snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_WINDOW=0");
+    CAT1(env, ecap, " DTRAIN_WINDOW=0");
   if (chance(40))
-    snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_DEFER=%d", (int)rnd(2));
+    CAT1(env, ecap, " DTRAIN_DEFER=%d", (int)rnd(2));
   if (chance(50)) { /* the algorithms, shm's own ones last (not on tcp) */
     const char *ar[] = {"ring", "rd", "rhd", "shm", "flat"}, *ag[] = {"ring", "bruck", "shm", "flat"},
                *rs[] = {"ring", "rhd", "shm", "flat"};
@@ -145,7 +179,7 @@ static void random_worker_side(int batch, char *flags, size_t fcap, char *env, s
     if (chance(50))
       CAT(algo, ",reduce_scatter=%s", rs[rnd(tcp ? 2 : 4)]);
     if (algo[0])
-      snprintf(env + strlen(env), ecap - strlen(env), " DTRAIN_ALGO=%s", algo + 1);
+      CAT1(env, ecap, " DTRAIN_ALGO=%s", algo + 1);
   }
 }
 
@@ -256,9 +290,10 @@ static int one_case(unsigned seed) {
   rng_state = seed * 0x2545f4914f6cdd1dull;
   gemm = chance(15) ? "DTRAIN_GEMM=blas " : "";
   char common[2048], flags[512], env[256];
-  int batch, few = chance(25); /* 37 training and 7 test samples instead of 203 and 50 */
-  const char *data = few ? small : data_big;
-  int steps = random_common(common, sizeof common, few ? 37 : 203, &batch);
+  int batch, which = (int)rnd(100); /* the 203/50 set, the 37/7 one, or real images */
+  int big = which < 10 && fmnist[0], few = !big && which < 35;
+  const char *data = big ? fmnist : few ? small : data_big;
+  int steps = random_common(big ? &real : &tiny, common, sizeof common, big ? N_FMNIST : few ? 37 : 203, &batch);
   random_worker_side(batch, flags, sizeof flags, env, sizeof env);
   int n = 2 + (int)rnd(3);
   /* AdamW's step does not shrink with the gradient: an element whose gradient is tiny (a gelu
@@ -408,6 +443,12 @@ int main(int argc, char **argv) {
   snprintf(small, sizeof small, "%s/small", dir);
   CHECK(mkdir(small, 0777) == 0, "mkdir %s", small);
   tt_make_dataset(small, 37, 7);
+  snprintf(fmnist, sizeof fmnist, "%s/fmnist", dir);
+  CHECK(mkdir(fmnist, 0777) == 0, "mkdir %s", fmnist);
+  if (!copy_split("train", N_FMNIST) || !copy_split("t10k", N_FMNIST / 6)) {
+    fprintf(stderr, "note: no Fashion-MNIST in " FMNIST ": the real-image cases are not drawn\n");
+    fmnist[0] = '\0';
+  }
   int bad = 0, diverged = 0;
   for (int i = 0; i < cases + diverged; i++) {
     char rm[8192];
