@@ -10,7 +10,8 @@
  * weight gradients (DTRAIN_WINDOW, DTRAIN_DEFER) and the algorithms of allreduce, allgather and
  * reduce_scatter (DTRAIN_ALGO). Some cases stop the workers at a random step with a checkpoint
  * and resume on another number of workers with other choices; some inject faults that `dtrain
- * run --max-restarts` recovers from (random_faults); some start the workers with mpirun. The
+ * run --max-restarts` recovers from (random_faults); some run three hosts on loopback and lose
+ * one (hosts_script); some start the workers with mpirun. The
  * per-step losses, the summary's final test and training losses and the final parameters must
  * match the one worker's within the rounding of another summation order, and `dtrain eval` of
  * the saved model must repeat the summary's test loss.
@@ -19,6 +20,10 @@
  *                                             some start their workers with Open MPI's mpirun
  *                                             (DTRAIN_TRANSPORT mpi, shm or tcp). A failure
  *                                             prints the seed and the command lines to repeat it */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "dtrain/data.h"
 #include "train_test.h"
 
@@ -255,8 +260,60 @@ static void random_faults(char *spec, size_t cap, int steps, int every, int tcp)
   CAT1(spec, cap, ";seed=%u", rnd(1000));
 }
 
-static int n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts; /* what the cases did */
+/* A block of n ports on loopback that nothing listens on now. */
+static int free_ports(int n) {
+  for (int attempt = 0; attempt < 500; attempt++) {
+    int base = 20000 + (int)(((unsigned)getpid() * 7919u + (unsigned)attempt * 104729u + rnd(1000)) % 30000u);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)(base + i))};
+      ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+      if (fd >= 0)
+        close(fd);
+    }
+    if (ok)
+      return base;
+  }
+  CHECK(0, "no block of %d free ports", n);
+  return -1;
+}
+
+/* Three hosts on loopback (a `dtrain run --nnodes 3 --min-nodes 2` agent each, with `local`
+ * workers), one of them (1 or 2: not the store's) killed whole, agent and workers, once the
+ * first checkpoint exists; a slow rank stretches the steps so that the kill lands mid-run. The
+ * other two re-form and finish: the script prints agent 0's summary on stdout. */
+static void hosts_script(char *out, size_t cap, const char *env, int local, const char *data, const char *common,
+                         const char *flags, int every, int victim) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/hosts.sh", dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f, "create %s", path);
+  fprintf(f, "export DTRAIN_JOB_SECRET=random-hosts; d='%s'\n"
+             "for r in 0 1 2; do\n"
+             "  setsid timeout 100 %s %s run -n %d --nnodes 3 --node-rank $r --master 127.0.0.1:%d --max-restarts 3 "
+             "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault \"slow:rank=any,step=0,ms=25;seed=$r\" "
+             "--raw-stdout -- %s train --data %s %s %s --checkpoint-dir $d/ck --checkpoint-every %d --resume "
+             "--out $d/host$r >$d/agent$r.out 2>$d/agent$r.err &\n"
+             "done\n"
+             "for i in $(seq 400); do ls $d/ck/ckpt-*.dtc >/dev/null 2>&1 && break; sleep 0.05; done\n"
+             "pkill -9 -f \"$d/host%d\"\n"
+             "wait; cat $d/agent0.out; cat $d/agent*.err >&2\n",
+          dir, env, tt_bin(), local, free_ports(4), tt_bin(), data, common, flags, every, victim);
+  CHECK(fclose(f) == 0, "write %s", path);
+  snprintf(out, cap, "bash %s", path);
+}
+
+static int n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts; /* what the cases did */
 static const char *mpirun; /* Open MPI's mpirun, when given: some cases start the workers with it */
+
+static void rename_run(const char *from, const char *to) {
+  char a[4096], b[4096];
+  snprintf(a, sizeof a, "%s/%s", dir, from);
+  snprintf(b, sizeof b, "%s/%s", dir, to);
+  CHECK(rename(a, b) == 0, "rename %s %s", a, b);
+}
 
 static int run_ok(const char *what, tt_result *r, const char *cmd) {
   if (r->code == 0 && tt_json_is_object(r->out))
@@ -355,6 +412,24 @@ static int one_case(unsigned seed) {
     tt_result_free(&r);
     if (!ok)
       goto done;
+  } else if (!resume_at && steps >= 6 && chance(15)) {
+    /* a host lost: the other two go on without it, the global batch unchanged */
+    int local = 1 + (int)rnd(2), victim = 1 + (int)rnd(2);
+    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)rnd(3), victim);
+    r = tt_run(dir, 150, "%s", cmd);
+    n_hosts++;
+    ok = run_ok("three hosts, one lost", &r, cmd);
+    if (ok && (!strstr(r.err, "generation 1 with 2 hosts") || tt_json_num(r.out, "world_size") != 2 * local)) {
+      fprintf(stderr, "three hosts, one lost: the job did not go on with two hosts (world %g)\n  $ %s\n%s\n",
+              tt_json_num(r.out, "world_size"), cmd, r.err);
+      ok = 0;
+    }
+    ok = ok && compare("host0", 0, steps, 1, tol, "three hosts, one lost") &&
+         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
+    tt_result_free(&r);
+    if (!ok)
+      goto done;
+    rename_run("host0", "dp");
   } else if (!resume_at && mpirun && chance(50)) {
     /* started by Open MPI's mpirun, collectives over dtrain's transport or over MPI (which has
      * its own algorithms: DTRAIN_ALGO would be refused, naming it) */
@@ -452,14 +527,15 @@ int main(int argc, char **argv) {
   int bad = 0, diverged = 0;
   for (int i = 0; i < cases + diverged; i++) {
     char rm[8192];
-    snprintf(rm, sizeof rm, "rm -rf '%s/ref' '%s/ref2' '%s/dp' '%s/part1' '%s/ck'", dir, dir, dir, dir, dir);
+    snprintf(rm, sizeof rm, "rm -rf '%s/ref' '%s/ref2' '%s/dp' '%s/part1' '%s/ck' '%s'/host? '%s'/agent?.*", dir, dir,
+             dir, dir, dir, dir, dir);
     CHECK(system(rm) == 0, "%s", rm);
     int rc = one_case(seed + (unsigned)i);
     bad += rc == 0;
     diverged += rc < 0;
   }
-  fprintf(stderr, "%d plain, %d under mpirun, %d resumed on other workers, %d with faults (%d fired, %d restarts)\n",
-          n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts);
+  fprintf(stderr, "%d plain, %d under mpirun, %d resumed on other workers, %d with faults (%d fired, %d restarts), "
+          "%d with a host lost\n", n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts);
   fprintf(stderr, "%d of %d cases differ (%d more drawn where one worker's training diverged)\n", bad, cases,
           diverged);
   if (!bad)
