@@ -282,7 +282,8 @@ static int free_ports(int n) {
 
 /* Three hosts on loopback (a `dtrain run --nnodes 3 --min-nodes 2` agent each, with `local`
  * workers), one of them (1 or 2: not the store's) killed whole, agent and workers, once the
- * first checkpoint exists; a slow rank stretches the steps so that the kill lands mid-run. The
+ * first checkpoint exists (by step 2); a slow rank 0 stretches the steps to 40 ms, so that the
+ * kill lands some 6 steps before the end. The
  * other two re-form and finish: the script prints agent 0's summary on stdout. */
 static void hosts_script(char *out, size_t cap, const char *env, int local, const char *data, const char *common,
                          const char *flags, int every, int victim) {
@@ -293,7 +294,7 @@ static void hosts_script(char *out, size_t cap, const char *env, int local, cons
   fprintf(f, "export DTRAIN_JOB_SECRET=random-hosts; d='%s'\n"
              "for r in 0 1 2; do\n"
              "  setsid timeout 100 %s %s run -n %d --nnodes 3 --node-rank $r --master 127.0.0.1:%d --max-restarts 3 "
-             "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault \"slow:rank=any,step=0,ms=25;seed=$r\" "
+             "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault slow:rank=0,step=0,ms=40 "
              "--raw-stdout -- %s train --data %s %s %s --checkpoint-dir $d/ck --checkpoint-every %d --resume "
              "--out $d/host$r >$d/agent$r.out 2>$d/agent$r.err &\n"
              "done\n"
@@ -412,10 +413,10 @@ static int one_case(unsigned seed) {
     tt_result_free(&r);
     if (!ok)
       goto done;
-  } else if (!resume_at && steps >= 6 && chance(15)) {
+  } else if (!resume_at && steps >= 8 && chance(15)) {
     /* a host lost: the other two go on without it, the global batch unchanged */
     int local = 1 + (int)rnd(2), victim = 1 + (int)rnd(2);
-    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)rnd(3), victim);
+    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)rnd(2), victim);
     r = tt_run(dir, 150, "%s", cmd);
     n_hosts++;
     ok = run_ok("three hosts, one lost", &r, cmd);
