@@ -15,15 +15,7 @@
 #include "train_test.h"
 
 static char dir[1024], data[2048], small_data[2048];
-static uint64_t rng_state;
-static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
-  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return (uint32_t)((z ^ (z >> 31)) % n);
-}
-static int chance(int percent) { return (int)rnd(100) < percent; }
-#define PICK(a) ((a)[rnd(sizeof(a) / sizeof *(a))])
+#define PICK(a) ((a)[tt_rnd(sizeof(a) / sizeof *(a))])
 
 /* ---- values ---- */
 static const char *v_count[] = {"0", "1", "2", "3", "-1", "7", "2147483648", "99999999999999999999", "abc", "",
@@ -64,10 +56,10 @@ static char line[16384];
 static void q(const char *v) { ARG(" '%s'", v); } /* values are single-quoted for the shell */
 
 static void train_flags(void) {
-  for (int i = 0, n = (int)rnd(7); i < n; i++) {
-    switch (rnd(24)) {
+  for (int i = 0, n = (int)tt_rnd(7); i < n; i++) {
+    switch (tt_rnd(24)) {
     case 0: ARG(" --model"); q(PICK(v_model)); break;
-    case 1: ARG(" --data"); q(chance(70) ? (chance(50) ? data : small_data) : path_any()); break;
+    case 1: ARG(" --data"); q(tt_chance(70) ? (tt_chance(50) ? data : small_data) : path_any()); break;
     case 2: ARG(" --batch"); q(PICK(v_count)); break;
     case 3: ARG(" --epochs"); q(PICK(v_small)); break;
     case 4: ARG(" --max-steps"); q(PICK(v_small)); break;
@@ -85,8 +77,8 @@ static void train_flags(void) {
     case 16: ARG(" --log-interval"); q(PICK(v_small)); break;
     case 17: ARG(" --progress"); q(PICK(((const char *[]){"auto", "bar", "lines", "off", "xyz"}))); break;
     case 18: ARG(" --seed"); q(PICK(v_count)); break;
-    case 19: ARG(" --out"); q(chance(60) ? f_ckdir : path_any()); break;
-    case 20: ARG(" --checkpoint-dir"); q(chance(50) ? f_ckdir : path_any()); break;
+    case 19: ARG(" --out"); q(tt_chance(60) ? f_ckdir : path_any()); break;
+    case 20: ARG(" --checkpoint-dir"); q(tt_chance(50) ? f_ckdir : path_any()); break;
     case 21: ARG(" --checkpoint-every"); q(PICK(v_small)); break;
     case 22: ARG(" --keep"); q(PICK(v_small)); break;
     default: ARG(" %s", PICK(((const char *[]){"--resume", "--nesterov", "--json", "--bogus", "-h", "--", "x"})));
@@ -98,7 +90,7 @@ static void train_flags(void) {
 static void random_line(void) {
   const char *bin = tt_bin();
   line[0] = '\0';
-  switch (rnd(6)) {
+  switch (tt_rnd(6)) {
   case 0: case 1: /* train: a tiny valid base the random flags change */
     ARG("%s train --data '%s' --model 'in=1x8x8,linear:8,relu,linear:4' --batch 8 --max-steps 3 --progress off --out '%s/o'", bin,
         small_data, dir);
@@ -106,10 +98,10 @@ static void random_line(void) {
     break;
   case 2: /* eval */
     ARG("%s eval", bin);
-    for (int i = 0, n = 1 + (int)rnd(4); i < n; i++) {
-      switch (rnd(6)) {
-      case 0: case 1: ARG(" --model-file"); q(chance(50) ? f_model : path_any()); break;
-      case 2: ARG(" --data"); q(chance(60) ? small_data : path_any()); break;
+    for (int i = 0, n = 1 + (int)tt_rnd(4); i < n; i++) {
+      switch (tt_rnd(6)) {
+      case 0: case 1: ARG(" --model-file"); q(tt_chance(50) ? f_model : path_any()); break;
+      case 2: ARG(" --data"); q(tt_chance(60) ? small_data : path_any()); break;
       case 3: ARG(" --batch"); q(PICK(v_count)); break;
       case 4: ARG(" --threads"); q(PICK(v_small)); break;
       default: ARG(" %s", PICK(((const char *[]){"--json", "--bogus", "--model-file"}))); break;
@@ -118,9 +110,9 @@ static void random_line(void) {
     break;
   case 3: { /* run: launcher flags, then a tiny training job */
     ARG("%s run", bin);
-    ARG(" -n"); q(chance(70) ? PICK(((const char *[]){"1", "2", "3"})) : PICK(v_small));
-    for (int i = 0, n = (int)rnd(4); i < n; i++) {
-      switch (rnd(12)) {
+    ARG(" -n"); q(tt_chance(70) ? PICK(((const char *[]){"1", "2", "3"})) : PICK(v_small));
+    for (int i = 0, n = (int)tt_rnd(4); i < n; i++) {
+      switch (tt_rnd(12)) {
       case 0: ARG(" --nnodes"); q(PICK(v_small)); break;
       case 1: ARG(" --node-rank"); q(PICK(v_small)); break;
       case 2: ARG(" --master"); q(PICK(((const char *[]){"127.0.0.1:0", "abc", ":", "127.0.0.1:99999", "[::1]:x", ""}))); break;
@@ -137,21 +129,21 @@ static void random_line(void) {
     }
     ARG(" -- %s train --data '%s' --model 'in=1x8x8,linear:8,relu,linear:4' --batch 8 --max-steps 3 --progress off --out '%s/o'",
         bin, small_data, dir);
-    if (chance(30))
+    if (tt_chance(30))
       train_flags();
     break;
   }
   case 4: /* inspect */
     ARG("%s inspect", bin);
-    for (int i = 0, n = (int)rnd(3); i < n; i++)
+    for (int i = 0, n = (int)tt_rnd(3); i < n; i++)
       q(path_any());
     break;
   default: /* bench, small sizes */
     ARG("%s bench %s", bin, PICK(((const char *[]){"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall",
                                                   "gather", ""})));
-    ARG(" -n"); q(chance(80) ? PICK(((const char *[]){"1", "2", "3"})) : PICK(v_small));
-    for (int i = 0, n = (int)rnd(5); i < n; i++) {
-      switch (rnd(10)) {
+    ARG(" -n"); q(tt_chance(80) ? PICK(((const char *[]){"1", "2", "3"})) : PICK(v_small));
+    for (int i = 0, n = (int)tt_rnd(5); i < n; i++) {
+      switch (tt_rnd(10)) {
       case 0: ARG(" --transport"); q(PICK(((const char *[]){"shm", "tcp", "mpi", "udp", ""}))); break;
       case 1: ARG(" --algo"); q(PICK(((const char *[]){"ring", "rd", "rhd", "shm", "flat", "bruck", "tree", "x"}))); break;
       case 2: ARG(" --sizes"); q(PICK(((const char *[]){"8:64K", "4:4", "64K:8", "0:8", "8", ":", "1Y:2Y", "-8:64", "abc", "3:17"}))); break;
@@ -169,7 +161,7 @@ static void random_line(void) {
       ARG(" --iters 3 --warmup 1");
     break;
   }
-  if (chance(8)) /* a flag with its value missing at the very end */
+  if (tt_chance(8)) /* a flag with its value missing at the very end */
     ARG(" %s", PICK(((const char *[]){"--batch", "--model", "-n", "--data", "--sizes", "--lr"})));
 }
 
@@ -232,7 +224,7 @@ int main(int argc, char **argv) {
   setenv("DTRAIN_TIMEOUT_MS", "5000", 1); /* a job that can never form gives up within seconds */
   int bad = 0, codes[3] = {0, 0, 0};
   for (int i = 0; i < cases; i++) {
-    rng_state = (seed + (unsigned)i) * 0x2545f4914f6cdd1dull;
+    tt_seed(seed + (unsigned)i);
     random_line();
     tt_result r = tt_run(dir, 60, "%s", line);
     if (r.code >= 0 && r.code <= 2)

@@ -51,14 +51,6 @@ static int copy_split(const char *prefix, uint64_t n) {
   return 1;
 }
 
-static uint64_t rng_state;
-static uint32_t rnd(uint32_t n) { /* uniform in [0, n) (splitmix64) */
-  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return (uint32_t)((z ^ (z >> 31)) % n);
-}
-static int chance(int percent) { return (int)rnd(100) < percent; }
 
 #define CAT(buf, ...) snprintf((buf) + strlen(buf), sizeof(buf) - strlen(buf), __VA_ARGS__)
 #define CAT1(buf, cap, ...) snprintf((buf) + strlen(buf), (cap) - strlen(buf), __VA_ARGS__)
@@ -77,18 +69,18 @@ static void random_model(const scale *z, char *m, size_t cap) {
   char s[512];
   snprintf(s, sizeof s, "in=1x%dx%d", z->side, z->side);
   int c = 1, h = z->side, flat = 0;
-  if (chance(60)) {
-    for (int conv = 0, nconv = 1 + (int)rnd(2); conv < nconv && h >= 2; conv++) {
+  if (tt_chance(60)) {
+    for (int conv = 0, nconv = 1 + (int)tt_rnd(2); conv < nconv && h >= 2; conv++) {
       int kmax = z->kernel < h ? z->kernel : h;
-      int k = 1 + (int)rnd((uint32_t)kmax), st = 1 + (int)rnd(2), p = (int)rnd((uint32_t)k);
-      c = 2 + (int)rnd((uint32_t)z->chans - 1); /* one channel: often dead after relu, or a bias a layernorm cancels (see below) */
+      int k = 1 + (int)tt_rnd((uint32_t)kmax), st = 1 + (int)tt_rnd(2), p = (int)tt_rnd((uint32_t)k);
+      c = 2 + (int)tt_rnd((uint32_t)z->chans - 1); /* one channel: often dead after relu, or a bias a layernorm cancels (see below) */
       CAT(s, ",conv%dx%d:%d:s%d:p%d", k, k, c, st, p);
       h = (h + 2 * p - k) / st + 1;
-      if (chance(70))
-        CAT(s, ",%s", chance(50) ? "relu" : "gelu");
-      if (h >= 2 && chance(40)) {
-        int ps = 1 + (int)rnd(2);
-        CAT(s, ",%s2:s%d", chance(50) ? "maxpool" : "avgpool", ps);
+      if (tt_chance(70))
+        CAT(s, ",%s", tt_chance(50) ? "relu" : "gelu");
+      if (h >= 2 && tt_chance(40)) {
+        int ps = 1 + (int)tt_rnd(2);
+        CAT(s, ",%s2:s%d", tt_chance(50) ? "maxpool" : "avgpool", ps);
         h = (h - 2) / ps + 1;
       }
     }
@@ -98,16 +90,16 @@ static void random_model(const scale *z, char *m, size_t cap) {
     CAT(s, ",flatten");
     flat = z->side * z->side;
   }
-  for (int l = 0, nl = (int)rnd(3); l < nl; l++) {
-    if (flat >= 8 && chance(25))
+  for (int l = 0, nl = (int)tt_rnd(3); l < nl; l++) {
+    if (flat >= 8 && tt_chance(25))
       CAT(s, ",layernorm");
-    flat = 4 + (int)rnd((uint32_t)z->width - 3);
+    flat = 4 + (int)tt_rnd((uint32_t)z->width - 3);
     CAT(s, ",linear:%d", flat);
-    CAT(s, ",%s", chance(60) ? "relu" : "gelu");
-    if (chance(25))
-      CAT(s, ",dropout:0.%d", 1 + (int)rnd(4));
+    CAT(s, ",%s", tt_chance(60) ? "relu" : "gelu");
+    if (tt_chance(25))
+      CAT(s, ",dropout:0.%d", 1 + (int)tt_rnd(4));
   }
-  if (flat >= 8 && chance(20))
+  if (flat >= 8 && tt_chance(20))
     CAT(s, ",layernorm");
   CAT(s, ",linear:%d", z->classes);
   snprintf(m, cap, "%s", s);
@@ -117,40 +109,40 @@ static void random_model(const scale *z, char *m, size_t cap) {
 static int random_common(const scale *z, char *c, size_t cap, int n_train, int *batch_out) {
   char m[512];
   random_model(z, m, sizeof m);
-  int batch = chance(20) ? 1 + (int)rnd(4) : 5 + (int)rnd((uint32_t)z->batch);
+  int batch = tt_chance(20) ? 1 + (int)tt_rnd(4) : 5 + (int)tt_rnd((uint32_t)z->batch);
   if (batch > n_train)
     batch = n_train;
   *batch_out = batch;
-  int per_epoch = (n_train + batch - 1) / batch, epochs = 1 + (int)rnd(3);
-  int steps = 2 + (int)rnd((uint32_t)z->steps);
+  int per_epoch = (n_train + batch - 1) / batch, epochs = 1 + (int)tt_rnd(3);
+  int steps = 2 + (int)tt_rnd((uint32_t)z->steps);
   if (steps > per_epoch * epochs)
     steps = per_epoch * epochs;
   snprintf(c, cap, "--model '%s' --batch %d --epochs %d --max-steps %d --seed %u --log-interval 1 "
            "--eval-batch %d --progress off --json",
-           m, batch, epochs, steps, rnd(1000), 1 + (int)rnd((uint32_t)z->eval));
+           m, batch, epochs, steps, tt_rnd(1000), 1 + (int)tt_rnd((uint32_t)z->eval));
   char o[256] = "";
-  if (chance(65)) {
-    CAT(o, " --optimizer sgd --lr 0.%02d", 2 + (int)rnd(9));
+  if (tt_chance(65)) {
+    CAT(o, " --optimizer sgd --lr 0.%02d", 2 + (int)tt_rnd(9));
     double mom[] = {0, 0.5, 0.9};
-    double mo = mom[rnd(3)];
+    double mo = mom[tt_rnd(3)];
     if (mo > 0)
-      CAT(o, " --momentum %g%s", mo, chance(40) ? " --nesterov" : "");
-    if (chance(40))
-      CAT(o, " --weight-decay %s", chance(50) ? "0.001" : "0.05");
+      CAT(o, " --momentum %g%s", mo, tt_chance(40) ? " --nesterov" : "");
+    if (tt_chance(40))
+      CAT(o, " --weight-decay %s", tt_chance(50) ? "0.001" : "0.05");
   } else {
-    CAT(o, " --optimizer adamw --lr 0.00%d", 2 + (int)rnd(8));
-    if (chance(50))
-      CAT(o, " --weight-decay %s", chance(50) ? "0" : "0.1");
+    CAT(o, " --optimizer adamw --lr 0.00%d", 2 + (int)tt_rnd(8));
+    if (tt_chance(50))
+      CAT(o, " --weight-decay %s", tt_chance(50) ? "0" : "0.1");
   }
-  switch (rnd(5)) {
+  switch (tt_rnd(5)) {
   case 0: break;
-  case 1: CAT(o, " --schedule step:%d:0.5", 2 + (int)rnd(10)); break;
+  case 1: CAT(o, " --schedule step:%d:0.5", 2 + (int)tt_rnd(10)); break;
   case 2: CAT(o, " --schedule cosine"); break;
-  case 3: CAT(o, " --schedule cosine:%d:0.001", 1 + (int)rnd(5)); break;
-  default: CAT(o, " --schedule warmup=%d,constant", 1 + (int)rnd(6)); break;
+  case 3: CAT(o, " --schedule cosine:%d:0.001", 1 + (int)tt_rnd(5)); break;
+  default: CAT(o, " --schedule warmup=%d,constant", 1 + (int)tt_rnd(6)); break;
   }
-  if (chance(35))
-    CAT(o, " --clip %s", chance(50) ? "0.5" : "3");
+  if (tt_chance(35))
+    CAT(o, " --clip %s", tt_chance(50) ? "0.5" : "3");
   snprintf(c + strlen(c), cap - strlen(c), "%s", o);
   return steps;
 }
@@ -159,30 +151,30 @@ static const char *gemm; /* "DTRAIN_GEMM=blas " or "": every run of a case */
 
 /* What must not change the result: the workers' own choices. */
 static void random_worker_side(int batch, char *flags, size_t fcap, char *env, size_t ecap) {
-  int acc = 1 + (int)rnd(3);
-  snprintf(flags, fcap, "--threads %d --accumulate %d", 1 + (int)rnd(2), acc < batch ? acc : batch);
-  if (chance(50)) {
+  int acc = 1 + (int)tt_rnd(3);
+  snprintf(flags, fcap, "--threads %d --accumulate %d", 1 + (int)tt_rnd(2), acc < batch ? acc : batch);
+  if (tt_chance(50)) {
     const char *b[] = {"64", "256", "1K", "4K", "1M"};
-    CAT1(flags, fcap, " --bucket-size %s", b[rnd(5)]);
+    CAT1(flags, fcap, " --bucket-size %s", b[tt_rnd(5)]);
   }
   const char *z[] = {"auto", "0", "1"};
-  CAT1(flags, fcap, " --zero %s", z[rnd(3)]);
-  int tcp = chance(30);
+  CAT1(flags, fcap, " --zero %s", z[tt_rnd(3)]);
+  int tcp = tt_chance(30);
   snprintf(env, ecap, "env %sDTRAIN_TRANSPORT=%s", gemm, tcp ? "tcp" : "shm");
-  if (!tcp && chance(30))
+  if (!tcp && tt_chance(30))
     CAT1(env, ecap, " DTRAIN_WINDOW=0");
-  if (chance(40))
-    CAT1(env, ecap, " DTRAIN_DEFER=%d", (int)rnd(2));
-  if (chance(50)) { /* the algorithms, shm's own ones last (not on tcp) */
+  if (tt_chance(40))
+    CAT1(env, ecap, " DTRAIN_DEFER=%d", (int)tt_rnd(2));
+  if (tt_chance(50)) { /* the algorithms, shm's own ones last (not on tcp) */
     const char *ar[] = {"ring", "rd", "rhd", "shm", "flat"}, *ag[] = {"ring", "bruck", "shm", "flat"},
                *rs[] = {"ring", "rhd", "shm", "flat"};
     char algo[128] = "";
-    if (chance(60))
-      CAT(algo, ",allreduce=%s", ar[rnd(tcp ? 3 : 5)]);
-    if (chance(50))
-      CAT(algo, ",allgather=%s", ag[rnd(tcp ? 2 : 4)]);
-    if (chance(50))
-      CAT(algo, ",reduce_scatter=%s", rs[rnd(tcp ? 2 : 4)]);
+    if (tt_chance(60))
+      CAT(algo, ",allreduce=%s", ar[tt_rnd(tcp ? 3 : 5)]);
+    if (tt_chance(50))
+      CAT(algo, ",allgather=%s", ag[tt_rnd(tcp ? 2 : 4)]);
+    if (tt_chance(50))
+      CAT(algo, ",reduce_scatter=%s", rs[tt_rnd(tcp ? 2 : 4)]);
     if (algo[0])
       CAT1(env, ecap, " DTRAIN_ALGO=%s", algo + 1);
   }
@@ -241,29 +233,29 @@ static int compare(const char *b, int from, int to, int params, double tol, cons
  * an older one is there to fall back to (with none, the resume refuses: tests/train
  * test_train_dp's refuse group); sometimes a second death in the generation that recovers. */
 static void random_faults(char *spec, size_t cap, int steps, int every, int tcp) {
-  int at = 1 + (int)rnd((uint32_t)steps - 1);
+  int at = 1 + (int)tt_rnd((uint32_t)steps - 1);
   spec[0] = '\0';
-  if (at > 2 * every && chance(40))
-    snprintf(spec, cap, "corrupt-ckpt:dir=%s/ck,step=%d,mode=%s;", dir, 2 * every + (int)rnd((uint32_t)(at - 2 * every)),
-             chance(50) ? "flip" : "truncate");
-  const char *upd = chance(30) ? ",at=update" : "";
-  switch (rnd(tcp ? 7 : 5)) {
+  if (at > 2 * every && tt_chance(40))
+    snprintf(spec, cap, "corrupt-ckpt:dir=%s/ck,step=%d,mode=%s;", dir, 2 * every + (int)tt_rnd((uint32_t)(at - 2 * every)),
+             tt_chance(50) ? "flip" : "truncate");
+  const char *upd = tt_chance(30) ? ",at=update" : "";
+  switch (tt_rnd(tcp ? 7 : 5)) {
   case 0: case 1: CAT1(spec, cap, "kill:rank=any,step=%d%s", at, upd); break;
-  case 2: CAT1(spec, cap, "exit:rank=any,step=%d,code=%d%s", at, chance(50) ? 1 : 3, upd); break;
-  case 3: CAT1(spec, cap, "%s:rank=any,step=%d%s", chance(30) ? "stop" : "kill", at, upd); break;
+  case 2: CAT1(spec, cap, "exit:rank=any,step=%d,code=%d%s", at, tt_chance(50) ? 1 : 3, upd); break;
+  case 3: CAT1(spec, cap, "%s:rank=any,step=%d%s", tt_chance(30) ? "stop" : "kill", at, upd); break;
   case 4: CAT1(spec, cap, "exit:rank=any,step=%d%s", at, upd); break;
   case 5: CAT1(spec, cap, "close:rank=any,step=%d", at); break;
   default: CAT1(spec, cap, "drop:rank=any,step=%d,count=1", at); break;
   }
-  if (chance(25))
-    CAT1(spec, cap, ";kill:rank=any,step=%d,gen=1", 1 + (int)rnd((uint32_t)steps - 1));
-  CAT1(spec, cap, ";seed=%u", rnd(1000));
+  if (tt_chance(25))
+    CAT1(spec, cap, ";kill:rank=any,step=%d,gen=1", 1 + (int)tt_rnd((uint32_t)steps - 1));
+  CAT1(spec, cap, ";seed=%u", tt_rnd(1000));
 }
 
 /* A block of n ports on loopback that nothing listens on now. */
 static int free_ports(int n) {
   for (int attempt = 0; attempt < 500; attempt++) {
-    int base = 20000 + (int)(((unsigned)getpid() * 7919u + (unsigned)attempt * 104729u + rnd(1000)) % 30000u);
+    int base = 20000 + (int)(((unsigned)getpid() * 7919u + (unsigned)attempt * 104729u + tt_rnd(1000)) % 30000u);
     int ok = 1;
     for (int i = 0; i < n && ok; i++) {
       int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -344,16 +336,55 @@ static int compare_summary(const char *ref, const char *ref2, const char *dp, do
   return 1;
 }
 
+static char *ref_summary, *ref2_summary; /* stdout of runs "ref" and "ref2" (NULL: none) */
+
+/* A check of a workers' run's output beyond its exit status (arg: the check's own). */
+typedef int (*run_check)(const tt_result *r, const char *cmd, int arg);
+
+/* Faults were injected and fired; counts them and the restarts. */
+static int faults_fired(const tt_result *r, const char *cmd, int arg) {
+  (void)arg;
+  for (const char *f = r->err; (f = strstr(f, "dtrain fault: rank ")); f++)
+    n_fired++;
+  for (const char *f = r->err; (f = strstr(f, "; restarting (")); f++)
+    n_restarts++;
+  if (strstr(r->err, "dtrain fault: rank"))
+    return 1;
+  fprintf(stderr, "with faults: no fault fired\n  $ %s\n%s\n", cmd, r->err);
+  return 0;
+}
+
+/* The two hosts left re-formed and finished with their 2 x local workers. */
+static int hosts_reformed(const tt_result *r, const char *cmd, int local) {
+  if (strstr(r->err, "generation 1 with 2 hosts") && tt_json_num(r->out, "world_size") == 2 * local)
+    return 1;
+  fprintf(stderr, "three hosts, one lost: the job did not go on with two hosts (world %g)\n  $ %s\n%s\n",
+          tt_json_num(r->out, "world_size"), cmd, r->err);
+  return 0;
+}
+
+/* Runs the workers' command cmd (its summary on stdout, its run in DIR/b): it must exit 0 and
+ * pass check (NULL: none); its losses of steps (from, to] must match one worker's, and with
+ * final its parameters and summary too. */
+static int workers_run(const char *what, const char *cmd, int timeout_s, const char *b, int from, int to, int final,
+                       double tol, run_check check, int arg) {
+  tt_result r = tt_run(dir, timeout_s, "%s", cmd);
+  int ok = run_ok(what, &r, cmd) && (!check || check(&r, cmd, arg)) && compare(b, from, to, final, tol, what) &&
+           (!final || compare_summary(ref_summary, ref2_summary ? ref2_summary : "", r.out, tol));
+  tt_result_free(&r);
+  return ok;
+}
+
 static int one_case(unsigned seed) {
-  rng_state = seed * 0x2545f4914f6cdd1dull;
-  gemm = chance(15) ? "DTRAIN_GEMM=blas " : "";
+  tt_seed(seed);
+  gemm = tt_chance(15) ? "DTRAIN_GEMM=blas " : "";
   char common[2048], flags[512], env[256];
-  int batch, which = (int)rnd(100); /* the 203/50 set, the 37/7 one, or real images */
+  int batch, which = (int)tt_rnd(100); /* the 203/50 set, the 37/7 one, or real images */
   int big = which < 10 && fmnist[0], few = !big && which < 35;
   const char *data = big ? fmnist : few ? small : data_big;
   int steps = random_common(big ? &real : &tiny, common, sizeof common, big ? N_FMNIST : few ? 37 : 203, &batch);
   random_worker_side(batch, flags, sizeof flags, env, sizeof env);
-  int n = 2 + (int)rnd(3);
+  int n = 2 + (int)tt_rnd(3);
   /* AdamW's step does not shrink with the gradient: an element whose gradient is tiny (a gelu
    * input far below zero, a feature dropout and layernorm leave almost constant) moves by about
    * the learning rate in a direction its rounding decides, so another summation order moves it
@@ -361,10 +392,9 @@ static int one_case(unsigned seed) {
    * loss). AdamW cases catch what breaks its state (shards, resumes, step counts), which moves
    * far more; SGD cases hold the workers to the rounding of one worker. */
   double tol = strstr(common, "adamw") ? 1e-2 : 5e-5;
-  int resume_at = steps > 2 && chance(35) ? 1 + (int)rnd((uint32_t)steps - 1) : 0;
+  int resume_at = steps > 2 && tt_chance(35) ? 1 + (int)tt_rnd((uint32_t)steps - 1) : 0;
 
   char ref[4096], ref2[4096] = "", cmd[12288] = "", cmd2[8192] = "";
-  char *out_ref = NULL, *out_ref2 = NULL;
   int passed = 0;
   snprintf(ref, sizeof ref, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 1 --zero 0 --out %s/ref",
            gemm, tt_bin(), tt_bin(), data, common, dir);
@@ -374,7 +404,7 @@ static int one_case(unsigned seed) {
     return -1;
   }
   int ok = run_ok("one worker", &r, ref);
-  out_ref = r.out;
+  ref_summary = r.out;
   free(r.err);
   if (!ok)
     goto done;
@@ -383,106 +413,65 @@ static int one_case(unsigned seed) {
              "--accumulate 2 --out %s/ref2", gemm, tt_bin(), tt_bin(), data, common, dir);
     r = tt_run(dir, 120, "%s", ref2);
     ok = run_ok("one worker, two micro-batches", &r, ref2);
-    out_ref2 = r.out;
+    ref2_summary = r.out;
     free(r.err);
     if (!ok)
       goto done;
   }
   measure_floor(steps, batch >= 2);
-  if (!resume_at && steps >= 2 && chance(50)) {
+  if (!resume_at && steps >= 2 && tt_chance(50)) {
     /* faults, and restarts that resume from the last good checkpoint */
     char spec[2048];
-    int every = 1 + (int)rnd(4);
+    int every = 1 + (int)tt_rnd(4);
     random_faults(spec, sizeof spec, steps, every, strstr(env, "tcp") != NULL);
     snprintf(cmd, sizeof cmd, "%s %s run -n %d --max-restarts 3 --fault-timeout 2 --inject-fault '%s' --raw-stdout -- "
              "%s train --data %s %s %s --checkpoint-dir %s/ck --checkpoint-every %d --resume --out %s/dp",
              env, tt_bin(), n, spec, tt_bin(), data, common, flags, dir, every, dir);
-    r = tt_run(dir, 120, "%s", cmd);
-    ok = run_ok("with faults", &r, cmd);
     n_faulty++;
-    for (const char *f = r.err; (f = strstr(f, "dtrain fault: rank ")); f++)
-      n_fired++;
-    for (const char *f = r.err; (f = strstr(f, "; restarting (")); f++)
-      n_restarts++;
-    if (ok && !strstr(r.err, "dtrain fault: rank")) {
-      fprintf(stderr, "with faults: no fault fired\n  $ %s\n%s\n", cmd, r.err);
-      ok = 0;
-    }
-    ok = ok && compare("dp", 0, steps, 1, tol, "with faults") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
-  } else if (!resume_at && steps >= 8 && chance(15)) {
+    ok = workers_run("with faults", cmd, 120, "dp", 0, steps, 1, tol, faults_fired, 0);
+  } else if (!resume_at && steps >= 8 && tt_chance(15)) {
     /* a host lost: the other two go on without it, the global batch unchanged */
-    int local = 1 + (int)rnd(2), victim = 1 + (int)rnd(2);
-    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)rnd(2), victim);
-    r = tt_run(dir, 150, "%s", cmd);
+    int local = 1 + (int)tt_rnd(2), victim = 1 + (int)tt_rnd(2);
+    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)tt_rnd(2), victim);
     n_hosts++;
-    ok = run_ok("three hosts, one lost", &r, cmd);
-    if (ok && (!strstr(r.err, "generation 1 with 2 hosts") || tt_json_num(r.out, "world_size") != 2 * local)) {
-      fprintf(stderr, "three hosts, one lost: the job did not go on with two hosts (world %g)\n  $ %s\n%s\n",
-              tt_json_num(r.out, "world_size"), cmd, r.err);
-      ok = 0;
-    }
-    ok = ok && compare("host0", 0, steps, 1, tol, "three hosts, one lost") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
-    rename_run("host0", "dp");
-  } else if (!resume_at && mpirun && chance(50)) {
+    ok = workers_run("three hosts, one lost", cmd, 150, "host0", 0, steps, 1, tol, hosts_reformed, local);
+    if (ok)
+      rename_run("host0", "dp");
+  } else if (!resume_at && mpirun && tt_chance(50)) {
     /* started by Open MPI's mpirun, collectives over dtrain's transport or over MPI (which has
      * its own algorithms: DTRAIN_ALGO would be refused, naming it) */
     snprintf(cmd, sizeof cmd, "%s --allow-run-as-root --oversubscribe --mca btl_tcp_if_include lo -np %d %s "
              "DTRAIN_JOB_SECRET=train-random %s%s train --data %s %s %s --out %s/dp",
-             mpirun, n, env, chance(40) ? "env -u DTRAIN_ALGO DTRAIN_TRANSPORT=mpi " : "", tt_bin(), data, common,
+             mpirun, n, env, tt_chance(40) ? "env -u DTRAIN_ALGO DTRAIN_TRANSPORT=mpi " : "", tt_bin(), data, common,
              flags, dir);
-    r = tt_run(dir, 120, "%s", cmd);
     n_mpi++;
-    ok = run_ok("under mpirun", &r, cmd) && compare("dp", 0, steps, 1, tol, "under mpirun") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
+    ok = workers_run("under mpirun", cmd, 120, "dp", 0, steps, 1, tol, NULL, 0);
   } else if (!resume_at) {
     snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --out %s/dp", env, tt_bin(),
              n, tt_bin(), data, common, flags, dir);
-    r = tt_run(dir, 120, "%s", cmd);
     n_plain++;
-    ok = run_ok("data parallel", &r, cmd) && compare("dp", 0, steps, 1, tol, "data parallel") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
+    ok = workers_run("data parallel", cmd, 120, "dp", 0, steps, 1, tol, NULL, 0);
   } else {
     /* stop at resume_at (a checkpoint at the end), go on with other workers and settings */
-    int n2 = 1 + (int)rnd(4);
+    int n2 = 1 + (int)tt_rnd(4);
     char flags2[512], env2[256];
     random_worker_side(batch, flags2, sizeof flags2, env2, sizeof env2);
     snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --max-steps %d "
              "--checkpoint-dir %s/ck --checkpoint-every %d --out %s/part1",
-             env, tt_bin(), n, tt_bin(), data, common, flags, resume_at, dir, 1 + (int)rnd(4), dir);
-    r = tt_run(dir, 120, "%s", cmd);
-    ok = run_ok("first part", &r, cmd) && compare("part1", 0, resume_at, 0, tol, "first part");
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
+             env, tt_bin(), n, tt_bin(), data, common, flags, resume_at, dir, 1 + (int)tt_rnd(4), dir);
     snprintf(cmd2, sizeof cmd2, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --checkpoint-dir %s/ck "
              "--resume --out %s/dp",
              env2, tt_bin(), n2, tt_bin(), data, common, flags2, dir, dir);
-    r = tt_run(dir, 120, "%s", cmd2);
     n_resumed++;
-    ok = run_ok("resumed", &r, cmd2) && compare("dp", resume_at, steps, 1, tol, "resumed") &&
-         compare_summary(out_ref, out_ref2 ? out_ref2 : "", r.out, tol);
-    tt_result_free(&r);
-    if (!ok)
-      goto done;
+    ok = workers_run("first part", cmd, 120, "part1", 0, resume_at, 0, tol, NULL, 0) &&
+         workers_run("resumed", cmd2, 120, "dp", resume_at, steps, 1, tol, NULL, 0);
   }
+  if (!ok)
+    goto done;
   /* the model the workers saved evaluates as their summary said, in other batches and threads */
   char ev[4096];
   snprintf(ev, sizeof ev, "%s eval --model-file %s/dp/model.safetensors --data %s --batch %d --threads %d --json",
-           tt_bin(), dir, data, 1 + (int)rnd(60), 1 + (int)rnd(2));
+           tt_bin(), dir, data, 1 + (int)tt_rnd(60), 1 + (int)tt_rnd(2));
   r = tt_run(dir, 120, "%s", ev);
   ok = run_ok("dtrain eval", &r, ev);
   if (ok) {
@@ -497,8 +486,9 @@ static int one_case(unsigned seed) {
     goto done;
   passed = 1;
 done:
-  free(out_ref);
-  free(out_ref2);
+  free(ref_summary);
+  free(ref2_summary);
+  ref_summary = ref2_summary = NULL;
   if (passed)
     return 1;
   fprintf(stderr, "case seed %u failed (noise floor: loss %.3g, parameters %.3g)\n  one worker: $ %s\n"

@@ -28,6 +28,18 @@
     }                                                                       \
   } while (0)
 
+/* A seeded stream for the randomized tests (splitmix64): tt_seed(s), then tt_rnd(n) is uniform in
+ * [0, n) and tt_chance(p) is true p percent of the time. */
+static uint64_t tt_rng_state;
+static inline void tt_seed(uint64_t s) { tt_rng_state = s * 0x2545f4914f6cdd1dull; }
+static inline uint32_t tt_rnd(uint32_t n) {
+  uint64_t z = (tt_rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) % n);
+}
+static inline int tt_chance(int percent) { return (int)tt_rnd(100) < percent; }
+
 /* The tiny model every trainer test uses on the tiny dataset below. */
 #define TINY_MODEL "in=1x8x8,linear:32,relu,linear:4"
 
