@@ -55,13 +55,11 @@ typedef struct trainer {
   dt_lr_schedule sched;
   dt_loader *loader, *eval_loader;
   int micro_max;               /* largest micro-batch a rank trains on */
-  /* buckets of this step: request i sums grads[req_lo[i] .. req_lo[i+1]) (the last to the end) */
-  size_t bucket_min;           /* bytes a bucket holds at least before the hook starts it */
-  size_t maxreqs, nreqs;
+  /* buckets of this step: request i is planned bucket i (ar_end without ZeRO, bk_* with it) */
+  size_t bucket_min;           /* bytes a bucket holds at least */
+  size_t maxreqs, nreqs;       /* requests room, and started this step */
   dt_request **reqs;
-  size_t *req_lo;
-  size_t nar, *ar_end;         /* planned allreduce buckets (no ZeRO): i sums [ar_end[i-1], ar_end[i]) */
-  size_t started;              /* grads[0 .. started) are in started buckets */
+  size_t nar, *ar_end;         /* planned allreduce buckets (no ZeRO): i sums [ar_lo(i), ar_end[i]) */
   int armed;                   /* the hook starts buckets (last micro-batch, world > 1) */
   dt_status hook_rc;           /* first failure inside the hook */
   int64_t first_start_ns;      /* when the step's first bucket started */
@@ -119,14 +117,15 @@ void dt_train_config_init(dt_train_config *cfg) {
  * wake-up of the progress thread, while one call already pipelines its chunks inside the
  * transport. Each bucket is summed in place in the gradient arena. */
 
-static void start_bucket(trainer *t, size_t hi) {
+static size_t ar_lo(const trainer *t, size_t i) { return i ? t->ar_end[i - 1] : 0; }
+
+/* Starts the allreduce of the next planned bucket. */
+static void start_bucket(trainer *t) {
   float *g = dt_model_grads(t->model);
-  size_t lo = t->started, i = t->nreqs;
+  size_t i = t->nreqs, lo = ar_lo(t, i), hi = t->ar_end[i];
   if (i == 0)
     t->first_start_ns = dt_now_ns();
-  t->req_lo[i] = lo;
   t->nreqs++;
-  t->started = hi;
   dt_status rc = dt_comm_iallreduce(t->comm, DT_IN_PLACE, g + lo, hi - lo, DT_F32, DT_SUM, &t->reqs[i]);
   if (rc != DT_OK) {
     t->reqs[i] = NULL;
@@ -150,7 +149,7 @@ static void grad_hook(void *ctx, size_t off, size_t count) {
     return;
   }
   while (t->hook_rc == DT_OK && t->nreqs < t->nar && t->ar_end[t->nreqs] <= done)
-    start_bucket(t, t->ar_end[t->nreqs]);
+    start_bucket(t);
 }
 
 static dt_status setup_buckets(trainer *t) {
@@ -158,9 +157,8 @@ static dt_status setup_buckets(trainer *t) {
   /* at most one bucket per layer plus the remainder, whether planned here or by setup_zero */
   t->maxreqs = DT_MAX(nseg, t->nbk) + 1;
   t->reqs = dt__calloc(t->maxreqs * sizeof(dt_request *));
-  t->req_lo = dt__calloc(t->maxreqs * sizeof(size_t));
   t->ar_end = dt__calloc(t->maxreqs * sizeof(size_t));
-  if (!t->reqs || !t->req_lo || !t->ar_end)
+  if (!t->reqs || !t->ar_end)
     return dt__error_prefix(DT_ERR_NOMEM, "%zu allreduce requests", t->maxreqs);
   if (t->zero)
     return DT_OK;
@@ -181,10 +179,9 @@ static dt_status setup_buckets(trainer *t) {
  * to sleep again. The buckets are then collected in order (already done) for their status. */
 static dt_status finish_allreduce(trainer *t) {
   dt_status rc = t->hook_rc;
-  size_t n = dt_model_param_count(t->model);
   t->armed = 0;
   while (rc == DT_OK && t->nreqs < t->nar) {
-    start_bucket(t, t->ar_end[t->nreqs]);
+    start_bucket(t);
     rc = t->hook_rc;
   }
   if (rc == DT_OK)
@@ -205,13 +202,12 @@ static dt_status finish_allreduce(trainer *t) {
     dt_status w = dt_request_wait(t->reqs[i]);
     t->reqs[i] = NULL;
     if (w != DT_OK && rc == DT_OK)
-      rc = dt__error_prefix(w, "gradient allreduce, bucket %zu of %zu (floats %zu..%zu)", i,
-                            t->nreqs, t->req_lo[i], i + 1 < t->nreqs ? t->req_lo[i + 1] : n);
+      rc = dt__error_prefix(w, "gradient allreduce, bucket %zu of %zu (floats %zu..%zu)", i, t->nar, ar_lo(t, i),
+                            t->ar_end[i]);
   }
   if (loss_rc != DT_OK && rc == DT_OK)
     rc = dt_set_error(loss_rc, "loss allreduce: %s", loss_err);
   t->nreqs = 0;
-  t->started = 0;
   t->hook_rc = DT_OK;
   return rc;
 }
@@ -298,7 +294,6 @@ static void start_block_sum(trainer *t) {
   size_t b = t->nreqs, lo = t->bk_lo[b];
   if (b == 0)
     t->first_start_ns = dt_now_ns();
-  t->req_lo[b] = lo;
   t->nreqs++;
   dt_status rc = dt_comm_ireduce_scatter(t->comm, DT_IN_PLACE, dt_model_grads(t->model) + lo,
                                          t->bk_c[b], DT_F32, DT_SUM, &t->reqs[b]);
@@ -1469,7 +1464,6 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
   dt_model_destroy(t.model);
   dt_dataset_free(&t.train);
   dt_dataset_free(&t.test);
-  dt__free(t.req_lo);
   dt__free(t.ar_end);
   dt__free(t.reqs);
   dt__free(t.bk_lo);

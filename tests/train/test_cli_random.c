@@ -10,8 +10,6 @@
  * silently.
  *
  *   test_cli_random CASES [SEED]      a failure prints the seed and the command line */
-#include <fcntl.h>
-
 #include "train_test.h"
 
 static char dir[1024], data[2048], small_data[2048];

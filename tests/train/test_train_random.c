@@ -337,10 +337,9 @@ static int run_ok(const char *what, tt_result *r, const char *cmd) {
  * with its epoch's earlier steps): within tol of one worker's (relative), or of the margin times
  * the noise runs' distance. Not the accuracy: a model whose logits hardly depend on the input
  * yet (dead units after a step or two) changes every answer at once on a rounding. */
-static double dp_test_loss; /* the workers' final test loss (compare_summary) */
+static double dp_test_loss; /* the workers' final test loss (workers_run) */
 
 static int compare_summary(const char *ref, const char *dp, double tol) {
-  dp_test_loss = tt_json_num(dp, "test_loss");
   const char *key[] = {"test_loss", "train_loss"};
   for (int i = 0; i < 2; i++) {
     double a = tt_json_num(ref, key[i]), b = tt_json_num(dp, key[i]), noise = 0;
@@ -391,6 +390,8 @@ static int workers_run(const char *what, const char *cmd, int timeout_s, const c
   tt_result r = tt_run(dir, timeout_s, "%s", cmd);
   int ok = run_ok(what, &r, cmd) && (!check || check(&r, cmd, arg)) && compare(b, from, to, final, tol, what) &&
            (!final || compare_summary(ref_summary, r.out, tol));
+  if (final)
+    dp_test_loss = tt_json_num(r.out, "test_loss");
   tt_result_free(&r);
   return ok;
 }
@@ -414,7 +415,7 @@ static int one_case(unsigned seed) {
   double tol = strstr(common, "adamw") ? 1e-2 : 5e-5;
   int resume_at = steps > 2 && tt_chance(35) ? 1 + (int)tt_rnd((uint32_t)steps - 1) : 0;
 
-  char ref[4096], ref2[4096] = "", cmd[12288] = "", cmd2[8192] = "";
+  char ref[4096], noise_cmd[4096] = "", cmd[12288] = "", cmd2[8192] = "";
   int passed = 0;
   snprintf(ref, sizeof ref, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s --threads 1 --zero 0 --out %s/ref",
            gemm, tt_bin(), tt_bin(), data, common, dir);
@@ -429,10 +430,10 @@ static int one_case(unsigned seed) {
   if (!ok)
     goto done;
   for (int k = 0; k < NNOISE && batch >= 2; k++) {
-    snprintf(ref2, sizeof ref2, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s %s --zero 0 --out %s/%s", gemm,
+    snprintf(noise_cmd, sizeof noise_cmd, "env %s%s run -n 1 --raw-stdout -- %s train --data %s %s %s --zero 0 --out %s/%s", gemm,
              tt_bin(), tt_bin(), data, common, noise_flags[k], dir, noise_run[k]);
-    r = tt_run(dir, 120, "%s", ref2);
-    ok = run_ok("one worker, another summation order", &r, ref2);
+    r = tt_run(dir, 120, "%s", noise_cmd);
+    ok = run_ok("one worker, another summation order", &r, noise_cmd);
     noise_summary[k] = r.out;
     free(r.err);
     if (!ok)
