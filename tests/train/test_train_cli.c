@@ -638,6 +638,12 @@ static void group_ckdir(void) {
   CHECK(r.code == 1 && strstr(r.err, "[rank 1] dtrain train: training failed: rank 1:") &&
             strstr(r.err, "job failed: rank 0: ") && strstr(r.err, "ckpt-000000005.dtc: write at offset 8192: File too large"),
         "file-size limit, 2 workers: exit %d: %s", r.code, r.err);
+  { /* the failing rank named once at the head of its line, not again after a context */
+    const char *head = "[rank 1] dtrain train: training failed: rank 1:";
+    const char *line = strstr(r.err, head) + strlen(head);
+    const char *again = strstr(line, "rank 1: "), *eol = strchr(line, '\n');
+    CHECK(!again || (eol && again > eol), "rank 1 named twice: %s", r.err);
+  }
   tt_result_free(&r);
   /* on shm the limit already stops the shared memory from being sized, and says so */
   r = tt_run(dir, 120, "prlimit --fsize=65536 %s run -n 2 -- %s train --data %s %s --max-steps 10 --progress off "
