@@ -87,6 +87,7 @@ typedef struct elastic {
   bool lapsed[EL_MAX_NODES];
   bool store_silent; /* the agent store stopped answering during this generation (reported) */
   int64_t store_ok_ns, store_retry_ns; /* its last answer; when to ask a silent one again */
+  int64_t last_poll_ns; /* this agent's last look during the generation (el_poll) */
   int grow_node;     /* >= 0: the running generation was stopped for this host to join */
   char claim[128];   /* agent/<me>'s value: "<addr> <pid> <nonce>", this agent and no other */
   bool duplicate;    /* refused: another live agent holds this node rank */
@@ -491,6 +492,7 @@ static void el_watch_start(elastic *e) {
   e->store_silent = false;
   e->store_ok_ns = now;
   e->store_retry_ns = 0;
+  e->last_poll_ns = now;
 }
 
 /* The store host's watch over the other agents while their workers run (every 500 ms): an
@@ -549,6 +551,18 @@ static dt_status el_stop_asked(elastic *e, int ms) {
 static bool el_poll(void *ctx) {
   elastic *e = ctx;
   int64_t now = dt_now_ns();
+  if (now - e->last_poll_ns > (int64_t)EL_LEASE_MS * 1000000LL) {
+    /* This agent itself did not run (stopped, or starved of the CPU): the store's answers and
+     * the others' leases it missed meanwhile are not their silence. Its watch starts over. */
+    fprintf(stderr, "dtrain run: node %d: this agent did not run for %.1f s (stopped, or without a CPU); its "
+                    "watch over the store and the other agents starts over\n", e->me,
+            (double)(now - e->last_poll_ns) / 1e9);
+    e->store_ok_ns = now;
+    for (int k = 0; k < e->nmembers; k++)
+      e->lease_seen[k] = now;
+    e->next_watch = now;
+  }
+  e->last_poll_ns = now;
   bool silent = now - e->store_ok_ns > (int64_t)EL_LEASE_MS * 1000000LL;
   if (!e->st || dt__store_broken(e->st) || silent) {
     /* The workers see a real failure themselves; the store's host may only be hung. Said once,

@@ -10,8 +10,9 @@
  * weight gradients (DTRAIN_WINDOW, DTRAIN_DEFER) and the algorithms of allreduce, allgather and
  * reduce_scatter (DTRAIN_ALGO). Some cases stop the workers at a random step with a checkpoint
  * and resume on another number of workers with other choices; some inject faults that `dtrain
- * run --max-restarts` recovers from (random_faults); some run three hosts on loopback and lose
- * one (hosts_script); some start the workers with mpirun. The
+ * run --max-restarts` recovers from (random_faults); some run three hosts on loopback, one of
+ * which is lost, lost and back, or has its agent stopped (hosts_script); some start the workers
+ * with mpirun. The
  * per-step losses, the summary's final test and training losses and the final parameters must
  * match the one worker's within the rounding of another summation order, and `dtrain eval` of
  * the saved model must repeat the summary's test loss.
@@ -291,32 +292,54 @@ static int free_ports(int n) {
 }
 
 /* Three hosts on loopback (a `dtrain run --nnodes 3 --min-nodes 2` agent each, with `local`
- * workers), one of them (1 or 2: not the store's) killed whole, agent and workers, once the
- * first checkpoint exists (by step 2); a slow rank 0 stretches the steps to 40 ms, so that the
- * kill lands some 6 steps before the end. The
- * other two re-form and finish: the script prints agent 0's summary on stdout. */
+ * workers, its own session, all writing to one --out and one checkpoint directory as on a shared
+ * file system). Once the first checkpoint exists (by step 2) one host meets an event:
+ *   H_LOST    host 1 or 2 killed whole (its session: agent and workers); the other two re-form
+ *   H_STORE   host 0 killed whole, the agent store's: the others move the store and re-form
+ *   H_REJOIN  host 1 or 2 killed, and its agent started again once the others re-formed: it
+ *             joins, and the job finishes on three hosts again
+ *   H_STOPPED one agent (not its workers) stopped past its lease, then continued: its workers go
+ *             on and the job finishes on three hosts, nothing re-formed. With `held`, for 3 s
+ *             while the job runs on: the others must say that the agent (or, of node 0's, the
+ *             agent store) stopped answering; else for 2.5 s, through the job's end.
+ * A slow rank 0 stretches the steps: 40 ms each in the first generation; for H_REJOIN 150 ms in
+ * every generation, so that the steps left after the first re-forming outlast the lost host's
+ * return; for a held H_STOPPED 600 ms, so that they outlast the stop. The script prints the
+ * agents' stdout (the summary, from whichever rank 0 finished) and their stderr. */
+enum { H_LOST, H_STORE, H_REJOIN, H_STOPPED, H_EVENTS };
+static const char *host_event_name[H_EVENTS] = {"a host lost", "the store's host lost", "a host lost and back",
+                                                "an agent stopped"};
 static void hosts_script(char *out, size_t cap, const char *env, int local, const char *data, const char *common,
-                         const char *flags, int every, int victim) {
-  char path[4096];
+                         const char *flags, int every, int event, int victim, int held) {
+  char path[4096], agent[8192];
   snprintf(path, sizeof path, "%s/hosts.sh", dir);
   FILE *f = fopen(path, "w");
   CHECK(f, "create %s", path);
-  fprintf(f, "export DTRAIN_JOB_SECRET=random-hosts; d='%s'\n"
-             "for r in 0 1 2; do\n"
-             "  setsid timeout 100 %s %s run -n %d --nnodes 3 --node-rank $r --master 127.0.0.1:%d --max-restarts 3 "
-             "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault slow:rank=0,step=0,ms=40 "
-             "--raw-stdout -- %s train --data %s %s %s --checkpoint-dir $d/ck --checkpoint-every %d --resume "
-             "--out $d/host$r >$d/agent$r.out 2>$d/agent$r.err &\n"
-             "done\n"
-             "for i in $(seq 400); do ls $d/ck/ckpt-*.dtc >/dev/null 2>&1 && break; sleep 0.05; done\n"
-             "pkill -9 -f \"$d/host%d\"\n"
-             "wait; cat $d/agent0.out; cat $d/agent*.err >&2\n",
-          dir, env, tt_bin(), local, free_ports(4), tt_bin(), data, common, flags, every, victim);
+  snprintf(agent, sizeof agent,
+           "setsid timeout 100 %s %s run -n %d --nnodes 3 --node-rank $r --master 127.0.0.1:%d --max-restarts 3 "
+           "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault slow:rank=0,step=0,%s --raw-stdout -- "
+           "%s train --data %s %s %s --checkpoint-dir $d/ck --checkpoint-every %d --resume --out $d/hosts",
+           env, tt_bin(), local, free_ports(5), event == H_REJOIN ? "ms=150,gen=any" : held ? "ms=600" : "ms=40",
+           tt_bin(), data, common, flags, every);
+  fprintf(f, "export DTRAIN_JOB_SECRET=random-hosts; d='%s'; v=%d\n"
+             "start() { %s >>$d/agent$r.out 2>>$d/agent$r.err & pid[$r]=$!; }\n"
+             "for r in 0 1 2; do start; done\n"
+             "for i in $(seq 400); do ls $d/ck/ckpt-*.dtc >/dev/null 2>&1 && break; sleep 0.05; done\n",
+          dir, victim, agent);
+  if (event == H_STOPPED)
+    fprintf(f, "a='dtrain run -n'; pkill -STOP -s ${pid[$v]} -f \"$a\"; sleep %s; pkill -CONT -s ${pid[$v]} -f \"$a\"\n",
+            held ? "3" : "2.5"); /* the agent (and its timeout), not its workers */
+  else
+    fprintf(f, "pkill -9 -s ${pid[$v]}\n");
+  if (event == H_REJOIN)
+    fprintf(f, "for i in $(seq 300); do grep -q 'generation 1 with 2 hosts' $d/agent*.err && break; sleep 0.05; done\n"
+               "r=$v; start\n");
+  fprintf(f, "wait; cat $d/agent*.out; cat $d/agent*.err >&2\n");
   CHECK(fclose(f) == 0, "write %s", path);
   snprintf(out, cap, "bash %s", path);
 }
 
-static int n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts; /* what the cases did */
+static int n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts[H_EVENTS]; /* what the cases did */
 static const char *mpirun; /* Open MPI's mpirun, when given: some cases start the workers with it */
 
 static void rename_run(const char *from, const char *to) {
@@ -373,12 +396,33 @@ static int faults_fired(const tt_result *r, const char *cmd, int arg) {
   return 0;
 }
 
-/* The two hosts left re-formed and finished with their 2 x local workers. */
-static int hosts_reformed(const tt_result *r, const char *cmd, int local) {
-  if (strstr(r->err, "generation 1 with 2 hosts") && tt_json_num(r->out, "world_size") == 2 * local)
+/* The hosts went on as the event (hosts_script) says they must: arg = HOSTS_ARG(...). */
+#define HOSTS_ARG(event, victim, held, local) ((((event) * 4 + (victim)) * 2 + (held)) * 8 + (local))
+static int hosts_went_on(const tt_result *r, const char *cmd, int arg) {
+  int local = arg % 8, held = arg / 8 % 2, victim = arg / 16 % 4, event = arg / 64;
+  int world = (int)tt_json_num(r->out, "world_size");
+  char lost[64], self_blind[64], paused[64];
+  snprintf(lost, sizeof lost, "the agent of node %d shows no sign of life", victim);
+  snprintf(self_blind, sizeof self_blind, "node %d: the agent store at", victim);
+  snprintf(paused, sizeof paused, "node %d: this agent did not run for", victim);
+  const char *why = NULL;
+  if ((event == H_LOST || event == H_STORE) && !(strstr(r->err, "generation 1 with 2 hosts") && world == 2 * local))
+    why = "the job did not go on with the two hosts left";
+  else if (event == H_REJOIN && !(strstr(r->err, "to join; re-forming") && world == 3 * local))
+    why = "the lost host did not join again";
+  else if (event == H_STOPPED && !(world == 3 * local && !strstr(r->err, "re-forming")))
+    why = "the job did not finish on its three hosts without re-forming";
+  else if (event == H_STOPPED && held && !strstr(r->err, victim ? lost : "stopped answering during generation 0"))
+    why = victim ? "nobody said that the stopped agent shows no sign of life"
+                 : "nobody said that the store stopped answering";
+  else if (event == H_STOPPED && held && !strstr(r->err, paused))
+    why = "the stopped agent did not say that it had not run";
+  /* what it missed while stopped is not the others' silence */
+  else if (event == H_STOPPED && (strstr(r->err, self_blind) || (!victim && strstr(r->err, "shows no sign of life"))))
+    why = "the stopped agent blamed the store or the others for its own pause";
+  if (!why)
     return 1;
-  fprintf(stderr, "three hosts, one lost: the job did not go on with two hosts (world %g)\n  $ %s\n%s\n",
-          tt_json_num(r->out, "world_size"), cmd, r->err);
+  fprintf(stderr, "three hosts, %s: %s (world %d)\n  $ %s\n%s\n", host_event_name[event], why, world, cmd, r->err);
   return 0;
 }
 
@@ -451,13 +495,16 @@ static int one_case(unsigned seed) {
     n_faulty++;
     ok = workers_run("with faults", cmd, 120, "dp", 0, steps, 1, tol, faults_fired, 0);
   } else if (!resume_at && steps >= 8 && tt_chance(15)) {
-    /* a host lost: the other two go on without it, the global batch unchanged */
-    int local = 1 + (int)tt_rnd(2), victim = 1 + (int)tt_rnd(2);
-    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)tt_rnd(2), victim);
-    n_hosts++;
-    ok = workers_run("three hosts, one lost", cmd, 150, "host0", 0, steps, 1, tol, hosts_reformed, local);
+    /* three hosts, one meets an event (hosts_script); the global batch unchanged */
+    int local = 1 + (int)tt_rnd(2), event = (int)tt_rnd(H_EVENTS);
+    int victim = event == H_STORE ? 0 : event == H_STOPPED ? (int)tt_rnd(3) : 1 + (int)tt_rnd(2);
+    int held = event == H_STOPPED && tt_chance(50);
+    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)tt_rnd(2), event, victim, held);
+    n_hosts[event]++;
+    ok = workers_run(host_event_name[event], cmd, 150, "hosts", 0, steps, 1, tol, hosts_went_on,
+                     HOSTS_ARG(event, victim, held, local));
     if (ok)
-      rename_run("host0", "dp");
+      rename_run("hosts", "dp");
   } else if (!resume_at && mpirun && tt_chance(50)) {
     /* started by Open MPI's mpirun, collectives over dtrain's transport or over MPI (which has
      * its own algorithms: DTRAIN_ALGO would be refused, naming it) */
@@ -550,7 +597,9 @@ int main(int argc, char **argv) {
     diverged += rc < 0;
   }
   fprintf(stderr, "%d plain, %d under mpirun, %d resumed on other workers, %d with faults (%d fired, %d restarts), "
-          "%d with a host lost\n", n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts);
+          "three hosts: %d with a host lost, %d with the store's host lost, %d with a host back, %d with an agent "
+          "stopped\n", n_plain, n_mpi, n_resumed, n_faulty, n_fired, n_restarts, n_hosts[H_LOST], n_hosts[H_STORE],
+          n_hosts[H_REJOIN], n_hosts[H_STOPPED]);
   fprintf(stderr, "%d of %d cases differ (%d more drawn where one worker's training diverged)\n", bad, cases,
           diverged);
   if (!bad)
