@@ -28,6 +28,9 @@
 /* After SIGKILL, how long we wait for the kernel to finish the workers before giving up on
  * them (a process in uninterruptible sleep); the job then reports them as stuck. */
 #define JOB_KILL_WAIT_MS 3000
+/* After a worker failed by itself, how long the others may take to end by themselves (having
+ * been told by the library) before they get SIGTERM; at most --kill-after. */
+#define JOB_SETTLE_MS 250
 /* Longest poll(2) sleep: the loop re-checks its deadlines at least this often. */
 #define JOB_TICK_MS 1000
 /* With a poll function (an elastic agent): how often it is asked. */
@@ -280,6 +283,7 @@ typedef struct {
   bool stopping, killed, draining, drain_stopped, drain_killed;
   int hold;         /* local index of a refuser whose own exit the SIGTERM waits for, or -1 */
   int64_t kill_at;  /* SIGKILL when this passes */
+  int64_t term_at;  /* a worker failed: SIGTERM to the others when this passes (they may end first) */
   int64_t give_up;  /* after SIGKILL: stop waiting */
   int64_t drain_until;
 } job_stop;
@@ -312,15 +316,17 @@ static void job_begin_stop(dt_job *job, job_stop *s) {
   if (s->hold >= 0)
     DT_LOG_INFO("dtrain run: rank %d refused: waiting for it to exit before stopping the others "
                 "(SIGKILL after %lld ms)", job->w[s->hold].rank, (long long)job->opts->kill_after_ms);
-  else
+  else if (s->term_at == DT_NO_DEADLINE)
     job_term(job);
 }
 
-/* Ends a hold: the refuser exited (or the job must stop now for another reason). */
+/* Ends a hold or a settle: the refuser exited, the settle time passed (or the job must stop now
+ * for another reason). */
 static void job_release(dt_job *job, job_stop *s) {
-  if (s->hold < 0)
+  if (s->hold < 0 && s->term_at == DT_NO_DEADLINE)
     return;
   s->hold = -1;
+  s->term_at = DT_NO_DEADLINE;
   job_term(job);
 }
 
@@ -328,8 +334,9 @@ static void job_kill(dt_job *job, job_stop *s) {
   if (s->killed)
     return;
   s->killed = true;
-  if (s->hold >= 0) { /* the refuser did not exit within the grace period */
+  if (s->hold >= 0 || s->term_at != DT_NO_DEADLINE) { /* the refuser did not exit within the grace period */
     s->hold = -1;
+    s->term_at = DT_NO_DEADLINE;
     job_mark_stopped(job);
   }
   for (int i = 0; i < job->opts->nproc; i++)
@@ -416,7 +423,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
   int n = o->nproc;
   struct pollfd *pf = calloc((size_t)2 * n + 1, sizeof *pf);
   int *who = calloc((size_t)2 * n + 1, sizeof *who);
-  job_stop s = {.hold = -1, .kill_at = DT_NO_DEADLINE, .give_up = DT_NO_DEADLINE,
+  job_stop s = {.hold = -1, .kill_at = DT_NO_DEADLINE, .term_at = DT_NO_DEADLINE, .give_up = DT_NO_DEADLINE,
                 .drain_until = DT_NO_DEADLINE};
   int64_t job_deadline = o->timeout_ms > 0 ? job->start_ns + o->timeout_ms * 1000000 : DT_NO_DEADLINE;
   int seen_sigs = 0;
@@ -439,8 +446,15 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
       job->first_failed = failed;
       job->detect_ns = job->w[failed].exit_ns;
       s.hold = job_refuser(job, failed);
+      /* A worker that failed by itself has, through the library, told the others why: they
+       * usually end within milliseconds, saying so. SIGTERM goes to the ones still there after
+       * JOB_SETTLE_MS, so that each rank's own last words reach the output. */
+      if (s.hold < 0 && !job->w[failed].sig && !s.stopping)
+        s.term_at = dt__deadline_after_ms(DT_MIN(JOB_SETTLE_MS, o->kill_after_ms));
       job_begin_stop(job, &s);
     }
+    if (dt__expired(s.term_at))
+      job_release(job, &s);
     /* The refuser exited by itself: its failure (and reason) is the one to report, whichever
      * exit came first (the others stop because of its verdict). */
     if (s.hold >= 0 && job->w[s.hold].exited) {
@@ -477,8 +491,8 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
         job->outcome = DT_JOB_SIGNALED;
         job->stop_signal = job_sig;
         job_begin_stop(job, &s);
-      } else if (s.hold >= 0) {
-        job_release(job, &s); /* a first Ctrl-C while holding: SIGTERM now */
+      } else if (s.hold >= 0 || s.term_at != DT_NO_DEADLINE) {
+        job_release(job, &s); /* a first Ctrl-C while holding or settling: SIGTERM now */
       } else {
         /* A second Ctrl-C while stopping: do not wait out the grace period. */
         job->killed_asked = true;
@@ -555,7 +569,7 @@ void dt__launch_supervise_poll(dt_job *job, bool (*poll_fn)(void *ctx), void *ct
             who[np++] = i * 3 + k;
           }
     }
-    int64_t next = DT_MIN(DT_MIN(job_deadline, s.kill_at), DT_MIN(s.give_up, s.drain_until));
+    int64_t next = DT_MIN(DT_MIN(DT_MIN(job_deadline, s.kill_at), DT_MIN(s.give_up, s.drain_until)), s.term_at);
     int ms = DT_MIN(dt__ms_left(next), poll_fn ? JOB_POLL_TICK_MS : JOB_TICK_MS);
     int r = np ? poll(pf, (nfds_t)np, ms) : (dt__sleep_ns((int64_t)ms * 1000000), 0);
     if (r <= 0)
