@@ -553,6 +553,41 @@ static void elastic_agent_hangs(int hung, int watcher, const char *expect) {
   free(out0);
 }
 
+/* An agent stopped for 3 s in the middle of the job (node 1, then node 0, the store's host) and
+ * let go while its workers still run: once it runs again it says that it did not run, and blames
+ * neither the store (node 1 used to report it silent) nor the other agents (node 0 would have
+ * found every lease stale); the job ends undisturbed. */
+static void test_run_elastic_agent_pauses(void **state) {
+  (void)state;
+  for (int hung = 1; hung >= 0; hung--) {
+    char sub[64];
+    snprintf(sub, sizeof sub, "ck-pause%d", hung);
+    rename(pathf("%s/ck", dir), pathf("%s/%s", dir, sub)); /* a fresh checkpoint directory each */
+    int port = free_port_block(4);
+    pid_t ag[3];
+    start_three_agents(ag, port);
+    assert_int_equal(kill(ag[hung], SIGSTOP), 0);
+    msleep(3000);
+    assert_int_equal(kill(ag[hung], SIGCONT), 0);
+    for (int r = 0; r < 3; r++) {
+      int st = wait_bounded(ag[r], 30000);
+      if (!(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        fail_msg("agent %d: status %d: %s", r, st, slurp(pathf("%s/agent%d.err", dir, r)));
+    }
+    char *err = slurp(pathf("%s/agent%d.err", dir, hung)), *out = slurp(pathf("%s/agent0.out", dir));
+    char paused[64], blind[64];
+    snprintf(paused, sizeof paused, "node %d: this agent did not run for", hung);
+    snprintf(blind, sizeof blind, "node %d: the agent store at", hung);
+    if (!strstr(err, paused) || strstr(err, blind) || (hung == 0 && strstr(err, "shows no sign of life")))
+      fail_msg("agent %d, stopped for 3 s, should say '%s' and blame nobody: %s", hung, paused, err);
+    if (!strstr(out, "done steps 150 x 11325 resumed 0 world 3 generation 0") &&
+        !strstr(err, "done steps 150 x 11325 resumed 0 world 3 generation 0"))
+      fail_msg("the job should end undisturbed: %s\n-- agent %d: %s", out, hung, err);
+    free(err);
+    free(out);
+  }
+}
+
 /* A hung agent between failures is noticed by the store's host within its lease (1.5 s). */
 static void test_run_elastic_agent_hangs(void **state) {
   elastic_agent_hangs(2, 0, "generation 0: the agent of node 2 shows no sign of life for 1500 ms");
@@ -884,6 +919,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_run_corrupt_ckpt_fallback, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_drop_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_agent_hangs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_run_elastic_agent_pauses, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_store_agent_hangs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_elastic_rejoin, setup, teardown),
       cmocka_unit_test_setup_teardown(test_run_restarts_exhausted, setup, teardown),
