@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1023,6 +1024,152 @@ static void test_usage(void **state) {
   free(out);
 }
 
+/* ---- random ---- */
+
+/* Workers of random behaviours (per rank: finish, exit with a code, kill itself, ignore SIGTERM,
+ * hang, flood its output; some start a grandchild that holds the output) and a launcher that
+ * gets zero, one or two of SIGINT/SIGTERM/SIGHUP at random moments, with random --kill-after and
+ * --timeout: `dtrain run` must end within its bounds, with an exit status the case allows (a
+ * failing worker's, 128 + the signal, 124, or 0 when nothing failed), say why on stderr when
+ * not 0, and leave no worker or grandchild running. Cases until RANDOM_CASES or RANDOM_SECONDS;
+ * a failure prints the case. */
+static const char *random_script =
+    "d=$1; shift; i=0; for b; do [ $i = \"$DTRAIN_RANK\" ] && break; i=$((i+1)); done\n"
+    "IFS=,; set -- $b; unset IFS; kind=$1; t=$2; arg=$3\n"
+    "if [ \"$4\" = 1 ]; then sleep 60 & echo $! > \"$d/g.$DTRAIN_RANK\"; mv \"$d/g.$DTRAIN_RANK\" \"$d/gpid.$DTRAIN_RANK\"; fi\n"
+    "echo $$ > \"$d/p.$DTRAIN_RANK\"; mv \"$d/p.$DTRAIN_RANK\" \"$d/pid.$DTRAIN_RANK\"\n"
+    "case $kind in\n"
+    "  ok) sleep $t; echo done ;;\n"
+    "  code) sleep $t; echo \"failing with $arg\" >&2; exit $arg ;;\n"
+    "  sig) sleep $t; kill -$arg $$ ;;\n"
+    "  deaf) trap '' TERM; while :; do sleep 0.05; done ;;\n"
+    "  hang) sleep 60 ;;\n"
+    "  flood) head -c $arg /dev/zero | tr '\\0' x; echo; sleep $t ;;\n"
+    "esac\n";
+#define RANDOM_CASES 40
+#define RANDOM_SECONDS 75
+static uint64_t rnd_x;
+static uint32_t rnd(uint32_t n) {
+  rnd_x ^= rnd_x << 13;
+  rnd_x ^= rnd_x >> 7;
+  rnd_x ^= rnd_x << 17;
+  return (uint32_t)(rnd_x % n);
+}
+
+static void test_random_stops(void **state) {
+  (void)state;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int cases = 0;
+  for (unsigned seed = 1; seed <= RANDOM_CASES; seed++) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (t1.tv_sec - t0.tv_sec > RANDOM_SECONDS)
+      break;
+    rnd_x = 0x9e3779b97f4a7c15ull * seed;
+    static const char *sigs[] = {"INT", "TERM", "HUP"};
+    static const int signo[] = {SIGINT, SIGTERM, SIGHUP};
+    int n = 1 + (int)rnd(4), endless = 0, failing = 0;
+    bool allowed[256] = {false};
+    char beh[4][64], killarg[16], toarg[16], desc[1024];
+    const char *args[32];
+    int a = 0;
+    args[a++] = "run";
+    args[a++] = "-n";
+    char nbuf[4];
+    snprintf(nbuf, sizeof nbuf, "%d", n);
+    args[a++] = nbuf;
+    snprintf(killarg, sizeof killarg, "%.1f", 0.2 + 0.1 * rnd(9));
+    args[a++] = "--kill-after";
+    args[a++] = killarg;
+    for (int r = 0; r < n; r++) {
+      double t = 0.05 * rnd(20);
+      int g = rnd(4) == 0;
+      switch (rnd(8)) {
+      case 0:
+      case 1: snprintf(beh[r], sizeof beh[r], "ok,%.2f,0,%d", t, g); break;
+      case 2: {
+        static const int codes[] = {1, 2, 3, 42};
+        int c = codes[rnd(4)];
+        allowed[c] = true;
+        failing = 1;
+        snprintf(beh[r], sizeof beh[r], "code,%.2f,%d,%d", t, c, g);
+        break;
+      }
+      case 3: {
+        int sg = rnd(2) ? 9 : 11;
+        allowed[128 + sg] = true;
+        failing = 1;
+        snprintf(beh[r], sizeof beh[r], "sig,%.2f,%d,%d", t, sg, g);
+        break;
+      }
+      case 4: endless = 1; snprintf(beh[r], sizeof beh[r], "deaf,0,0,%d", g); break;
+      case 5: endless = 1; snprintf(beh[r], sizeof beh[r], "hang,0,0,%d", g); break;
+      default: snprintf(beh[r], sizeof beh[r], "flood,%.2f,%d,%d", t, 1 << (10 + rnd(9)), g); break;
+      }
+    }
+    int nsig = (int)rnd(3), timeout = endless && !failing && !nsig ? 1 : (int)rnd(2);
+    if (timeout) {
+      snprintf(toarg, sizeof toarg, "%.1f", 0.5 + 0.5 * rnd(4));
+      args[a++] = "--timeout";
+      args[a++] = toarg;
+      allowed[124] = true;
+    }
+    args[a++] = "--";
+    args[a++] = "sh";
+    args[a++] = "-c";
+    args[a++] = random_script;
+    args[a++] = "sh";
+    args[a++] = dir;
+    for (int r = 0; r < n; r++)
+      args[a++] = beh[r];
+    args[a] = NULL;
+    int which[2] = {0, 0}, when[2] = {0, 0};
+    for (int k = 0; k < nsig; k++) {
+      which[k] = (int)rnd(3);
+      when[k] = (k ? when[0] : 0) + (int)rnd(1500);
+    }
+    if (nsig)
+      allowed[128 + signo[which[0]]] = true;
+    if (!failing && !endless)
+      allowed[0] = true;
+    int dl = snprintf(desc, sizeof desc, "case %u: dtrain run -n %d --kill-after %s%s%s, ranks:", seed, n, killarg,
+                      timeout ? " --timeout " : "", timeout ? toarg : "");
+    for (int r = 0; r < n; r++)
+      dl += snprintf(desc + dl, sizeof desc - (size_t)dl, " %s", beh[r]);
+    for (int k = 0; k < nsig; k++)
+      dl += snprintf(desc + dl, sizeof desc - (size_t)dl, "; SIG%s at %d ms", sigs[which[k]], when[k]);
+    for (int r = 0; r < 4; r++) {
+      unlink(pathf("pid.%d", r));
+      unlink(pathf("gpid.%d", r));
+    }
+    pid_t l = spawn_dtrain(args);
+    for (int k = 0; k < nsig; k++) {
+      msleep(when[k] - (k ? when[k - 1] : 0));
+      kill(l, signo[which[k]]);
+    }
+    int st = wait_bounded(l, 20000);
+    if (st == -1)
+      fail_msg("%s: did not end within 20 s", desc);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    /* a signal within its first milliseconds, before the launcher set its handlers (and before
+     * it started any worker), ends it as it ends any program, without a word */
+    bool early = WIFSIGNALED(st) && nsig && WTERMSIG(st) == signo[which[0]] && when[0] < 100;
+    char *err = slurp(pathf("err"));
+    if (!allowed[rc & 255] || (rc != 0 && !early && !strstr(err, "dtrain run:")) || strstr(err, "Sanitizer") ||
+        strstr(err, "runtime error"))
+      fail_msg("%s: exit %d\n%s", desc, rc, err);
+    free(err);
+    for (int r = 0; r < n; r++) {
+      const char *pf[2] = {pathf("pid.%d", r), pathf("gpid.%d", r)};
+      for (int k = 0; k < 2; k++)
+        if (file_exists(pf[k]) && !pid_gone(read_pid(pf[k]), 5000))
+          fail_msg("%s: %s of rank %d still runs after exit %d", desc, k ? "a grandchild" : "the worker", r, rc);
+    }
+    cases++;
+  }
+  fprintf(stderr, "%d random cases\n", cases);
+}
+
 int main(int argc, char **argv) {
   bin = getenv("DTRAIN_BIN");
   if (!bin) {
@@ -1075,6 +1222,9 @@ int main(int argc, char **argv) {
   const struct CMUnitTest usage[] = {
       cmocka_unit_test_setup_teardown(test_usage, setup_dir, teardown_dir),
   };
+  const struct CMUnitTest random[] = {
+      cmocka_unit_test_setup_teardown(test_random_stops, setup_dir, teardown_dir),
+  };
   int fails = 0;
   bool all = !strcmp(group, "all");
   if (all || !strcmp(group, "env"))
@@ -1087,5 +1237,7 @@ int main(int argc, char **argv) {
     fails += cmocka_run_group_tests_name("launch_signal", signals, NULL, NULL);
   if (all || !strcmp(group, "usage"))
     fails += cmocka_run_group_tests_name("launch_usage", usage, NULL, NULL);
+  if (all || !strcmp(group, "random"))
+    fails += cmocka_run_group_tests_name("launch_random", random, NULL, NULL);
   return fails ? 1 : 0;
 }
