@@ -334,7 +334,7 @@ static void job_kill(dt_job *job, job_stop *s) {
   if (s->killed)
     return;
   s->killed = true;
-  if (s->hold >= 0 || s->term_at != DT_NO_DEADLINE) { /* the refuser did not exit within the grace period */
+  if (s->hold >= 0 || s->term_at != DT_NO_DEADLINE) { /* SIGKILL came before the SIGTERM: they are ours too */
     s->hold = -1;
     s->term_at = DT_NO_DEADLINE;
     job_mark_stopped(job);

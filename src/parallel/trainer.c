@@ -813,15 +813,14 @@ static dt_status build(trainer *t) {
 /* The failure's message, led by "rank R: " once: a collective's own "rank R: " (this rank), at
  * the start or after the trainer's context ("comparing the ranks' compute time: rank 1: job
  * failed: ..."), goes. */
-static void lead_with_rank(dt_status rc, int rank) {
+static void lead_with_rank(const dt_comm *c, dt_status rc, int rank) {
   char me[32], msg[2048];
   int k = snprintf(me, sizeof me, "rank %d: ", rank);
-  snprintf(msg, sizeof msg, "%s", dt_last_error());
-  const char *rest = strncmp(msg, me, (size_t)k) ? msg : msg + k;
-  char *mid = strstr(rest, me);
-  if (mid && mid - rest >= 2 && mid[-2] == ':' && mid[-1] == ' ')
+  snprintf(msg, sizeof msg, "%s", dt__comm_skip_self(c, dt_last_error()));
+  char *mid = strstr(msg, me);
+  if (mid && mid - msg >= 2 && mid[-2] == ':' && mid[-1] == ' ')
     memmove(mid, mid + k, strlen(mid + k) + 1);
-  dt_set_error(rc, "%s%s", me, rest);
+  dt_set_error(rc, "%s%s", me, msg);
 }
 
 static void note(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1470,7 +1469,7 @@ dt_status dt_train_run(const dt_train_config *cfg, const dt_train_observer *obs,
       dt_comm_abort(t.comm, msg); /* sets its own message */
       dt_set_error(rc, "%s", msg);
     }
-    lead_with_rank(rc, t.rank);
+    lead_with_rank(t.comm, rc, t.rank);
   }
   dt_loader_destroy(t.loader);
   dt_loader_destroy(t.eval_loader);

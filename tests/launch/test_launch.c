@@ -11,7 +11,6 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "dtrain/core.h"
 
 static const char *bin;  /* the dtrain binary */
 static char dir[256];    /* scratch directory of the current test */
@@ -636,6 +637,25 @@ static void test_fail_exit_code(void **state) {
   assert_true(pid_gone(read_pid(pathf("pid.2")), 5000));
 }
 
+/* A worker that exits with a code: the others get 0.25 s to end by themselves (having been told
+ * by the library, a dtrain worker says why) before their SIGTERM. Rank 1 ends 0.1 s after rank
+ * 0's failure with its own words, not the SIGTERM's; rank 2 never ends by itself and gets the
+ * SIGTERM all the same. */
+static void test_fail_others_settle(void **state) {
+  const char *args[] = {"run", "-n", "3", "--kill-after", "60", "--", "sh", "-c",
+                        "case $DTRAIN_RANK in 0) exit 3 ;; 1) t=0.1 ;; *) t=30 ;; esac; "
+                        "trap 'echo got SIGTERM; exit 5' TERM; sleep $t; echo own last words; exit 1",
+                        NULL};
+  assert_int_equal(run_dtrain(30000, args), 3);
+  char *out = slurp(pathf("out")), *err = slurp(pathf("err"));
+  if (!strstr(out, "[rank 1] own last words") || strstr(out, "[rank 1] got SIGTERM") ||
+      !strstr(out, "[rank 2] got SIGTERM") || !strstr(err, "rank 0 failed first: exit code 3") ||
+      !strstr(err, "stopped the other 1 running worker"))
+    fail_msg("stdout:\n%s\nstderr:\n%s", out, err);
+  free(out);
+  free(err);
+}
+
 static void test_fail_signal(void **state) {
   const char *script = fail_script(2, "1", "echo about to die; kill -9 $$");
   const char *args[] = {"run", "-n", "2", "--", "sh", "-c", script, "sh", dir, NULL};
@@ -1048,13 +1068,8 @@ static const char *random_script =
     "esac\n";
 #define RANDOM_CASES 40
 #define RANDOM_SECONDS 75
-static uint64_t rnd_x;
-static uint32_t rnd(uint32_t n) {
-  rnd_x ^= rnd_x << 13;
-  rnd_x ^= rnd_x >> 7;
-  rnd_x ^= rnd_x << 17;
-  return (uint32_t)(rnd_x % n);
-}
+static dt_rng rnd_rng;
+static uint32_t rnd(uint32_t n) { return (uint32_t)dt_rng_below(&rnd_rng, n); }
 
 static void test_random_stops(void **state) {
   (void)state;
@@ -1065,7 +1080,7 @@ static void test_random_stops(void **state) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (t1.tv_sec - t0.tv_sec > RANDOM_SECONDS)
       break;
-    rnd_x = 0x9e3779b97f4a7c15ull * seed;
+    dt_rng_seed(&rnd_rng, seed);
     static const char *sigs[] = {"INT", "TERM", "HUP"};
     static const int signo[] = {SIGINT, SIGTERM, SIGHUP};
     int n = 1 + (int)rnd(4), endless = 0, failing = 0;
@@ -1075,7 +1090,7 @@ static void test_random_stops(void **state) {
     int a = 0;
     args[a++] = "run";
     args[a++] = "-n";
-    char nbuf[4];
+    char nbuf[12];
     snprintf(nbuf, sizeof nbuf, "%d", n);
     args[a++] = nbuf;
     snprintf(killarg, sizeof killarg, "%.1f", 0.2 + 0.1 * rnd(9));
@@ -1199,6 +1214,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest failures[] = {
       cmocka_unit_test_setup_teardown(test_fail_exit_code, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_signal, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_fail_others_settle, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_rank0_mode_shows_hidden_tail, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_not_found, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_fail_usage_not_restarted, setup_dir, teardown_dir),

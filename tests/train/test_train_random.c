@@ -322,8 +322,12 @@ static int free_ports(int n) {
 enum { H_LOST, H_STORE, H_REJOIN, H_STOPPED, H_EVENTS };
 static const char *host_event_name[H_EVENTS] = {"a host lost", "the store's host lost", "a host lost and back",
                                                 "an agent stopped"};
-static void hosts_script(char *out, size_t cap, const char *env, int local, const char *data, const char *common,
-                         const char *flags, int every, int event, int victim, int held) {
+typedef struct hosts_case {
+  int event, victim, held, local; /* local: workers per host */
+} hosts_case;
+static void hosts_script(char *out, size_t cap, const char *env, const hosts_case *h, const char *data,
+                         const char *common, const char *flags, int every) {
+  int event = h->event, held = h->held;
   char path[4096], agent[8192];
   snprintf(path, sizeof path, "%s/hosts.sh", dir);
   FILE *f = fopen(path, "w");
@@ -332,13 +336,13 @@ static void hosts_script(char *out, size_t cap, const char *env, int local, cons
            "setsid timeout 100 %s %s run -n %d --nnodes 3 --node-rank $r --master 127.0.0.1:%d --max-restarts 3 "
            "--min-nodes 2 --fault-timeout 2 --kill-after 1 --inject-fault slow:rank=0,step=0,%s --raw-stdout -- "
            "%s train --data %s %s %s --checkpoint-dir $d/ck --checkpoint-every %d --resume --out $d/hosts",
-           env, tt_bin(), local, free_ports(5), event == H_REJOIN ? "ms=150,gen=any" : held ? "ms=600" : "ms=40",
+           env, tt_bin(), h->local, free_ports(5), event == H_REJOIN ? "ms=150,gen=any" : held ? "ms=600" : "ms=40",
            tt_bin(), data, common, flags, every);
   fprintf(f, "export DTRAIN_JOB_SECRET=random-hosts; d='%s'; v=%d\n"
              "start() { %s >>$d/agent$r.out 2>>$d/agent$r.err & pid[$r]=$!; }\n"
              "for r in 0 1 2; do start; done\n"
              "for i in $(seq 400); do ls $d/ck/ckpt-*.dtc >/dev/null 2>&1 && break; sleep 0.05; done\n",
-          dir, victim, agent);
+          dir, h->victim, agent);
   if (event == H_STOPPED)
     fprintf(f, "a='dtrain run -n'; pkill -STOP -s ${pid[$v]} -f \"$a\"; sleep %s; pkill -CONT -s ${pid[$v]} -f \"$a\"\n",
             held ? "3" : "2.5"); /* the agent (and its timeout), not its workers */
@@ -394,10 +398,10 @@ static int compare_summary(const char *ref, const char *dp, double tol) {
 static char *ref_summary; /* stdout of run "ref" */
 
 /* A check of a workers' run's output beyond its exit status (arg: the check's own). */
-typedef int (*run_check)(const tt_result *r, const char *cmd, int arg);
+typedef int (*run_check)(const tt_result *r, const char *cmd, const void *arg);
 
 /* Faults were injected and fired; counts them and the restarts. */
-static int faults_fired(const tt_result *r, const char *cmd, int arg) {
+static int faults_fired(const tt_result *r, const char *cmd, const void *arg) {
   (void)arg;
   for (const char *f = r->err; (f = strstr(f, "dtrain fault: rank ")); f++)
     n_fired++;
@@ -409,10 +413,10 @@ static int faults_fired(const tt_result *r, const char *cmd, int arg) {
   return 0;
 }
 
-/* The hosts went on as the event (hosts_script) says they must: arg = HOSTS_ARG(...). */
-#define HOSTS_ARG(event, victim, held, local) ((((event) * 4 + (victim)) * 2 + (held)) * 8 + (local))
-static int hosts_went_on(const tt_result *r, const char *cmd, int arg) {
-  int local = arg % 8, held = arg / 8 % 2, victim = arg / 16 % 4, event = arg / 64;
+/* The hosts went on as the event (hosts_script) says they must (arg: the hosts_case). */
+static int hosts_went_on(const tt_result *r, const char *cmd, const void *arg) {
+  const hosts_case *h = arg;
+  int local = h->local, held = h->held, victim = h->victim, event = h->event;
   int world = (int)tt_json_num(r->out, "world_size");
   char lost[64], self_blind[64], paused[64];
   snprintf(lost, sizeof lost, "the agent of node %d shows no sign of life", victim);
@@ -443,7 +447,7 @@ static int hosts_went_on(const tt_result *r, const char *cmd, int arg) {
  * pass check (NULL: none); its losses of steps (from, to] must match one worker's, and with
  * final its parameters and summary too. */
 static int workers_run(const char *what, const char *cmd, int timeout_s, const char *b, int from, int to, int final,
-                       double tol, run_check check, int arg) {
+                       double tol, run_check check, const void *arg) {
   tt_result r = tt_run(dir, timeout_s, "%s", cmd);
   int ok = run_ok(what, &r, cmd) && (!check || check(&r, cmd, arg)) && compare(b, from, to, final, tol, what) &&
            (!final || compare_summary(ref_summary, r.out, tol));
@@ -506,16 +510,15 @@ static int one_case(unsigned seed) {
              "%s train --data %s %s %s --checkpoint-dir %s/ck --checkpoint-every %d --resume --out %s/dp",
              env, tt_bin(), n, spec, tt_bin(), data, common, flags, dir, every, dir);
     n_faulty++;
-    ok = workers_run("with faults", cmd, 120, "dp", 0, steps, 1, tol, faults_fired, 0);
+    ok = workers_run("with faults", cmd, 120, "dp", 0, steps, 1, tol, faults_fired, NULL);
   } else if (!resume_at && steps >= 8 && tt_chance(15)) {
     /* three hosts, one meets an event (hosts_script); the global batch unchanged */
-    int local = 1 + (int)tt_rnd(2), event = (int)tt_rnd(H_EVENTS);
-    int victim = event == H_STORE ? 0 : event == H_STOPPED ? (int)tt_rnd(3) : 1 + (int)tt_rnd(2);
-    int held = event == H_STOPPED && tt_chance(50);
-    hosts_script(cmd, sizeof cmd, env, local, data, common, flags, 1 + (int)tt_rnd(2), event, victim, held);
-    n_hosts[event]++;
-    ok = workers_run(host_event_name[event], cmd, 150, "hosts", 0, steps, 1, tol, hosts_went_on,
-                     HOSTS_ARG(event, victim, held, local));
+    hosts_case h = {.local = 1 + (int)tt_rnd(2), .event = (int)tt_rnd(H_EVENTS)};
+    h.victim = h.event == H_STORE ? 0 : h.event == H_STOPPED ? (int)tt_rnd(3) : 1 + (int)tt_rnd(2);
+    h.held = h.event == H_STOPPED && tt_chance(50);
+    hosts_script(cmd, sizeof cmd, env, &h, data, common, flags, 1 + (int)tt_rnd(2));
+    n_hosts[h.event]++;
+    ok = workers_run(host_event_name[h.event], cmd, 150, "hosts", 0, steps, 1, tol, hosts_went_on, &h);
     if (ok)
       rename_run("hosts", "dp");
   } else if (!resume_at && mpirun && tt_chance(50)) {
@@ -526,12 +529,12 @@ static int one_case(unsigned seed) {
              mpirun, n, env, tt_chance(40) ? "env -u DTRAIN_ALGO DTRAIN_TRANSPORT=mpi " : "", tt_bin(), data, common,
              flags, dir);
     n_mpi++;
-    ok = workers_run("under mpirun", cmd, 120, "dp", 0, steps, 1, tol, NULL, 0);
+    ok = workers_run("under mpirun", cmd, 120, "dp", 0, steps, 1, tol, NULL, NULL);
   } else if (!resume_at) {
     snprintf(cmd, sizeof cmd, "%s %s run -n %d --raw-stdout -- %s train --data %s %s %s --out %s/dp", env, tt_bin(),
              n, tt_bin(), data, common, flags, dir);
     n_plain++;
-    ok = workers_run("data parallel", cmd, 120, "dp", 0, steps, 1, tol, NULL, 0);
+    ok = workers_run("data parallel", cmd, 120, "dp", 0, steps, 1, tol, NULL, NULL);
   } else {
     /* stop at resume_at (a checkpoint at the end), go on with other workers and settings */
     int n2 = 1 + (int)tt_rnd(4);
@@ -544,8 +547,8 @@ static int one_case(unsigned seed) {
              "--resume --out %s/dp",
              env2, tt_bin(), n2, tt_bin(), data, common, flags2, dir, dir);
     n_resumed++;
-    ok = workers_run("first part", cmd, 120, "part1", 0, resume_at, 0, tol, NULL, 0) &&
-         workers_run("resumed", cmd2, 120, "dp", resume_at, steps, 1, tol, NULL, 0);
+    ok = workers_run("first part", cmd, 120, "part1", 0, resume_at, 0, tol, NULL, NULL) &&
+         workers_run("resumed", cmd2, 120, "dp", resume_at, steps, 1, tol, NULL, NULL);
   }
   if (!ok)
     goto done;
