@@ -23,7 +23,7 @@
  * the first ~300 calls (~100 ms) of a pinned run average 290-340 us, with single calls of
  * 0.5-2.5 ms, so a 3,000-call loop takes 140-168 ms pinned against 122-149 unpinned; the cause
  * of that start-up transient was not found (pinning the threads below did not remove it; with
- * tcp's spinning off it goes, but the steady state doubles). docs/BENCHMARKS.md. Nothing happens with one
+ * tcp's spinning off it goes, but the steady state doubles). docs/BENCHMARKS-LOG.md. Nothing happens with one
  * local rank or when the launcher did not say how many ranks share the host. It deliberately is
  * off by default: see above, and a rank running many compute threads may want every core.
  * The calling thread, the threads it starts later (Linux semantics) and the communicator's own

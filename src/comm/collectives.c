@@ -87,7 +87,7 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     1/2/4/8/16 MiB, median ring/rhd 1.32/1.11/1.11/0.89/1.06: level above 1 MiB. With 2 ranks the
  *     two algorithms are the same exchanges (one halving, one doubling): the ring stays. Other n
  *     keep the ring (rhd's fold moves a whole buffer more for the folded ranks). See
- *     docs/BENCHMARKS.md, "4 ranks on 2 cores".
+ *     docs/BENCHMARKS-LOG.md, "4 ranks on 2 cores".
  *   broadcast: binomial tree below 256 KiB, pipelined chain from there (with 2 ranks both are
  *     one transfer: tree). The first runs (256 KiB chain pieces) put the cut at 1 MiB; with the
  *     64 KiB pieces of 2026-11-28 (tree.c) the chain leads from 256-512 KiB: `DTRAIN_CHAIN_PIECE=

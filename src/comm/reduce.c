@@ -1181,7 +1181,7 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * made the copies of the shared-memory staged paths slow whenever the caller had just rewritten
  * its input (as a training step does before the allreduce of its gradients): the 2-rank staged
  * allreduce took 44-54 us at 64 KiB, 705-930 at 1 MiB and 8.3-11.2 ms at 16 MiB, against 9-15 us,
- * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS, "Fifth EPYC
+ * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS-LOG, "Fifth EPYC
  * session"), and a 4 KiB flat allreduce went from 0.71 to 0.51 us (`DTRAIN_ALGO=flat dtrain bench
  * allreduce -n 2 --sizes 2K:64K`, with and without GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold
  * raised, 2026-11-27). So on AMD CPUs from 2 KiB the collectives copy with 32-byte moves where the

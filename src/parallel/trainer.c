@@ -787,7 +787,7 @@ static dt_status build(trainer *t) {
   /* auto: sharded where the workers share memory; there the reduce-scatters and allgathers run
    * in place in the shared window (share_memory), each worker updates half as much and keeps
    * half the state; 2-worker mlp was level to 11% faster than the whole allreduce in the window
-   * (docs/BENCHMARKS.md, "shared window"). Over tcp the allgather after the update is not
+   * (docs/BENCHMARKS-LOG.md, "shared window"). Over tcp the allgather after the update is not
    * overlapped with backward; 2 workers over loopback measured level (docs/ZERO.md): off. */
   t->zero = world > 1 && (c->zero == 1 || (c->zero == DT_TRAIN_ZERO_AUTO && !strcmp(dt_comm_transport(t->comm), "shm")));
   if (t->zero)
@@ -957,7 +957,7 @@ static double spread_ratio(const spread *s) { return s->min_ns > 0 ? s->max_ns /
  * arenas in all, and the workers' caches and memory carry one copy instead of one each
  * (docs/ZERO.md). A transport without a window, or a window that could not be made (a full
  * /dev/shm: the same answer on every rank), leaves everything where it is. DTRAIN_WINDOW=0 keeps
- * it private (for comparisons). Measured in docs/BENCHMARKS.md. */
+ * it private (for comparisons). Measured in docs/BENCHMARKS-LOG.md. */
 static dt_status share_memory(trainer *t) {
   const char *e = dt__env_str("DTRAIN_WINDOW");
   if (e && strcmp(e, "1")) {
@@ -972,7 +972,7 @@ static dt_status share_memory(trainer *t) {
    * per step and no global norm before the update. It pays where dtrain's own product runs
    * (AVX-512, or AVX2: 2 workers mlp on a Zen 3, 1.11-1.22x the samples/s of keeping them);
    * OpenBLAS's product over a tile of rows at a time is slower than backward's whole one (there
-   * 0.85-0.95x, docs/BENCHMARKS.md), so with OpenBLAS the default keeps the gradients.
+   * 0.85-0.95x, docs/BENCHMARKS-LOG.md), so with OpenBLAS the default keeps the gradients.
    * DTRAIN_DEFER=1 defers anyway, 0 never (for comparisons). */
   const char *de = dt__env_str("DTRAIN_DEFER");
   if (de && strcmp(de, "0") && strcmp(de, "1"))

@@ -97,7 +97,7 @@
  * every call (`--fresh`), streaming from a 2 MiB footprint was 1.2-2x slower at 512 KiB-8 MiB
  * too (bench/results/probes-2026-11-29b-xeon.txt, section 5). Not on AMD CPUs: on the Zen 3
  * EPYC guest the single copy streaming its output from the last-level cache's size was level to
- * 3% slower at 64-256 MiB (docs/BENCHMARKS.md, "Writing the allreduce's output around the
+ * 3% slower at 64-256 MiB (docs/BENCHMARKS-LOG.md, "Writing the allreduce's output around the
  * caches"). DTRAIN_SHM_NT=B or off overrides. */
 #define SHM_DEFAULT_NT ((uint64_t)64 << 20)
 /* Streaming its output, the single-copy allreduce steps this many chunks at a time (one system
@@ -114,7 +114,7 @@
  * once, at most SHM_THP_STEP bytes per call (so that no call of a huge buffer stalls its peers
  * for long: the rest follows at the next meetings; DTRAIN_SHM_THP=B sets another step). The
  * 2-rank allreduce of 16-256 MiB of malloc'd memory then took 3.4-3.7 ms instead of 4.6-7.4 at 16 MiB and 12-15
- * instead of 20-25 at 64 MiB on the EPYC guest (BENCHMARKS, "Collapsing the callers' buffers");
+ * instead of 20-25 at 64 MiB on the EPYC guest (BENCHMARKS-LOG, "Collapsing the callers' buffers");
  * the collapse itself took 24 ms to 1 s per 64-256 MiB there, paid once per buffer, which is why
  * a buffer met only once is left alone. DTRAIN_SHM_THP=off leaves all memory alone, as does a
  * host whose transparent huge pages are "never". */

@@ -92,7 +92,7 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  * KiB; the rest 0.82-1.39, the spread of the sizes below 64 KiB, where nothing differs. Up to
  * four segments: cutting 8-segment messages too cost the 2-rank broadcast (one message one way)
  * 0.63 at 512 KiB. Not explained (no counters on this guest); rows and commands in
- * bench/results/tcp-cut-2026-11-29-xeon.txt, docs/BENCHMARKS.md. */
+ * bench/results/tcp-cut-2026-11-29-xeon.txt, docs/BENCHMARKS-LOG.md. */
 #define TCP_CUT_SEGS 4
 
 /* Waiting: before sleeping in poll(2), a sendrecv whose messages (each way) have at most
@@ -106,11 +106,11 @@ enum { TCP_DATA = 0x101, TCP_NACK = 0x102 };
  *   4 ranks on 2 cores (load ~10): 89-100 us spinning, 92-106 us not, Open MPI 99-101 us.
  * Between tries it pauses the CPU, except with more ranks on the host than CPUs, where it calls
  * sched_yield(2) so that the rank sharing the core runs (from 64 KiB that made 4 ranks on 2
- * cores 10-30% faster than not spinning, docs/BENCHMARKS.md). Each rank owning its core, the
+ * cores 10-30% faster than not spinning, docs/BENCHMARKS-LOG.md). Each rank owning its core, the
  * yield was harmful: with another busy program on the core a yield hands it the rest of a time
  * slice, and the data arriving meanwhile wakes nobody (the rank never slept): 2 ranks under two
  * busy loops took 3.9-4.0 ms per call at most sizes up to 64 KiB instead of 4.4-4.8 us
- * (docs/BENCHMARKS.md, "Small tcp messages on a busy host"). Pausing keeps the core for at most
+ * (docs/BENCHMARKS-LOG.md, "Small tcp messages on a busy host"). Pausing keeps the core for at most
  * the spin time, then poll(2) sleeps, and the wake-up preempts the busy program at once.
  * How large (DTRAIN_TCP_SPIN_MAX): with more ranks than CPUs, TCP_SPIN_MAX: a 64 KiB allreduce
  * (2 ranks bound to their cores, load ~11) took 51-55 us spinning against 189 us not (Open MPI
