@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -70,6 +71,92 @@ static void test_adamw(void **s) {
    *      -> p = 0.898101 - 0.1 * 0.1052632 / 0.3952236 = 0.8714673 */
   const double exp[2] = {0.899, 0.8714673};
   run(c, 0.1f, gs, 2, exp);
+}
+
+/* Every element of a longer range (1710 parameters: vectors of 4, 8 or 16 and a tail, whatever
+ * the CPU runs) gets exactly the bits of the update rule applied one float at a time, each product
+ * rounded before it is added (volatile: no fused multiply-add in the reference either). A kernel
+ * that fused them, or mixed up lanes or the tail, differs in some element. */
+static void test_update_lanes(void **s) {
+  dt_model *m;
+  assert_int_equal(dt_model_create("in=37,linear:45", 1, 1, &m), DT_OK);
+  const size_t n = dt_model_param_count(m);
+  assert_int_equal(n, 37 * 45 + 45);
+  float *p0 = malloc(n * sizeof(float)), *rp = malloc(n * sizeof(float)), *r0 = calloc(n, sizeof(float)),
+        *r1 = calloc(n, sizeof(float)), *gs = malloc(3 * n * sizeof(float));
+  assert_non_null(p0);
+  assert_non_null(gs);
+  dt_rng r;
+  dt_rng_seed(&r, 11);
+  for (size_t i = 0; i < n; i++)
+    p0[i] = (float)dt_rng_normal(&r);
+  for (size_t i = 0; i < 3 * n; i++)
+    gs[i] = (float)(dt_rng_normal(&r) * 0.1);
+  for (int kind = 0; kind < 4; kind++) {
+    dt_optim_config c = dt_optim_defaults(kind == 3 ? DT_OPTIM_ADAMW : DT_OPTIM_SGD);
+    c.weight_decay = kind == 0 ? 0.01f : kind == 3 ? 0.02f : 0.1f;
+    c.momentum = kind == 1 || kind == 2 ? 0.9f : 0.0f;
+    c.nesterov = kind == 2;
+    dt_optim *o;
+    assert_int_equal(dt_optim_create(&c, m, &o), DT_OK);
+    float *p = dt_model_params(m), *g = dt_model_grads(m);
+    memcpy(p, p0, n * sizeof(float));
+    memcpy(rp, p0, n * sizeof(float));
+    memset(r0, 0, n * sizeof(float));
+    memset(r1, 0, n * sizeof(float));
+    const float lr = 0.05f;
+    for (int step = 1; step <= 3; step++) {
+      const float *gg = gs + (size_t)(step - 1) * n;
+      memcpy(g, gg, n * sizeof(float));
+      assert_int_equal(dt_optim_step(o, lr), DT_OK);
+      for (size_t i = 0; i < n; i++) {
+        volatile float t1, t2, t3;
+        if (kind == 3) {
+          const float b1 = c.beta1, b2 = c.beta2, decay = 1.0f - lr * c.weight_decay;
+          const float bc1 = (float)(1.0 - pow(b1, step)), bc2 = (float)sqrt(1.0 - pow(b2, step));
+          const float st = lr / bc1;
+          t1 = b1 * r0[i];
+          t2 = (1.0f - b1) * gg[i];
+          float m1 = t1 + t2;
+          t1 = b2 * r1[i];
+          t2 = (1.0f - b2) * gg[i];
+          t3 = t2 * gg[i];
+          float v1 = t1 + t3;
+          r0[i] = m1;
+          r1[i] = v1;
+          t1 = rp[i] * decay;
+          t2 = st * m1;
+          rp[i] = t1 - t2 / (sqrtf(v1) / bc2 + c.eps);
+        } else {
+          t1 = c.weight_decay * rp[i];
+          float d = gg[i] + t1;
+          if (c.momentum == 0.0f) {
+            t2 = lr * d;
+            rp[i] -= t2;
+            continue;
+          }
+          t2 = c.momentum * r0[i];
+          float b = t2 + d;
+          r0[i] = b;
+          t3 = c.momentum * b;
+          float u = c.nesterov ? d + t3 : b;
+          t1 = lr * u;
+          rp[i] -= t1;
+        }
+      }
+      for (size_t i = 0; i < n; i++)
+        if (memcmp(&p[i], &rp[i], sizeof(float)))
+          fail_msg("optimizer kind %d step %d: parameter %zu is %.9g, the rule one float at a time gives %.9g",
+                   kind, step, i, (double)p[i], (double)rp[i]);
+    }
+    dt_optim_destroy(o);
+  }
+  free(p0);
+  free(rp);
+  free(r0);
+  free(r1);
+  free(gs);
+  dt_model_destroy(m);
 }
 
 static void test_optim_invalid(void **s) {
@@ -182,7 +269,7 @@ static void test_clip(void **s) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sgd),       cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_sgd),       cmocka_unit_test(test_adamw),   cmocka_unit_test(test_update_lanes),
       cmocka_unit_test(test_optim_invalid), cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_schedule_parse), cmocka_unit_test(test_clip),
   };
