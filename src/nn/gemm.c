@@ -9,10 +9,11 @@
  * AVX-512 micro-kernel keeps an MR x 32 tile of C in registers over the whole KC run. Packing
  * transposes with 16x16 in-register transposes; when N is only one or two panels (the conv
  * layers' 32 or 64 output channels) A is not packed at all but read in place, since there the
- * packing would cost about as much as the multiply. The linear forward product x W^T with few
- * rows (a worker's batch slice) packs nothing: a dot-product kernel reads rows of x and of W in
- * place, both contiguous along k, so the weights are not re-packed every step (gemm_dot), on
- * CPUs whose L1 data cache holds its block of weight rows while the rows of x pass it.
+ * packing would cost about as much as the multiply. Every other product packs op(B), also x W^T
+ * with few rows (a worker's batch slice): a dot-product path that read W in place there
+ * (2026-11-22 to 11-30) gained 2-3.5% on one Zen 5 worker alone, nothing beside a second
+ * worker, and lost 3-10% to packing on two Intel Xeons (BENCHMARKS-LOG.md, "Issues 3 and 4 on
+ * the Xeon FP16").
  *
  * On CPUs with AVX2 and FMA but no AVX-512F the same blocking runs with a 6 x 16 AVX2 tile
  * (below, "AVX2 + FMA"): about OpenBLAS's rate on the engine's shapes (72-96 GFLOP/s against its
@@ -32,7 +33,6 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "nn/nn.h"
 
@@ -52,23 +52,12 @@
 
 #define AVX512 __attribute__((target("avx512f")))
 
-/* The few-rows x W^T path (gemm_dot, below) keeps a block of 6 rows of W, up to 24 KiB, in L1
- * while 4 rows of x at a time pass it: that fits a 48 KiB L1 data cache (AMD Zen 5, where it was
- * chosen) but not a 32 KiB one, where the rows of x evict the block and it is read again from
- * L2. Measured on an Intel Xeon with AVX-512 and a 32 KiB L1d (a Cascade Lake KVM guest,
- * 2026-11-26): `dtrain train --model mlp --batch 64 --threads 1 --max-steps 600`, steady
- * samples/s, dot path / packing in 3 alternated pairs 5,490 / 5,906, 5,012 / 5,620 and 5,384 /
- * 5,587 (packing 1.04-1.12x faster); `dtrain run -n 2 -- dtrain train --model mlp --batch 128
- * --threads 1 --max-steps 800`, 10 alternated pairs, packing / dot 0.89-1.26, median 1.10. So
- * gemm_dot runs only where the L1 data cache has at least this many bytes. */
-#define DOT_MIN_L1 (48 * 1024)
 
 /* ---- dispatch ---- */
 
 enum { GEMM_BLAS, GEMM_AVX512, GEMM_AVX2 };
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_mode = GEMM_BLAS;
-static bool g_dot; /* gemm_dot may take x W^T (DOT_MIN_L1) */
 static dt_status g_status = DT_OK; /* why DTRAIN_GEMM cannot be honoured */
 static char g_err[160];
 
@@ -77,7 +66,6 @@ static void gemm_init(void) {
   bool have2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char *e = dt__env_str("DTRAIN_GEMM");
   g_mode = have ? GEMM_AVX512 : have2 ? GEMM_AVX2 : GEMM_BLAS;
-  g_dot = sysconf(_SC_LEVEL1_DCACHE_SIZE) >= DOT_MIN_L1; /* 0 or -1 when unknown: packing */
   if (!e || !strcmp(e, "auto"))
     return;
   if (!strcmp(e, "blas")) {
@@ -321,143 +309,10 @@ AVX512 static void kern_dispatch(int mr, int kc, const float *a, int lda, const 
 }
 #undef KERN_CASE
 
-/* ---- dot-product path: op(A) = A, op(B) = B^T with few rows of A ---- */
-
-/* Pairwise folding of accumulators into vectors of sums. fold8 takes 8 vectors and returns x with
- * lane L (4 floats) = [p(v[L]), q(v[L]), p(v[4+L]), q(v[4+L])], where p + q is the sum of all 16
- * elements of that vector: halves, then quarters across lanes, then pairs within a lane. */
-AVX512 static inline __m512 fold8(const __m512 *v) {
-  __m512 u[4], w[2];
-  for (int p = 0; p < 4; p++) /* u[p] lanes: v[2p] (2 partial lanes), v[2p+1] (2) */
-    u[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE));
-  for (int q = 0; q < 2; q++) /* w[q] lane L: v[4q + L], 4 partials */
-    w[q] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * q], u[2 * q + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * q], u[2 * q + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x44), _mm512_shuffle_ps(w[0], w[1], 0xEE));
-}
-
-/* The last fold of two fold8 results: lane L = [x0's v[L], x0's v[4+L], x1's v[L], x1's v[4+L]]
- * as complete sums. */
-AVX512 static inline __m512 fold_pair(__m512 x0, __m512 x1) {
-  return _mm512_add_ps(_mm512_shuffle_ps(x0, x1, 0x88), _mm512_shuffle_ps(x0, x1, 0xDD));
-}
-
-/* Dot-product tile: rows i0..i0+DM of C, columns j0..j0+dn (dn = 4 or 6, a compile-time constant
- * at each call), C[i][j] = alpha * (row i of A) . (row j of B) + beta * C[i][j]. Both operands
- * are read in place along k, 16 floats per load; acc[j * DM + i] sums the products lane-wise and
- * is folded horizontally once at the end. Rows past mr / nr repeat the last valid row (no reads
- * outside A or B) and are not stored. beta == 0 never reads C. */
-#define DM 4
-AVX512 static inline __attribute__((always_inline)) void dot_tile(
-    const int dn, int mr, int nr, int K, float alpha, const float *A, int lda, const float *B,
-    int ldb, float beta, float *C, int ldc, const float *prefetch) {
-  const float *a[DM], *b[6];
-  const float *pf = prefetch;
-  __m512 acc[6 * DM];
-  for (int i = 0; i < DM; i++)
-    a[i] = A + (size_t)(i < mr ? i : mr - 1) * lda;
-  for (int j = 0; j < dn; j++)
-    b[j] = B + (size_t)(j < nr ? j : nr - 1) * ldb;
-  for (int x = 0; x < dn * DM; x++)
-    acc[x] = _mm512_setzero_ps();
-  int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    if (pf)
-      for (int j = 0; j < dn; j++)
-        _mm_prefetch((const char *)(pf + (size_t)j * ldb + k), _MM_HINT_T0);
-    __m512 av[DM];
-    for (int i = 0; i < DM; i++)
-      av[i] = _mm512_loadu_ps(a[i] + k);
-    for (int j = 0; j < dn; j++) {
-      __m512 bv = _mm512_loadu_ps(b[j] + k);
-      for (int i = 0; i < DM; i++)
-        acc[j * DM + i] = _mm512_fmadd_ps(av[i], bv, acc[j * DM + i]);
-    }
-  }
-  if (k < K) {
-    __mmask16 m = lanes(K - k);
-    __m512 av[DM];
-    for (int i = 0; i < DM; i++)
-      av[i] = _mm512_maskz_loadu_ps(m, a[i] + k);
-    for (int j = 0; j < dn; j++) {
-      __m512 bv = _mm512_maskz_loadu_ps(m, b[j] + k);
-      for (int i = 0; i < DM; i++)
-        acc[j * DM + i] = _mm512_fmadd_ps(av[i], bv, acc[j * DM + i]);
-    }
-  }
-  /* s[4 * i + j]: columns 0..3 in s0, columns 4..5 (twice) in s1 */
-  float s[32] __attribute__((aligned(64)));
-  __m512 va = _mm512_set1_ps(alpha);
-  _mm512_store_ps(s, _mm512_mul_ps(va, fold_pair(fold8(acc), fold8(acc + 8))));
-  if (dn > 4) {
-    __m512 x2 = fold8(acc + 16);
-    _mm512_store_ps(s + 16, _mm512_mul_ps(va, fold_pair(x2, x2)));
-  }
-  for (int i = 0; i < mr; i++) {
-    float *c = C + (size_t)i * ldc;
-    for (int j = 0; j < nr; j++) {
-      float v = j < 4 ? s[4 * i + j] : s[16 + 4 * i + j - 4];
-      c[j] = beta == 0.0f ? v : beta == 1.0f ? v + c[j] : v + beta * c[j];
-    }
-  }
-}
-
-/* C = alpha A B^T + beta C, A M x K and B N x K both row-major: the linear layer's forward
- * product (x W^T) without packing W, for at most DOT_MAX_M rows of A on 64-byte lines. Each block of DN_MAIN rows of B stays in L1 while every row
- * of A passes it, so B is read from memory once and A from L2 once per block; the block's first
- * row tile prefetches the next block's rows, which the packing path cannot do (W arrives cold
- * each step: the optimizer's update has streamed params, grads and momentum since).
- * When (measured on this machine, AMD Zen 5, 2026-11-22): the mlp step at batch 64 on one
- * thread, packing vs this path alternated step by step in one process (thread CPU time, p10 of
- * 400-500 steps): at load 2-3, forward 1.65 -> 1.49 and 1.63 -> 1.46 ms, whole step 4.93 -> 4.79
- * and 4.89 -> 4.72 ms; with another process training beside it (as a 2-worker run has), forward
- * 1.78-1.80 -> 1.64-1.76 ms but backward 0.05 ms slower, the step level. Cold in cache (64 MiB
- * swept before each call) x W1^T at M = 64 took 870-950 -> 680-710 us; warm the two are within
- * noise of each other. At M = 128 this path lost (forward 3.04 -> 3.43 ms: packing is shared by
- * 9 row blocks there), and with K = 3136 (cnn fc1) the 6 W rows (75 KiB) no longer fit L1 and it
- * lost slightly (1.37-1.42 -> 1.45-1.49 ms warm), hence the limits. Without the prefetch it
- * gained about a third as much; prefetching the next block in the packing path instead, or
- * packing op(B) row by row for dX = dY W, gained nothing measurable. */
-#define DN_MAIN 6
-#define DOT_MAX_M 64
-#define DOT_MAX_K 1024
-/* Whether gemm_dot should take x W^T (see above for M and K). The rows of A, streamed from L2,
- * must start on 64-byte lines: every load is 16 floats along a row, and with both operands'
- * rows straddling two lines it lost about 40% (mlp fc2 forward at 64 rows, warm: 116-120
- * GFLOP/s against 165-177 packing). The rows of B are read from L1 and may be anywhere: the
- * engine's weights are not on 64-byte lines (the parameter arena holds each bias right after
- * its weight, so W2 and W1 of mlp start 40 bytes past a line), and with A aligned and B 40 bytes
- * off it ran at packing's rate warm (199-203 against 185-202 GFLOP/s) and faster in training
- * (the figures above were taken that way). The engine's activations are aligned whenever the
- * row length is a multiple of 16. */
-static bool dot_suits(int M, int K, const float *A, int lda) {
-  return g_dot && M <= DOT_MAX_M && K <= DOT_MAX_K && lda % 16 == 0 && (uintptr_t)A % 64 == 0;
-}
-
-AVX512 static void gemm_dot(int M, int N, int K, float alpha, const float *A, int lda,
-                            const float *B, int ldb, float beta, float *C, int ldc) {
-  for (int j0 = 0; j0 < N; j0 += DN_MAIN) {
-    int nr = N - j0 < DN_MAIN ? N - j0 : DN_MAIN;
-    for (int i0 = 0; i0 < M; i0 += DM) {
-      int mr = M - i0 < DM ? M - i0 : DM;
-      const float *a = A + (size_t)i0 * lda, *b = B + (size_t)j0 * ldb;
-      float *c = C + (size_t)i0 * ldc + j0;
-      /* the first row tile of a block prefetches the next block's rows of B */
-      const float *pf = i0 == 0 && j0 + 2 * DN_MAIN <= N ? b + (size_t)DN_MAIN * ldb : NULL;
-      if (nr > 4)
-        dot_tile(6, mr, nr, K, alpha, a, lda, b, ldb, beta, c, ldc, pf);
-      else
-        dot_tile(4, mr, nr, K, alpha, a, lda, b, ldb, beta, c, ldc, pf);
-    }
-  }
-}
-
 /* ---- AVX2 + FMA (CPUs without AVX-512F) ----
  * The same blocking and the same 32-column panels of op(B), with a 6 x 16 register tile: 12
  * accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers, a panel in two halves. op(A)
- * is packed into 6-row slivers (or read in place, as above). No dot-product path: it needs a
- * 48 KiB L1 (DOT_MIN_L1) and AVX-512's folds. */
+ * is packed into 6-row slivers (or read in place, as above). */
 #define MR2 6
 #define AVX2 __attribute__((target("avx2,fma")))
 
@@ -694,13 +549,6 @@ bool dt__nn_gemm_force_avx2(void) {
   return true;
 }
 
-bool dt__nn_gemm_force_dot(bool on) {
-  pthread_once(&g_once, gemm_init);
-  bool was = g_dot;
-  g_dot = on;
-  return was;
-}
-
 int dt__nn_sgemm_kblock(void) {
   pthread_once(&g_once, gemm_init);
   return g_mode != GEMM_BLAS ? GEMM_KC : 0;
@@ -717,8 +565,6 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
       scale_c(M, N, beta, C, ldc);
     else if (g_mode == GEMM_AVX2)
       gemm_blocked(&isa_avx2, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
-    else if (!transA && transB && dot_suits(M, K, A, lda))
-      gemm_dot(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else
       gemm_blocked(&isa_avx512, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
     return;

@@ -173,10 +173,6 @@ dt_status dt__nn_gemm_check(void);
 const char *dt__nn_gemm_name(void);
 /* Allocates the calling thread's packing buffers now, so that its first product does not. */
 void dt__nn_gemm_reserve(void);
-/* For tests: whether the few-rows x W^T path may run (by default only on CPUs with an L1 data
- * cache of at least 48 KiB, see gemm.c), so that every CPU with AVX-512F tests it. Returns the
- * setting it replaced. */
-bool dt__nn_gemm_force_dot(bool on);
 /* For tests, before any product: dtrain's AVX2 kernel on a CPU with AVX-512F too. False (and
  * nothing changed) where it cannot run or OpenBLAS was chosen. */
 bool dt__nn_gemm_force_avx2(void);

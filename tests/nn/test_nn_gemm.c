@@ -35,8 +35,7 @@ static float frand(void) { /* [-1, 1) */
   return (float)((double)(g_seed >> 40) / (double)(1ULL << 23) - 1.0);
 }
 
-/* n bytes on a 64-byte boundary, as the engine's buffers are (gemm.c's dot-product path runs
- * only on rows that start on one). */
+/* n bytes on a 64-byte boundary, as the engine's buffers are. */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
 /* Floats by which check_one shifts B off its 64-byte line (the engine's weights sit 40 bytes
@@ -166,69 +165,29 @@ static void test_engine_shapes(void **state) {
   assert_int_equal(bad, 0);
 }
 
-/* x W^T with few rows (gemm.c's dot-product path: op(A) = A, op(B) = B^T, M <= 64, K <= 1024,
- * A's rows on 64-byte lines, so lda a multiple of 16) and just past its limits (M = 65, K = 1040
- * and A's rows off the 64-byte grid take the packing path; B's rows may be off it, as the
- * engine's weights are): every row tail of its 4-row tiles, every column tail of its 6-column
- * blocks (N = 4 runs the 4-column tile, N >= 12 the prefetch of the next block), K in whole
- * 16-float loads and with a tail, alpha and beta general, 1 and 0. By default the path runs only
- * on CPUs with a 48 KiB L1d; the shapes run with it forced on, then forced off, and the default
- * is put back. */
-static void test_dot_shapes(void **state) {
+/* x W^T with few rows, as a worker's batch slice makes (op(A) = A, op(B) = B^T, M <= 65 with
+ * K up to 1040): every row tail of the micro-kernel's tiles, column tails, K in whole 16-float
+ * loads and with a tail, alpha and beta general, 1 and 0, and A's and B's rows on and off the
+ * 64-byte grid (the engine's weights sit 40 bytes past one). */
+static void test_few_rows_shapes(void **state) {
   static const int Ms[] = {1, 3, 4, 5, 63, 64, 65}, Ns[] = {1, 4, 5, 6, 7, 11, 12, 13, 25};
   static const int Ks[] = {16, 17, 48, 1000, 1024, 1040};
   static const float AB[][2] = {{1.25f, -0.5f}, {1.0f, 1.0f}, {-0.75f, 0.0f}};
   int bad = 0;
-  bool def = dt__nn_gemm_force_dot(true);
-  for (int dot = 1; dot >= 0; dot--) {
-    dt__nn_gemm_force_dot(dot);
-    for (int a = 0; a < 7; a++)
-      for (int b = 0; b < 9; b++)
-        for (int c = 0; c < 6; c++) {
-          int v = (a + b + c) % 3;
-          int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
+  for (int a = 0; a < 7; a++)
+    for (int b = 0; b < 9; b++)
+      for (int c = 0; c < 6; c++) {
+        int v = (a + b + c) % 3;
+        int pad = (16 - Ks[c] % 16) % 16 + ((a + c) % 2 ? 16 : 0); /* K + pad: a multiple of 16 */
+        bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
+        if (b == 8) { /* A's rows off the 64-byte grid; B's rows off it (as the engine's W) */
+          bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
+          g_boff = 10;
           bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
-          if (b == 8) { /* A's rows off the 64-byte grid; B's rows off it (as the engine's W) */
-            bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad + 1) != 0;
-            g_boff = 10;
-            bad += check_one(false, true, Ms[a], Ns[b], Ks[c], AB[v][0], AB[v][1], pad) != 0;
-            g_boff = 0;
-          }
+          g_boff = 0;
         }
-  }
-  dt__nn_gemm_force_dot(def);
+      }
   assert_int_equal(bad, 0);
-}
-
-/* The path's default follows the L1 data cache's size, and forcing it really switches paths:
- * the dot kernel sums each element in 16 lanes and folds them, packing sums along k, so over
- * K = 1008 random products some of the 64 x 25 results differ in their last bits. Only for
- * dtrain's own product (OpenBLAS has no such path). */
-static void test_dot_switch(void **state) {
-  if (strcmp(dt__nn_gemm_name(), "avx512") != 0)
-    skip();
-  enum { M = 64, N = 25, K = 1008 };
-  float *A = alloc64(sizeof(float) * M * K), *B = alloc64(sizeof(float) * N * K);
-  float *C1 = alloc64(sizeof(float) * M * N), *C0 = alloc64(sizeof(float) * M * N);
-  assert_non_null(A);
-  assert_non_null(B);
-  assert_non_null(C1);
-  assert_non_null(C0);
-  for (int i = 0; i < M * K; i++)
-    A[i] = frand();
-  for (int i = 0; i < N * K; i++)
-    B[i] = frand();
-  bool def = dt__nn_gemm_force_dot(true);
-  assert_int_equal(def, sysconf(_SC_LEVEL1_DCACHE_SIZE) >= 48 * 1024);
-  dt__nn_sgemm(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
-  dt__nn_gemm_force_dot(false);
-  dt__nn_sgemm(false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C0, N);
-  dt__nn_gemm_force_dot(def);
-  assert_true(memcmp(C1, C0, sizeof(float) * M * N) != 0);
-  free(A);
-  free(B);
-  free(C1);
-  free(C0);
 }
 
 /* Runs this program with DTRAIN_GEMM=mode and argument arg; returns its exit status. */
@@ -312,8 +271,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_alpha_beta),
         cmocka_unit_test(test_leading_dims),
         cmocka_unit_test(test_engine_shapes),
-        cmocka_unit_test(test_dot_shapes),
-        cmocka_unit_test(test_dot_switch),
+        cmocka_unit_test(test_few_rows_shapes),
     };
     return cmocka_run_group_tests_name(want, tests, NULL, NULL) == 0 ? 0 : 1;
   }
