@@ -177,6 +177,11 @@ void dt__nn_gemm_reserve(void);
  * nothing changed) where it cannot run or OpenBLAS was chosen. */
 bool dt__nn_gemm_force_avx2(void);
 
+/* For tests: the widest copy of the optimizer's update loops that may run (optim.c): 2 AVX-512,
+ * 1 AVX2, 0 the base x86-64 one; a CPU without the instructions runs a narrower one anyway.
+ * Returns the setting it replaced. */
+int dt__nn_optim_isa_cap(int cap);
+
 /* ---- convolution without im2col (conv.c) ---- */
 /* True when dtrain's AVX-512 product runs (dt__nn_gemm_name() is "avx512"): every function
  * below may run. */

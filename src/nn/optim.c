@@ -215,15 +215,33 @@ __attribute__((target("avx2"))) static void adamw_avx2(ADAMW_ARGS) {
 }
 #endif
 
+static int g_isa_cap = 2; /* dt__nn_optim_isa_cap */
+
+int dt__nn_optim_isa_cap(int cap) {
+  int was = g_isa_cap;
+  g_isa_cap = cap;
+  return was;
+}
+
+#ifdef UPD_ISA_COPIES
+/* 2 AVX-512, 1 AVX2, 0 base: the widest copy this CPU runs, within the tests' cap. */
+static int upd_isa(void) {
+  if (g_isa_cap >= 2 && __builtin_cpu_supports("avx512f"))
+    return 2;
+  return g_isa_cap >= 1 && __builtin_cpu_supports("avx2");
+}
+#endif
+
 static void sgd_update(const dt_optim *o, float lr, float *p, const float *g, float *buf, size_t n) {
   const float wd = o->cfg.weight_decay, mu = o->cfg.momentum;
   const int nest = o->cfg.nesterov;
 #ifdef UPD_ISA_COPIES
-  if (__builtin_cpu_supports("avx512f")) {
+  const int isa = upd_isa();
+  if (isa == 2) {
     sgd_avx512(p, g, buf, n, lr, mu, wd, nest);
     return;
   }
-  if (__builtin_cpu_supports("avx2")) {
+  if (isa == 1) {
     sgd_avx2(p, g, buf, n, lr, mu, wd, nest);
     return;
   }
@@ -239,11 +257,12 @@ static void adamw_update(const dt_optim *o, float lr, float *p, const float *g, 
   const float bc1 = (float)(1.0 - pow(b1, t)), bc2_sqrt = (float)sqrt(1.0 - pow(b2, t));
   const float step = lr / bc1;
 #ifdef UPD_ISA_COPIES
-  if (__builtin_cpu_supports("avx512f")) {
+  const int isa = upd_isa();
+  if (isa == 2) {
     adamw_avx512(p, g, mo, v, n, b1, b2, eps, decay, step, bc2_sqrt);
     return;
   }
-  if (__builtin_cpu_supports("avx2")) {
+  if (isa == 1) {
     adamw_avx2(p, g, mo, v, n, b1, b2, eps, decay, step, bc2_sqrt);
     return;
   }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "dtrain/nn.h"
+#include "nn/nn.h"
 
 /* "in=1,linear:1" has exactly two parameters: fc1.bias at 1, fc1.weight at 0. Both start at
  * p0 and see the same gradient sequence, so each must follow the hand-computed trajectory. */
@@ -73,11 +74,7 @@ static void test_adamw(void **s) {
   run(c, 0.1f, gs, 2, exp);
 }
 
-/* Every element of a longer range (1710 parameters: vectors of 4, 8 or 16 and a tail, whatever
- * the CPU runs) gets exactly the bits of the update rule applied one float at a time, each product
- * rounded before it is added (volatile: no fused multiply-add in the reference either). A kernel
- * that fused them, or mixed up lanes or the tail, differs in some element. */
-static void test_update_lanes(void **s) {
+static void update_lanes_once(int cap) {
   dt_model *m;
   assert_int_equal(dt_model_create("in=37,linear:45", 1, 1, &m), DT_OK);
   const size_t n = dt_model_param_count(m);
@@ -146,8 +143,9 @@ static void test_update_lanes(void **s) {
       }
       for (size_t i = 0; i < n; i++)
         if (memcmp(&p[i], &rp[i], sizeof(float)))
-          fail_msg("optimizer kind %d step %d: parameter %zu is %.9g, the rule one float at a time gives %.9g",
-                   kind, step, i, (double)p[i], (double)rp[i]);
+          fail_msg("optimizer kind %d, update copy up to %s, step %d: parameter %zu is %.9g, the rule one "
+                   "float at a time gives %.9g", kind, cap == 2 ? "AVX-512" : cap ? "AVX2" : "base x86-64", step,
+                   i, (double)p[i], (double)rp[i]);
     }
     dt_optim_destroy(o);
   }
@@ -157,6 +155,20 @@ static void test_update_lanes(void **s) {
   free(r1);
   free(gs);
   dt_model_destroy(m);
+}
+
+/* Every element of a longer range (1710 parameters: vectors of 4, 8 or 16 and a tail) gets
+ * exactly the bits of the update rule applied one float at a time, each product rounded before it
+ * is added (volatile: no fused multiply-add in the reference either), in every copy of the update
+ * loops this CPU can run (AVX-512, AVX2, base x86-64). A copy that fused them, or mixed up lanes
+ * or the tail, differs in some element. */
+static void test_update_lanes(void **s) {
+  const int cap0 = dt__nn_optim_isa_cap(2);
+  for (int cap = 2; cap >= 0; cap--) {
+    dt__nn_optim_isa_cap(cap);
+    update_lanes_once(cap);
+  }
+  dt__nn_optim_isa_cap(cap0);
 }
 
 static void test_optim_invalid(void **s) {
