@@ -18,9 +18,10 @@
 
 /* ---- linear: y (B, OUT) = x (B, IN) W^T + b, W (OUT, IN) ---- */
 
-static void bias_act(float *y, const float *b, size_t rows, int n, bool relu) {
+/* y[r][j] += b[j] (then relu) for rows r and columns j < n, rows ld floats apart. */
+static void bias_act(float *y, const float *b, size_t rows, int n, size_t ld, bool relu) {
   for (size_t r = 0; r < rows; r++) {
-    float *yr = y + r * (size_t)n;
+    float *yr = y + r * ld;
     if (relu)
       for (int j = 0; j < n; j++) {
         float v = yr[j] + b[j];
@@ -44,17 +45,39 @@ static void bias_grad(float *db, const float *dy, size_t rows, int n) {
 /* Row pointers of a slice: sample b0 of a buffer with sz floats per sample. */
 #define ROWS(buf, sz) ((buf) + (size_t)s->b0 * (sz))
 
+/* With several threads a linear layer's products are split by columns, not by samples: thread t
+ * computes columns [*c0, *c1) of an n-wide result for every sample of the batch (whole 16-float
+ * groups, so that no two threads write one cache line of a row), and so packs only its part of
+ * the weights, where a split by samples had every thread pack all of them for half the rows
+ * (mlp, 2 threads, 2026-11-30: BENCHMARKS-LOG.md, "Issues 3 and 4 on the Xeon FP16"). model.c
+ * puts a barrier before such a layer (every thread's rows of its input ready) and after it
+ * (every column of its output ready) where the next layer needs them. */
+static void split_cols(int n, const nn_slice *s, int *c0, int *c1) {
+  *c0 = (int)(((int64_t)n * s->t / s->T) & ~(int64_t)15);
+  *c1 = s->t + 1 == s->T ? n : (int)(((int64_t)n * (s->t + 1) / s->T) & ~(int64_t)15);
+}
+
 static void linear_forward(nn_layer *l, const float *P, const nn_slice *s) {
   int in = l->in.c, out = l->out.c;
+  if (s->T > 1) {
+    int c0, c1;
+    split_cols(out, s, &c0, &c1);
+    if (c1 > c0) {
+      dt__nn_sgemm(false, true, s->B, c1 - c0, in, 1.0f, l->x, in, P + l->w_off + (size_t)c0 * in, in, 0.0f,
+                   l->y + c0, out);
+      bias_act(l->y + c0, P + l->b_off + c0, (size_t)s->B, c1 - c0, (size_t)out, l->relu_fused);
+    }
+    return;
+  }
   float *y = ROWS(l->y, out);
   dt__nn_sgemm(false, true, s->nb, out, in, 1.0f, ROWS(l->x, in), in,
               P + l->w_off, in, 0.0f, y, out);
-  bias_act(y, P + l->b_off, (size_t)s->nb, out, l->relu_fused);
+  bias_act(y, P + l->b_off, (size_t)s->nb, out, (size_t)out, l->relu_fused);
 }
 
 /* With several threads, thread t computes output rows [o0, o1) of dW and db from all B
- * samples (every thread's dy is ready: the caller put a barrier before this layer), and dx for
- * its own samples. */
+ * samples (every thread's dy is ready: the caller put a barrier before this layer), and its
+ * columns of dx for all samples (split_cols). */
 static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool need_dx) {
   int in = l->in.c, out = l->out.c;
   int o0 = (int)((int64_t)out * s->t / s->T), o1 = (int)((int64_t)out * (s->t + 1) / s->T);
@@ -74,6 +97,14 @@ static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool
       for (int k = o0; k < o1; k++)
         db[k] += d[k];
     }
+  }
+  if (need_dx && s->T > 1) {
+    int c0, c1;
+    split_cols(in, s, &c0, &c1);
+    if (c1 > c0)
+      dt__nn_sgemm(false, false, s->B, c1 - c0, out, 1.0f, l->dy, out, P + l->w_off + c0, in, 0.0f, l->dx + c0,
+                   in);
+    return;
   }
   const float *dy = ROWS(l->dy, out);
   if (need_dx && s->nb > 0)
@@ -166,7 +197,7 @@ static void conv_forward(nn_layer *l, const float *P, const nn_slice *s) {
     float *y = l->y + b * out_sz;
     dt__nn_sgemm(false, true, nb * pix, OC, K, 1.0f, s->col, K,
                 P + l->w_off, K, 0.0f, y, OC);
-    bias_act(y, P + l->b_off, (size_t)nb * pix, OC, l->relu_fused);
+    bias_act(y, P + l->b_off, (size_t)nb * pix, OC, (size_t)OC, l->relu_fused);
   }
 }
 
@@ -548,7 +579,7 @@ static void layernorm_backward(nn_layer *l, const float *P, const nn_slice *s, b
 /* ---- dispatch ---- */
 
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train) {
-  if (s->nb <= 0)
+  if (s->nb <= 0 && !(l->kind == NN_LINEAR && s->T > 1)) /* a split linear works on every sample */
     return;
   switch (l->kind) {
   case NN_LINEAR: linear_forward(l, params, s); break;

@@ -574,8 +574,26 @@ static void forward_job(void *arg, int t) {
     }
     i0 = m->stem;
   }
-  for (int i = i0; i < m->nlayers; i++)
-    dt__nn_forward_layer(&m->layers[i], m->params, s, j->train);
+  /* A linear layer split by columns (layers.c, split_cols) needs every thread's rows of its
+   * input, and the layers after it need every thread's columns: a barrier where rows were
+   * written since the last one (rows) or columns (cols). Every thread takes the same ones. */
+  bool rows = i0 > 0, cols = false;
+  for (int i = i0; i < m->nlayers; i++) {
+    nn_layer *ly = &m->layers[i];
+    bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
+    bool idle = ly->kind == NN_FLATTEN || (ly->kind == NN_RELU && ly->fused_away);
+    if ((split && (rows || cols)) || (!split && !idle && cols)) {
+      dt__nn_pool_barrier(m->pool);
+      rows = cols = false;
+    }
+    dt__nn_forward_layer(ly, m->params, s, j->train);
+    if (split)
+      cols = true;
+    else if (!idle)
+      rows = true;
+  }
+  if (cols && j->labels)
+    dt__nn_pool_barrier(m->pool);
   if (j->labels && s->nb > 0) {
     m->correct_part[t] = 0;
     m->loss_part[t] = dt__nn_softmax_xent(m->logits + (size_t)s->b0 * m->nout, j->labels + s->b0,
@@ -710,18 +728,25 @@ static void backward_job(void *arg, int t) {
   /* the stem in sub-slices (see STEM_SAMPLES) once the layers after it are done */
   int sub_end = m->stem_nb > 0 && m->stem > stop ? m->stem : stop;
   int done = 0;
+  bool cols = false; /* a split linear wrote its columns of dx: the layers below need all of them */
   for (int i = m->nlayers - 1; i >= sub_end; i--) {
     nn_layer *ly = &m->layers[i];
     bool split = ly->kind == NN_LINEAR && m->nthreads > 1;
-    if (split)
+    bool need_dx = m->want_dinput || i > first;
+    if (split || cols) {
       dt__nn_pool_barrier(m->pool);
-    else if (ly->nparams && (t > 0 || (s->fresh && ly->kind != NN_LINEAR)))
+      cols = false;
+    }
+    if (!split && ly->nparams && (t > 0 || (s->fresh && ly->kind != NN_LINEAR)))
       memset(s->grads + ly->p_off, 0, ly->nparams * sizeof(float)); /* a fresh linear writes */
-    dt__nn_backward_layer(ly, m->params, s, m->want_dinput || i > first);
+    dt__nn_backward_layer(ly, m->params, s, need_dx);
+    cols = split && need_dx;
     layer_done(m, j, t, ly, split, &done);
   }
   if (sub_end == stop)
     return;
+  if (cols)
+    dt__nn_pool_barrier(m->pool);
   for (int i = sub_end - 1; i >= stop; i--)
     if (m->layers[i].nparams && (t > 0 || s->fresh))
       memset(s->grads + m->layers[i].p_off, 0, m->layers[i].nparams * sizeof(float));
