@@ -670,11 +670,12 @@ typedef struct {
   void *ctx;
 } bwd_job;
 
-/* Every thread runs the whole backward on its samples, with two ways to combine weight
- * gradients across threads:
+/* Every thread runs the whole backward on its samples, but for linear layers, with two ways to
+ * combine weight gradients across threads:
  *  - linear layers (the big weights): after a barrier (every thread's dy ready), thread t
  *    computes rows [t*OUT/T, (t+1)*OUT/T) of dW from ALL samples straight into the model's
- *    gradients: no private copy, no reduction pass;
+ *    gradients: no private copy, no reduction pass; and its columns of dx for all samples
+ *    (layers.c, split_cols), with a barrier before the layers below read their rows;
  *  - conv and layernorm (small weights, per-sample work): each thread accumulates its samples
  *    into its own buffer (thread 0: the model's; others: private ones cleared just before use)
  *    and thread 0 adds the others in once they are done with the layer.
