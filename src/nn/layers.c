@@ -45,34 +45,27 @@ static void bias_grad(float *db, const float *dy, size_t rows, int n) {
 /* Row pointers of a slice: sample b0 of a buffer with sz floats per sample. */
 #define ROWS(buf, sz) ((buf) + (size_t)s->b0 * (sz))
 
-/* With several threads a linear layer's products are split by columns, not by samples: thread t
+/* A linear layer's products are split across threads by columns, not by samples: thread t
  * computes columns [*c0, *c1) of an n-wide result for every sample of the batch (whole 16-float
- * groups, so that no two threads write one cache line of a row), and so packs only its part of
- * the weights, where a split by samples had every thread pack all of them for half the rows
- * (mlp, 2 threads, 2026-11-30: BENCHMARKS-LOG.md, "Issues 3 and 4 on the Xeon FP16"). model.c
- * puts a barrier before such a layer (every thread's rows of its input ready) and after it
- * (every column of its output ready) where the next layer needs them. */
+ * groups, so that no two threads write one cache line of a row; one thread: all of them), and so
+ * packs only its part of the weights, where a split by samples had every thread pack all of them
+ * for half the rows (mlp, 2 threads, 2026-11-30: BENCHMARKS-LOG.md, "Issues 3 and 4 on the Xeon
+ * FP16"). With several threads model.c puts a barrier before such a layer (every thread's rows
+ * of its input ready) and after it (every column of its output ready) where the next layer
+ * needs them. */
 static void split_cols(int n, const nn_slice *s, int *c0, int *c1) {
   *c0 = (int)(((int64_t)n * s->t / s->T) & ~(int64_t)15);
   *c1 = s->t + 1 == s->T ? n : (int)(((int64_t)n * (s->t + 1) / s->T) & ~(int64_t)15);
 }
 
 static void linear_forward(nn_layer *l, const float *P, const nn_slice *s) {
-  int in = l->in.c, out = l->out.c;
-  if (s->T > 1) {
-    int c0, c1;
-    split_cols(out, s, &c0, &c1);
-    if (c1 > c0) {
-      dt__nn_sgemm(false, true, s->B, c1 - c0, in, 1.0f, l->x, in, P + l->w_off + (size_t)c0 * in, in, 0.0f,
-                   l->y + c0, out);
-      bias_act(l->y + c0, P + l->b_off + c0, (size_t)s->B, c1 - c0, (size_t)out, l->relu_fused);
-    }
+  int in = l->in.c, out = l->out.c, c0, c1;
+  split_cols(out, s, &c0, &c1);
+  if (c1 <= c0)
     return;
-  }
-  float *y = ROWS(l->y, out);
-  dt__nn_sgemm(false, true, s->nb, out, in, 1.0f, ROWS(l->x, in), in,
-              P + l->w_off, in, 0.0f, y, out);
-  bias_act(y, P + l->b_off, (size_t)s->nb, out, (size_t)out, l->relu_fused);
+  dt__nn_sgemm(false, true, s->B, c1 - c0, in, 1.0f, l->x, in, P + l->w_off + (size_t)c0 * in, in, 0.0f,
+               l->y + c0, out);
+  bias_act(l->y + c0, P + l->b_off + c0, (size_t)s->B, c1 - c0, (size_t)out, l->relu_fused);
 }
 
 /* With several threads, thread t computes output rows [o0, o1) of dW and db from all B
@@ -98,18 +91,10 @@ static void linear_backward(nn_layer *l, const float *P, const nn_slice *s, bool
         db[k] += d[k];
     }
   }
-  if (need_dx && s->T > 1) {
-    int c0, c1;
-    split_cols(in, s, &c0, &c1);
-    if (c1 > c0)
-      dt__nn_sgemm(false, false, s->B, c1 - c0, out, 1.0f, l->dy, out, P + l->w_off + c0, in, 0.0f, l->dx + c0,
-                   in);
-    return;
-  }
-  const float *dy = ROWS(l->dy, out);
-  if (need_dx && s->nb > 0)
-    dt__nn_sgemm(false, false, s->nb, in, out, 1.0f, dy, out,
-                P + l->w_off, in, 0.0f, ROWS(l->dx, in), in);
+  int c0, c1;
+  split_cols(in, s, &c0, &c1);
+  if (need_dx && c1 > c0)
+    dt__nn_sgemm(false, false, s->B, c1 - c0, out, 1.0f, l->dy, out, P + l->w_off + c0, in, 0.0f, l->dx + c0, in);
 }
 
 /* ---- conv2d: im2col over a chunk of samples, then one sgemm per chunk ----
@@ -579,7 +564,7 @@ static void layernorm_backward(nn_layer *l, const float *P, const nn_slice *s, b
 /* ---- dispatch ---- */
 
 void dt__nn_forward_layer(nn_layer *l, const float *params, const nn_slice *s, bool train) {
-  if (s->nb <= 0 && !(l->kind == NN_LINEAR && s->T > 1)) /* a split linear works on every sample */
+  if (s->nb <= 0 && l->kind != NN_LINEAR) /* a linear layer works on every sample (split_cols) */
     return;
   switch (l->kind) {
   case NN_LINEAR: linear_forward(l, params, s); break;
