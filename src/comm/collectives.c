@@ -152,7 +152,7 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     KiB; n=4: flat ahead to 8 KiB (11-13 against 12-14 us), behind from 32 KiB (18 / 17, 31 /
  *     26 at 64 KiB): blocks up to 64 KiB (n=2) or 2 KiB (n>2).
  *   broadcast and allgather, single copies (where the transport has them, `single`: shm from 16
- *     KiB per rank, 64 on AMD CPUs, see SHM_DEFAULT_CMA_MOVE in shm.c) ahead of the flat slots: one copy instead
+ *     KiB per rank, see SHM_DEFAULT_CMA_MOVE in shm.c) ahead of the flat slots: one copy instead
  *     of two. Allgather used to keep the flat slots to 128 KiB blocks even there: 12.9-13.8 us at
  *     64 KiB blocks against 5.0-5.2 single (2026-11-29, Xeon guest,
  *     bench/results/cma-small-2026-11-29-xeon.txt, section 4).

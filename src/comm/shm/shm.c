@@ -78,10 +78,12 @@
  * 3.0-3.4 / 5.3-5.8, reused or fresh). On the Cascade Lake guest of 2026-11-27
  * (bench/results/cma-2026-11-27-xeon.txt, last sections) the flat slots still led below 16 KiB
  * (broadcast 1.7-2.0 us at 8 KiB against 2.8-3.8) and single copies drew level at 16-32 KiB:
- * from 16 KiB, where neither host loses much and this one gains 2-3x. Not on AMD CPUs: on the
- * Zen 3 EPYC guest the flat slots moved 16 KiB in 1.3-1.5 us (broadcast and allgather, 3.2-3.9x
- * Open MPI; bench/results/compare-peers-2026-11-28g-epyc.md), below what the single copy's two
- * waits and system calls cost here; there allgather and broadcast keep SHM_DEFAULT_CMA. */
+ * from 16 KiB, where neither host loses much and this one gains 2-3x. AMD CPUs kept 64 KiB until
+ * 2026-12-01, because the Zen 3 EPYC guest's flat slots had moved 16 KiB in 1.3-1.5 us (a figure
+ * set against the Xeon's single copies, never against that host's own); on an EPYC Zen 4 guest
+ * (family 25 model 17) the flat slots took 3.1-5.7 us at 16 KiB and 6.0-11 at 32 KiB, the single
+ * copy 2.4-3.5 and 3.7-4.7 (allgather and broadcast, reused buffers; fresh in
+ * bench/results/cma-move-2026-12-01-zen4.txt), so every CPU now takes it from 16 KiB. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
 /* The allreduce writes its output with non-temporal stores (dt__copy_nt) once the call's
  * footprint, every local rank's input and output (2 x n x bytes), reaches this: there the output
@@ -674,7 +676,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
     if (cma == 0)
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
                           "or off");
-    cma_move = ce ? cma : dt__cpu_amd() ? SHM_DEFAULT_CMA : SHM_DEFAULT_CMA_MOVE;
+    cma_move = ce ? cma : SHM_DEFAULT_CMA_MOVE;
   }
   const char *ne = dt__env_str("DTRAIN_SHM_NT");
   uint64_t nt = 0; /* stays 0 ("never") for off */
