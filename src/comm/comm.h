@@ -144,8 +144,8 @@ void dt__reduce(void *dst, const void *src, size_t count, dt_dtype t, dt_op op);
 /* out[i] = a[i] op b[i]; out may alias a or b. */
 void dt__reduce2(void *out, const void *a, const void *b, size_t count, dt_dtype t, dt_op op);
 void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n);
-/* memcpy for the collectives' bulk copies (comm/reduce.c): on AMD CPUs from 2 KiB with its own
- * vector moves, never `rep movsb`; elsewhere glibc's memcpy. */
+/* memcpy for the collectives' bulk copies (comm/reduce.c): on AMD CPUs whose `rep movsb` is slow
+ * (Zen 3 and older; not Zen 4) from 2 KiB with its own vector moves; elsewhere glibc's memcpy. */
 void dt__copy(void *dst, const void *src, size_t n);
 /* memcpy whose stores bypass the caches (x86; elsewhere memcpy): for outputs larger than the
  * caches, which a plain store would first read from memory. */

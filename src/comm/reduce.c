@@ -1184,8 +1184,9 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS-LOG, "Fifth EPYC
  * session"), and a 4 KiB flat allreduce went from 0.71 to 0.51 us (`DTRAIN_ALGO=flat dtrain bench
  * allreduce -n 2 --sizes 2K:64K`, with and without GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold
- * raised, 2026-11-27). So on AMD CPUs from 2 KiB the collectives copy with 32-byte moves where the
- * CPU has AVX2 (1.1-3x faster again than 16-byte ones there), with 16-byte ones elsewhere.
+ * raised, 2026-11-27). So where that `rep movsb` is the slow kind (amd_slow_rep_movsb below: not
+ * Zen 4) the collectives copy from 2 KiB with 32-byte moves where the CPU has AVX2 (1.1-3x faster
+ * again than 16-byte ones there), with 16-byte ones elsewhere.
  * Everywhere else, and below 2 KiB, glibc's memcpy: on the Intel Xeon guest with AVX512-FP16 the
  * 32-byte moves ran every copy into a slot or staging buffer that the other core had just read
  * about twice as slowly (presumably because a plain store fetches the line from the other core
