@@ -1222,33 +1222,18 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
 }
 #endif
 
-static atomic_int cpu_vendor; /* 0 unknown, 1 other, 2 AMD */
-bool dt__cpu_amd(void) {
-#ifdef RED_X86
-  int v = atomic_load_explicit(&cpu_vendor, memory_order_relaxed);
-  if (v == 0) {
-    __builtin_cpu_init();
-    v = __builtin_cpu_is("amd") ? 2 : 1;
-    atomic_store_explicit(&cpu_vendor, v, memory_order_relaxed);
-  }
-  return v == 2;
-#else
-  return false;
-#endif
-}
-
-/* Whether glibc's memcpy (its `rep movsb` from about 2 KiB) is the slow kind here: AMD CPUs of
- * family 25 (0x19) other than Zen 4, and older AMD families. On the Zen 3 EPYC guest (family 25
+/* Whether glibc's memcpy (its `rep movsb` from about 2 KiB) is the slow kind on this AMD CPU:
+ * family 25 (0x19) other than Zen 4, and older families. On the Zen 3 EPYC guest (family 25
  * model 1) it ran the staged allreduce at about 1.2 GB/s whenever the caller had just rewritten
  * its input (BENCHMARKS-LOG, "Fifth EPYC session"). On an EPYC Zen 4 guest (family 25 model 17)
- * memcpy beat the moves instead, reused or freshly written: the 2-rank allgather's own block
- * (512 KiB) 51-65 us against 59-75, 1 MiB 99-122 against 115-141 (BENCHMARKS-LOG, "An EPYC Zen 4
- * host"). Zen 4's models: 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf. Family 26 (Zen 5) ran every
- * measurement of its sessions on memcpy. */
-static bool amd_slow_rep_movsb(void) {
+ * memcpy beat the moves instead, reused or freshly written: 2-rank allgather blocks of 8 KiB
+ * 0.47-0.64 us against 1.18-1.80, of 1 MiB 51-62 against 59-72
+ * (bench/results/copy-memcpy-2026-12-01-zen4.txt). Zen 4's models: 0x10-0x1f, 0x60-0x7f,
+ * 0xa0-0xaf. Family 26 (Zen 5) ran every measurement of its sessions on memcpy. */
 #ifdef RED_X86
+static bool amd_slow_rep_movsb(void) {
   unsigned a, b, c, d;
-  if (!dt__cpu_amd() || !__get_cpuid(1, &a, &b, &c, &d))
+  if (!__get_cpuid(1, &a, &b, &c, &d))
     return false;
   unsigned fam = (a >> 8) & 0xf, model = (a >> 4) & 0xf;
   if (fam == 0xf) {
@@ -1258,24 +1243,29 @@ static bool amd_slow_rep_movsb(void) {
   bool zen4 = fam == 0x19 && ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
                               (model >= 0xa0 && model <= 0xaf));
   return fam <= 0x19 && !zen4;
-#else
-  return false;
-#endif
 }
+#endif
+
+/* 0 unknown, 1 not AMD, 2 AMD, 3 AMD whose `rep movsb` is slow (amd_slow_rep_movsb) */
+static atomic_int cpu_kind;
+static int cpu_kind_get(void) {
+  int v = atomic_load_explicit(&cpu_kind, memory_order_relaxed);
+#ifdef RED_X86
+  if (v == 0) {
+    __builtin_cpu_init();
+    v = !__builtin_cpu_is("amd") ? 1 : amd_slow_rep_movsb() ? 3 : 2;
+    atomic_store_explicit(&cpu_kind, v, memory_order_relaxed);
+  }
+#endif
+  return v;
+}
+bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
 
 /* Whether dt__copy moves from 2 KiB itself: where memcpy is slow (above), and tests forcing it
  * (1 or 4). */
 static bool copy_by_moves(void) {
-  static atomic_int slow; /* 0 unknown, 1 no, 2 yes */
   int f = atomic_load_explicit(&force_scalar, memory_order_relaxed);
-  if (f == 1 || f == 4)
-    return true;
-  int v = atomic_load_explicit(&slow, memory_order_relaxed);
-  if (v == 0) {
-    v = amd_slow_rep_movsb() ? 2 : 1;
-    atomic_store_explicit(&slow, v, memory_order_relaxed);
-  }
-  return v == 2;
+  return f == 1 || f == 4 || cpu_kind_get() == 3;
 }
 
 void dt__copy(void *dst, const void *src, size_t n) {

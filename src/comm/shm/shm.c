@@ -81,9 +81,10 @@
  * from 16 KiB, where neither host loses much and this one gains 2-3x. AMD CPUs kept 64 KiB until
  * 2026-12-01, because the Zen 3 EPYC guest's flat slots had moved 16 KiB in 1.3-1.5 us (a figure
  * set against the Xeon's single copies, never against that host's own); on an EPYC Zen 4 guest
- * (family 25 model 17) the flat slots took 3.1-5.7 us at 16 KiB and 6.0-11 at 32 KiB, the single
- * copy 2.4-3.5 and 3.7-4.7 (allgather and broadcast, reused buffers; fresh in
- * bench/results/cma-move-2026-12-01-zen4.txt), so every CPU now takes it from 16 KiB. */
+ * (family 25 model 17) the flat slots took 2.4-5.3 us at 16 KiB and 4.6-7.9 at 32 KiB, the single
+ * copy 2.3-3.8 and 3.3-4.9 (allgather blocks and broadcasts, reused buffers, three alternated
+ * rounds; fresh ones alike: bench/results/cma-move-2026-12-01-zen4.txt), so every CPU now takes
+ * it from 16 KiB. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
 /* The allreduce writes its output with non-temporal stores (dt__copy_nt) once the call's
  * footprint, every local rank's input and output (2 x n x bytes), reaches this: there the output
