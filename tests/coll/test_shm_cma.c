@@ -8,7 +8,8 @@
  *     failed rank unmapped and mapped again after its call returned;
  *   - two ranks calling single-copy allreduces of different sizes: DT_ERR_MISMATCH (or the job's
  *     abort) naming both calls, before either touches the other's buffers;
- *   - a bad DTRAIN_SHM_CMA, DTRAIN_SHM_NT (or waiting knob): dt_comm_create fails naming the variable;
+ *   - a bad DTRAIN_SHM_CMA, DTRAIN_SHM_NT, DTRAIN_SHM_PIPE (or waiting knob): dt_comm_create fails
+ *     naming the variable;
  *   - 12 ranks with 4 KiB chunks (slices of 6 lines from 11 peers: more than one chunk's worth);
  *   - a buffer that is not writable, or shorter than the call's count: an error naming the rank
  *     whose buffer it is (not a crash, not the peer blamed);
@@ -23,6 +24,8 @@
  *     results. Where transparent huge pages are "madvise" (elsewhere the
  *     kernel decides alone) and the kernel collapses a scratch buffer (Linux 6.1); skipped
  *     otherwise.
+ * Two ranks read each other's pieces from pipes (SHM_PIPE in shm.c): the cases with two ranks
+ * run that path, those with more process_vm_readv.
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
 #include <pthread.h>
@@ -420,7 +423,8 @@ int main(void) {
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
                         "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes", "DTRAIN_SHM_THP=1M",
-                        "DTRAIN_SHM_THP=-2M", "DTRAIN_SHM_NT=0", "DTRAIN_SHM_NT=big", "DTRAIN_SHM_NT=-1"};
+                        "DTRAIN_SHM_THP=-2M", "DTRAIN_SHM_NT=0", "DTRAIN_SHM_NT=big", "DTRAIN_SHM_NT=-1",
+                        "DTRAIN_SHM_PIPE=yes"};
   for (size_t i = 0; i < sizeof bads / sizeof bads[0]; i++) {
     ran++;
     if (mp_run(2, bad_env_body, (void *)bads[i], 60)) {
