@@ -110,18 +110,24 @@
  * MiB against 45.7-46.3; 4 chunks slower than 1 from 16 MiB
  * (bench/results/nt-out-2026-11-29-xeon.txt). */
 #define SHM_NT_CHUNKS 2
-/* Two ranks, each with a CPU of its own: the single-copy allreduce hands each piece over
- * through a pipe per rank instead of process_vm_readv/writev. The sender vmsplice(2)s its pages
- * into the receiver's pipe (the kernel only takes references to them, through the fast page-table
- * walk of the caller's own memory) and the receiver read(2)s them out: one copy, as before, but
- * without process_vm_readv's slow pinning of another process's pages (half of its kernel time in
- * a profile on an EPYC Zen 4 guest). Measured there, 2026-12-02, with bench/pipe_bw.c (a forked
- * child's buffer, medians of 200 calls): 512 KiB 31-34 us for vmsplice plus read against 44-50 for
- * process_vm_readv, 1 MiB 57-62 against 87-102, 64 KiB 3.6-3.9 against 6.2-6.6. Each rank holds
- * both ends of the other's pipe (taken with pidfd_getfd(2), which needs the same permission as
- * process_vm_readv), so a pipe always has a reader (no SIGPIPE) and no end-of-file. Not with more
- * ranks, where each piece would wait for its sender: the single copies there never wait between
- * chunks. DTRAIN_SHM_PIPE=off keeps process_vm_readv/writev. */
+/* Two ranks, each with a CPU of its own: the single-copy allreduce hands the pieces each rank
+ * reduces to it through a pipe instead of process_vm_readv. At the call's start each rank
+ * vmsplice(2)s the other's slice of every chunk of its input into the other's pipe (the kernel
+ * only takes references to the pages, through the fast page-table walk of the caller's own
+ * memory), and the other read(2)s them out chunk by chunk: one copy, as before, without
+ * process_vm_readv's slow pinning of another process's pages (half of its kernel time in a
+ * profile on an EPYC Zen 4 guest). The results still go back with process_vm_writev: spliced too,
+ * the receiver's copy met lines just written on the other core, and 2 rounds in 3 ran 3-4x slower.
+ * Only while every piece fits in the pipes at once (1 MiB each, the default most an unprivileged
+ * process may make: calls up to just under 2 MiB): no splice then waits for the reader, and no
+ * chunk waits for the other rank. Measured on that guest, 2026-12-02 (bench/results/pipe-2026-12-02-zen4.txt):
+ * `bench/cma_bw` 512 KiB 30-32 us for vmsplice plus read against 40-49 for process_vm_readv; the
+ * allreduce 1.13x faster at 256 KiB-1.5 MiB (medians of 10-20 alternated pairs of `dtrain bench
+ * allreduce -n 2 --transport shm`, quartiles 1.09-1.15; 1.11x at 1 MiB with inputs rewritten before
+ * every call), level at 64 KiB. Each rank holds both ends of the other's pipe (pidfd_getfd(2), which
+ * needs the same permission as process_vm_readv), so a pipe always has a reader (no SIGPIPE) and
+ * never reaches end-of-file. Not with more ranks, where the single copies never wait between
+ * chunks. DTRAIN_SHM_PIPE=off keeps process_vm_readv. */
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
