@@ -621,7 +621,16 @@ static bool shm_pipe_open(dt_transport *t) {
     fclose(f);
   }
   (void)fcntl(t->pipe_in[1], F_SETPIPE_SZ, (int)DT_MIN(most, 1L << 20));
-  return true;
+  /* vmsplice itself may be refused (a seccomp filter): find out here, not in a collective */
+  uint64_t probe = SHM_MAGIC, back = 0;
+  struct iovec v = {&probe, sizeof probe};
+  if (vmsplice(t->pipe_in[1], &v, 1, SPLICE_F_NONBLOCK) == (ssize_t)sizeof probe &&
+      read(t->pipe_in[0], &back, sizeof back) == (ssize_t)sizeof back && back == SHM_MAGIC)
+    return true;
+  DT_LOG_INFO("shared memory: the allreduce copies with process_vm_readv/writev: vmsplice into a pipe: %s",
+              strerror(errno));
+  shm_pipe_close(t);
+  return false;
 }
 
 static int shm_pidfd_getfd(int pid, int fd) {
