@@ -24,8 +24,11 @@
  *     results. Where transparent huge pages are "madvise" (elsewhere the
  *     kernel decides alone) and the kernel collapses a scratch buffer (Linux 6.1); skipped
  *     otherwise.
- * Two ranks read each other's pieces from pipes (SHM_PIPE in shm.c): the cases with two ranks
- * run that path, those with more process_vm_readv.
+ * Two ranks read each other's pieces from pipes (SHM_PIPE in shm.c) in calls that fit in them:
+ *   - rank 1 SIGKILLed in a loop of allreduces and allgathers that take the pipes: rank 0 fails
+ *     naming it within seconds;
+ *   - the abort case with 1 MiB calls, at 20 moments half a millisecond apart;
+ *   the mismatch and bad-buffer cases run that path too (2 ranks, 512 KiB).
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
 #include <pthread.h>
@@ -84,6 +87,44 @@ static int kill_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Two ranks, through the pipes (SHM_PIPE: calls that fit in them): rank 1 has a child kill it
+ * 300 ms into a loop of 1 MiB allreduces and allgathers of 512 KiB blocks; rank 0, waiting for
+ * pieces that never come or splicing into a pipe nobody reads, must fail naming rank 1 within
+ * seconds. */
+#define PIPED (1u << 18) /* floats: 1 MiB */
+static int kill_piped_body(int rank, int size, void *arg) {
+  (void)size;
+  (void)arg;
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  float *buf = calloc(PIPED, sizeof *buf), *out = calloc(PIPED, sizeof *out);
+  CHECK(buf && out, "out of memory");
+  CHECK(dt_comm_allreduce(c, buf, out, PIPED, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  if (rank == 1) {
+    pid_t me = getpid(), k = fork();
+    if (k == 0) {
+      usleep(300000);
+      kill(me, SIGKILL);
+      _exit(0);
+    }
+  }
+  double t0 = check_now_s(), seen = 0;
+  dt_status st = DT_OK;
+  for (int i = 0; i < 1000000 && st == DT_OK && check_now_s() - t0 < 20; i++)
+    st = i % 2 ? dt_comm_allgather(c, buf, out, PIPED / 2, DT_F32)
+               : dt_comm_allreduce(c, DT_IN_PLACE, out, PIPED, DT_F32, DT_SUM);
+  seen = check_now_s() - t0;
+  CHECK(rank != 1, "rank 1 survived its own SIGKILL");
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "calls with rank 1 killed returned %s: %s", dt_strerror(st),
+        dt_last_error());
+  CHECK(strstr(dt_last_error(), "rank 1"), "the error does not name rank 1: %s", dt_last_error());
+  CHECK(seen < 10, "noticed rank 1's death only after %.1f s", seen);
+  dt_comm_destroy(c);
+  free(buf);
+  free(out);
+  return 0;
+}
+
 /* Rank 0 aborts the job (through a split, from a second thread) at a moment given by *arg (us)
  * while both ranks loop over single-copy allreduces of fresh buffers; a rank whose call failed
  * at once unmaps its buffers and maps a canary over the output's addresses, as a caller that
@@ -100,16 +141,17 @@ static void *abort_later(void *arg) {
   dt_comm_abort(a->d, "rehearsed abort");
   return NULL;
 }
+static size_t abort_count = BIG; /* floats per call: BIG, or PIPED for calls through the pipes */
 static int abort_body(int rank, int size, void *arg) {
   (void)size;
   dt_comm *c = sw_join(rank), *d = NULL;
   CHECK(c, "create: %s", dt_last_error());
   CHECK(dt_comm_split(c, 0, rank, &d) == DT_OK, "split: %s", dt_last_error());
-  const size_t bytes = (size_t)BIG * sizeof(float);
+  const size_t bytes = (size_t)abort_count * sizeof(float);
   float *in = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(in != MAP_FAILED && out != MAP_FAILED, "mmap: %s", strerror(errno));
-  CHECK(dt_comm_allreduce(c, in, out, BIG, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  CHECK(dt_comm_allreduce(c, in, out, abort_count, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
   abort_arg a = {d, *(const int *)arg};
   pthread_t th;
   if (rank == 0)
@@ -117,9 +159,9 @@ static int abort_body(int rank, int size, void *arg) {
   dt_status st = DT_OK;
   double t0 = check_now_s();
   for (int i = 0; st == DT_OK && check_now_s() - t0 < 10; i++) {
-    for (size_t j = 0; j < BIG; j += 1024) /* fresh inputs, as a training step's */
+    for (size_t j = 0; j < abort_count; j += 1024) /* fresh inputs, as a training step's */
       in[j] = (float)(i + j);
-    st = dt_comm_allreduce(c, in, out, BIG, DT_F32, DT_SUM);
+    st = dt_comm_allreduce(c, in, out, abort_count, DT_F32, DT_SUM);
   }
   /* the caller's memory goes back and comes again, under a canary */
   CHECK(munmap(in, bytes) == 0 && munmap(out, bytes) == 0, "munmap: %s", strerror(errno));
@@ -387,12 +429,27 @@ int main(void) {
     bad++;
   }
   ran++;
+  mp_run_codes(2, kill_piped_body, NULL, 60, codes);
+  if (codes[0] || codes[1] != 128 + SIGKILL) {
+    fprintf(stderr, "FAIL: a rank killed during calls through the pipes (exit codes %d %d)\n", codes[0], codes[1]);
+    bad++;
+  }
+  ran++;
   for (int us = 0; us < 30000; us += 1000) /* the abort at every millisecond of a few calls */
     if (mp_run(2, abort_body, &us, 60)) {
       fprintf(stderr, "FAIL: single-copy allreduces with the job aborted %d us into them\n", us);
       bad++;
       break;
     }
+  ran++;
+  abort_count = PIPED; /* the same through the pipes (two ranks, 1 MiB calls) */
+  for (int us = 0; us < 10000; us += 500)
+    if (mp_run(2, abort_body, &us, 60)) {
+      fprintf(stderr, "FAIL: allreduces through the pipes with the job aborted %d us into them\n", us);
+      bad++;
+      break;
+    }
+  abort_count = BIG;
   ran++;
   if (mp_run(2, mismatch_body, NULL, 60)) {
     fprintf(stderr, "FAIL: mismatched single-copy allreduces\n");
