@@ -53,56 +53,27 @@
 
 #define BIG (4u << 20) /* floats: 16 MiB, a few ms per call here */
 
-/* Rank 2 of 3 has a child kill it 300 ms into the loop, most likely while a copy into or out of
- * its buffers is under way; ranks 0 and 1 loop for at most 20 s. */
-static int kill_body(int rank, int size, void *arg) {
-  (void)size;
-  (void)arg;
-  dt_comm *c = sw_join(rank);
-  CHECK(c, "create: %s", dt_last_error());
-  float *buf = calloc(BIG, sizeof *buf), *out = calloc(BIG, sizeof *out);
-  CHECK(buf && out, "out of memory");
-  CHECK(dt_comm_allreduce(c, buf, out, BIG, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
-  if (rank == 2) {
-    pid_t me = getpid(), k = fork();
-    if (k == 0) {
-      usleep(300000);
-      kill(me, SIGKILL);
-      _exit(0);
-    }
-  }
-  double t0 = check_now_s(), seen = 0;
-  dt_status st = DT_OK;
-  for (int i = 0; i < 100000 && st == DT_OK && check_now_s() - t0 < 20; i++)
-    st = dt_comm_allreduce(c, i % 2 ? DT_IN_PLACE : buf, out, BIG, DT_F32, DT_SUM);
-  seen = check_now_s() - t0;
-  CHECK(rank != 2, "rank 2 survived its own SIGKILL");
-  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "allreduce with rank 2 killed returned %s: %s", dt_strerror(st),
-        dt_last_error());
-  CHECK(strstr(dt_last_error(), "rank 2"), "the error does not name rank 2: %s", dt_last_error());
-  CHECK(seen < 10, "noticed rank 2's death only after %.1f s", seen);
-  dt_comm_destroy(c);
-  free(buf);
-  free(out);
-  return 0;
-}
-
-/* Two ranks, through the pipes (SHM_PIPE: calls that fit in them): rank 1 has a child kill it
- * 300 ms into a loop of 1 MiB allreduces and allgathers of 512 KiB blocks; rank 0, waiting for
- * pieces that never come or splicing into a pipe nobody reads, must fail naming rank 1 within
- * seconds. */
+/* The last rank has a child kill it 300 ms into a loop of calls, most likely while a copy into or
+ * out of its buffers is under way; the others loop for at most 20 s and must fail naming it
+ * within seconds. 3 ranks: 16 MiB allreduces (process_vm_readv/writev). 2 ranks, through the pipes
+ * (SHM_PIPE: calls that fit in them): 1 MiB allreduces and allgathers of 512 KiB blocks, the
+ * survivor waiting for pieces that never come or splicing into a pipe nobody reads. */
 #define PIPED (1u << 18) /* floats: 1 MiB */
-static int kill_piped_body(int rank, int size, void *arg) {
-  (void)size;
-  (void)arg;
+typedef struct {
+  size_t count;
+  bool gather; /* every other call an allgather of count / 2 per rank */
+} kill_case;
+static int kill_body(int rank, int size, void *arg) {
+  const kill_case *k = arg;
+  const int victim = size - 1;
   dt_comm *c = sw_join(rank);
   CHECK(c, "create: %s", dt_last_error());
-  float *buf = calloc(PIPED, sizeof *buf), *out = calloc(PIPED, sizeof *out);
+  float *buf = calloc(k->count, sizeof *buf), *out = calloc(k->count, sizeof *out);
   CHECK(buf && out, "out of memory");
-  CHECK(dt_comm_allreduce(c, buf, out, PIPED, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
-  if (rank == 1) {
-    pid_t me = getpid(), k = fork();
-    if (k == 0) {
+  CHECK(dt_comm_allreduce(c, buf, out, k->count, DT_F32, DT_SUM) == DT_OK, "first allreduce: %s", dt_last_error());
+  if (rank == victim) {
+    pid_t me = getpid(), kid = fork();
+    if (kid == 0) {
       usleep(300000);
       kill(me, SIGKILL);
       _exit(0);
@@ -111,14 +82,16 @@ static int kill_piped_body(int rank, int size, void *arg) {
   double t0 = check_now_s(), seen = 0;
   dt_status st = DT_OK;
   for (int i = 0; i < 1000000 && st == DT_OK && check_now_s() - t0 < 20; i++)
-    st = i % 2 ? dt_comm_allgather(c, buf, out, PIPED / 2, DT_F32)
-               : dt_comm_allreduce(c, DT_IN_PLACE, out, PIPED, DT_F32, DT_SUM);
+    st = k->gather && i % 2 ? dt_comm_allgather(c, buf, out, k->count / 2, DT_F32)
+                            : dt_comm_allreduce(c, i % 2 ? DT_IN_PLACE : buf, out, k->count, DT_F32, DT_SUM);
   seen = check_now_s() - t0;
-  CHECK(rank != 1, "rank 1 survived its own SIGKILL");
-  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "calls with rank 1 killed returned %s: %s", dt_strerror(st),
-        dt_last_error());
-  CHECK(strstr(dt_last_error(), "rank 1"), "the error does not name rank 1: %s", dt_last_error());
-  CHECK(seen < 10, "noticed rank 1's death only after %.1f s", seen);
+  CHECK(rank != victim, "rank %d survived its own SIGKILL", victim);
+  CHECK(st == DT_ERR_PEER || st == DT_ERR_ABORTED, "calls with rank %d killed returned %s: %s", victim,
+        dt_strerror(st), dt_last_error());
+  char name[32];
+  snprintf(name, sizeof name, "rank %d", victim);
+  CHECK(strstr(dt_last_error(), name), "the error does not name rank %d: %s", victim, dt_last_error());
+  CHECK(seen < 10, "noticed rank %d's death only after %.1f s", victim, seen);
   dt_comm_destroy(c);
   free(buf);
   free(out);
@@ -422,14 +395,15 @@ int main(void) {
   setenv("DTRAIN_SHM_CMA", "64K", 1); /* single copies also with 3 ranks on 2 cores */
   ran++;
   int codes[3] = {0};
-  mp_run_codes(3, kill_body, NULL, 60, codes);
+  kill_case big = {BIG, false}, piped = {PIPED, true};
+  mp_run_codes(3, kill_body, &big, 60, codes);
   if (codes[0] || codes[1] || codes[2] != 128 + SIGKILL) {
     fprintf(stderr, "FAIL: a rank killed during single-copy allreduces (exit codes %d %d %d)\n", codes[0], codes[1],
             codes[2]);
     bad++;
   }
   ran++;
-  mp_run_codes(2, kill_piped_body, NULL, 60, codes);
+  mp_run_codes(2, kill_body, &piped, 60, codes);
   if (codes[0] || codes[1] != 128 + SIGKILL) {
     fprintf(stderr, "FAIL: a rank killed during calls through the pipes (exit codes %d %d)\n", codes[0], codes[1]);
     bad++;
