@@ -134,7 +134,8 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * 4 MiB or more that such a call meets a second time is collapsed onto transparent huge pages
  * (madvise(MADV_COLLAPSE), once, at most 256 MiB per call; contents unchanged), which makes later
  * calls on it faster and costs the calls that do it up to a few ms per MiB. DTRAIN_SHM_THP=off
- * leaves memory alone. A 2-rank shm communicator also keeps four pipe descriptors (its own pipe
+ * leaves memory alone. A 2-rank shm communicator whose ranks each have a CPU (and may copy
+ * between each other) also keeps four pipe descriptors (its own pipe
  * and the other rank's), through which allreduces under 2 MiB and allgathers of blocks under
  * 1 MiB move their data; DTRAIN_SHM_PIPE=off makes none
  * (docs/TRANSPORTS.md, "Single copies"). */
