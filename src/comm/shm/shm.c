@@ -1602,7 +1602,7 @@ static dt_status shm_pipe_splice(dt_transport *t, const uint8_t *p, size_t bytes
       done += (size_t)got;
     else if (got < 0 && errno == EAGAIN)
       st = shm_pause(t, &w, peer, bell, peer, fp, deadline);
-    else if (got < 0 && errno != EINTR)
+    else if (got == 0 || errno != EINTR) /* 0: nothing taken, which would repeat forever */
       break;
   }
   shm_unarm(t, &w);
