@@ -878,15 +878,21 @@ static bool shm_cma_probe(int r, int pid, uint64_t addr) {
 }
 
 /* Rank 0: rank r's answer in its shm/mapped key, "<pid> <header address> <1 if it could read
- * rank 0's memory>", and whether rank 0 can read rank r's. */
-static bool shm_cma_answer(int r, const char *val) {
-  int pid = 0, ok = 0;
+ * rank 0's memory> <1 if it took rank 0's pipe> <its pipe's read end> <write end>", and whether
+ * rank 0 can read rank r's memory; with a pipe of its own (two ranks), takes rank r's too
+ * (shm_pipe_take) or gives up both. */
+static bool shm_cma_answer(dt_transport *t, int r, const char *val) {
+  int pid = 0, ok = 0, pok = 0, rfd = -1, wfd = -1;
   unsigned long long addr = 0;
-  if (sscanf(val, "%d %llx %d", &pid, &addr, &ok) != 3)
+  if (sscanf(val, "%d %llx %d %d %d %d", &pid, &addr, &ok, &pok, &rfd, &wfd) != 6)
     return false;
   if (!ok)
     DT_LOG_INFO("shared memory: collectives copy through staging buffers: rank %d may not read rank 0's memory", r);
-  return ok && shm_cma_probe(r, pid, addr);
+  if (!ok || !shm_cma_probe(r, pid, addr))
+    return false;
+  if (t->pipe_in[1] >= 0 && !(pok && shm_pipe_take(t, r, pid, rfd, wfd)))
+    shm_pipe_close(t);
+  return true;
 }
 
 /* Rank 0: whether single copies are fast here. process_vm_readv pins the pages it copies one by
@@ -1034,13 +1040,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
         goto fail_unlink;
       }
       v[len] = '\0';
-      cma = cma && shm_cma_answer(r, v);
-      int pid = 0, ok = 0, pok = 0, rfd = -1, wfd = -1;
-      unsigned long long addr = 0;
-      if (cma && t->pipe_in[1] >= 0 &&
-          (sscanf(v, "%d %llx %d %d %d %d", &pid, &addr, &ok, &pok, &rfd, &wfd) != 6 || !pok ||
-           !shm_pipe_take(t, r, pid, rfd, wfd)))
-        shm_pipe_close(t);
+      cma = cma && shm_cma_answer(t, r, v);
     }
     if (cma && !dt__env_str("DTRAIN_SHM_CMA")) /* asked for: used whatever the rate */
       cma = shm_cma_fast();
@@ -1062,9 +1062,9 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->cma_move_min = t->cma_min ? t->h->cma_move_min : 0;
   t->nt_min = t->h->nt_min;
   t->piped = t->cma_min && atomic_load(&t->h->pipe) == 1 && t->pipe_peer[1] >= 0;
-  if (!t->piped)
+  if (!t->piped) {
     shm_pipe_close(t);
-  if (t->piped) {
+  } else {
     t->page = (size_t)sysconf(_SC_PAGESIZE);
     int a = fcntl(t->pipe_in[0], F_GETPIPE_SZ), b = fcntl(t->pipe_peer[0], F_GETPIPE_SZ);
     t->pipe_pages = a > 0 && b > 0 ? (size_t)DT_MIN(a, b) / t->page : 0;
@@ -1507,17 +1507,6 @@ static dt_status shm_cma_end(dt_transport *t, dt_status st, const dt__fp *fp, in
   return st;
 }
 
-/* Allreduce, one copy: per chunk of the staged path's size (SHM_NT_CHUNKS of them when
- * streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
- * buffer, reduces it with its own (own first, then the others in rank order, as the staged path)
- * into its output, and writes the result from there, still in cache, into every other rank's
- * output. Nobody waits for anybody between the
- * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
- * output; in place, slice s of rank r's buffer is read by rank s before rank s overwrites it.
- * Per rank the memory traffic is its input read once and its output written once, against the
- * staged path's extra copy-in and copy-out through the staging buffers. With a footprint beyond
- * the caches (shm_nt_use) the slice is reduced into the buffer, over the first other rank's part,
- * written to the others from there and streamed into this rank's output. */
 static dt_status shm_allreduce_piped(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
                                      dt_op op, const dt__fp *fp, int64_t deadline);
 static bool shm_pipe_fits(const dt_transport *t, size_t count, size_t es);
@@ -1532,6 +1521,17 @@ static uint8_t *shm_cma_buf(dt_transport *t) {
   return t->cma_buf;
 }
 
+/* Allreduce, one copy: per chunk of the staged path's size (SHM_NT_CHUNKS of them when
+ * streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
+ * buffer, reduces it with its own (own first, then the others in rank order, as the staged path)
+ * into its output, and writes the result from there, still in cache, into every other rank's
+ * output. Nobody waits for anybody between the
+ * chunks: rank s only reads slice s of the others' inputs, and only it writes slice s of any
+ * output; in place, slice s of rank r's buffer is read by rank s before rank s overwrites it.
+ * Per rank the memory traffic is its input read once and its output written once, against the
+ * staged path's extra copy-in and copy-out through the staging buffers. With a footprint beyond
+ * the caches (shm_nt_use) the slice is reduced into the buffer, over the first other rank's part,
+ * written to the others from there and streamed into this rank's output. */
 static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
                                    dt_op op, const dt__fp *fp, int64_t deadline) {
   const size_t es = dt_dtype_size(dt);
