@@ -117,7 +117,7 @@
  * memory), and the other read(2)s them out chunk by chunk: one copy, as before, without
  * process_vm_readv's slow pinning of another process's pages (half of its kernel time in a
  * profile on an EPYC Zen 4 guest). The results still go back with process_vm_writev: spliced too,
- * the receiver's copy met lines just written on the other core, and 2 rounds in 3 ran 3-4x slower.
+ * the receiver's copy met lines just written on the other core, and 6 runs in 9 ran 3-4x slower.
  * Only while every piece fits in the pipes at once (1 MiB each, the default most an unprivileged
  * process may make: calls up to just under 2 MiB): no splice then waits for the reader, and no
  * chunk waits for the other rank. Measured on that guest, 2026-12-02 (bench/results/pipe-2026-12-02-zen4.txt):
