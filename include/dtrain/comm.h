@@ -134,10 +134,10 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out);
  * 4 MiB or more that such a call meets a second time is collapsed onto transparent huge pages
  * (madvise(MADV_COLLAPSE), once, at most 256 MiB per call; contents unchanged), which makes later
  * calls on it faster and costs the calls that do it up to a few ms per MiB. DTRAIN_SHM_THP=off
- * leaves memory alone. A 2-rank shm communicator whose ranks each have a CPU (and may copy
- * between each other) also keeps four pipe descriptors (its own pipe
- * and the other rank's), through which allreduces under 2 MiB and allgathers of blocks under
- * 1 MiB move their data; DTRAIN_SHM_PIPE=off makes none
+ * leaves memory alone. On a Zen 4 CPU (or with DTRAIN_SHM_PIPE=on), a 2-rank shm communicator
+ * whose ranks each have a CPU (and may copy between each other) also keeps four pipe descriptors
+ * (its own pipe and the other rank's), through which allreduces under 2 MiB and allgathers of
+ * blocks under 1 MiB move their data; elsewhere, or with DTRAIN_SHM_PIPE=off, it makes none
  * (docs/TRANSPORTS.md, "Single copies"). */
 dt_status dt_comm_allreduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op);
 dt_status dt_comm_reduce(dt_comm *c, const void *sendbuf, void *recvbuf, size_t count, dt_dtype t, dt_op op, int root);

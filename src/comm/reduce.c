@@ -1184,7 +1184,7 @@ void dt__reduce_finish(void *buf, size_t count, dt_dtype t, dt_op op, int n) {
  * 153-191 us and 3.5-4.0 ms with 16-byte moves (4 alternated rounds; BENCHMARKS-LOG, "Fifth EPYC
  * session"), and a 4 KiB flat allreduce went from 0.71 to 0.51 us (`DTRAIN_ALGO=flat dtrain bench
  * allreduce -n 2 --sizes 2K:64K`, with and without GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold
- * raised, 2026-11-27). So where that `rep movsb` is the slow kind (amd_slow_rep_movsb below: not
+ * raised, 2026-11-27). So where that `rep movsb` is the slow kind (amd_kind below: not
  * Zen 4) the collectives copy from 2 KiB with 32-byte moves where the CPU has AVX2 (1.1-3x faster
  * again than 16-byte ones there), with 16-byte ones elsewhere.
  * Everywhere else, and below 2 KiB, glibc's memcpy: on the Intel Xeon guest with AVX512-FP16 the
@@ -1222,7 +1222,8 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
 }
 #endif
 
-/* Whether glibc's memcpy (its `rep movsb` from about 2 KiB) is the slow kind on this AMD CPU:
+/* Whether glibc's memcpy (its `rep movsb` from about 2 KiB) is the slow kind on this AMD CPU
+ * (amd_kind 3):
  * family 25 (0x19) other than Zen 4, and older families. On the Zen 3 EPYC guest (family 25
  * model 1) it ran the staged allreduce at about 1.2 GB/s whenever the caller had just rewritten
  * its input (BENCHMARKS-LOG, "Fifth EPYC session"). On an EPYC Zen 4 guest (family 25 model 17)
@@ -1231,10 +1232,11 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
  * (bench/results/copy-memcpy-2026-12-01-zen4.txt). Zen 4's models: 0x10-0x1f, 0x60-0x7f,
  * 0xa0-0xaf. Family 26 (Zen 5) ran every measurement of its sessions on memcpy. */
 #ifdef RED_X86
-static bool amd_slow_rep_movsb(void) {
+/* 2 for an AMD CPU, 3 if its `rep movsb` is the slow kind, 4 for Zen 4 (cpu_kind's values) */
+static int amd_kind(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d))
-    return false;
+    return 2;
   unsigned fam = (a >> 8) & 0xf, model = (a >> 4) & 0xf;
   if (fam == 0xf) {
     fam += (a >> 20) & 0xff;
@@ -1242,24 +1244,25 @@ static bool amd_slow_rep_movsb(void) {
   }
   bool zen4 = fam == 0x19 && ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
                               (model >= 0xa0 && model <= 0xaf));
-  return fam <= 0x19 && !zen4;
+  return zen4 ? 4 : fam <= 0x19 ? 3 : 2;
 }
 #endif
 
-/* 0 unknown, 1 not AMD, 2 AMD, 3 AMD whose `rep movsb` is slow (amd_slow_rep_movsb) */
+/* 0 unknown, 1 not AMD, 2 AMD, 3 AMD whose `rep movsb` is slow, 4 AMD Zen 4 (amd_kind) */
 static atomic_int cpu_kind;
 static int cpu_kind_get(void) {
   int v = atomic_load_explicit(&cpu_kind, memory_order_relaxed);
 #ifdef RED_X86
   if (v == 0) {
     __builtin_cpu_init();
-    v = !__builtin_cpu_is("amd") ? 1 : amd_slow_rep_movsb() ? 3 : 2;
+    v = !__builtin_cpu_is("amd") ? 1 : amd_kind();
     atomic_store_explicit(&cpu_kind, v, memory_order_relaxed);
   }
 #endif
   return v;
 }
 bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
+bool dt__cpu_zen4(void) { return cpu_kind_get() == 4; }
 
 /* Whether dt__copy moves from 2 KiB itself: where memcpy is slow (above), and tests forcing it
  * (1 or 4). */

@@ -24,7 +24,8 @@
  *     results. Where transparent huge pages are "madvise" (elsewhere the
  *     kernel decides alone) and the kernel collapses a scratch buffer (Linux 6.1); skipped
  *     otherwise.
- * Two ranks read each other's pieces from pipes (SHM_PIPE in shm.c) in calls that fit in them:
+ * Two ranks read each other's pieces from pipes (SHM_PIPE in shm.c; DTRAIN_SHM_PIPE=on, as by
+ * default they are only on Zen 4) in calls that fit in them:
  *   - rank 1 SIGKILLed in a loop of allreduces and allgathers that take the pipes: rank 0 fails
  *     naming it within seconds;
  *   - the abort case with 1 MiB calls, at 20 moments half a millisecond apart;
@@ -426,6 +427,7 @@ int main(void) {
   setenv("DTRAIN_TRANSPORT", "shm", 1);
   int bad = 0, ran = 0;
   setenv("DTRAIN_SHM_CMA", "64K", 1); /* single copies also with 3 ranks on 2 cores */
+  setenv("DTRAIN_SHM_PIPE", "on", 1);  /* the pipes on every CPU (by default only on Zen 4) */
   ran++;
   int codes[3] = {0};
   kill_case big = {BIG, false}, piped = {PIPED, true};

@@ -130,7 +130,16 @@
  * ends of the other's pipe (pidfd_getfd(2), which
  * needs the same permission as process_vm_readv), so a pipe always has a reader (no SIGPIPE) and
  * never reaches end-of-file. Not with more ranks, where the single copies never wait between
- * chunks. DTRAIN_SHM_PIPE=off keeps process_vm_readv. */
+ * chunks. By default only on Zen 4 CPUs (dt__cpu_zen4), the only ones where the pipes were
+ * measured faster: on a Zen 5 guest (family 26 model 2; same kernel) `bench/cma_bw` moved 12 GB/s
+ * through a pipe against 18 with process_vm_readv at 1 MiB (8 against 14 at 64 KiB), and the pipes
+ * made the 2-rank allreduce 1.15-1.3x slower at 64 KiB-1 MiB and the allgather 1.2-1.7x slower (5
+ * alternated rounds each, docs/BENCHMARKS-LOG.md, "A Zen 5 host with twice the memory
+ * bandwidth"). A probe within rank 0 (splicing into its own pipe and reading it back against
+ * process_vm_readv of its own memory) found the pipes faster on that host too, 10.6-12.6 against
+ * 11.7-14.2 us per 256 KiB: the cost is in the pages' passing between the two processes' cores,
+ * which one process alone does not show. DTRAIN_SHM_PIPE=on takes the pipes on any CPU, off
+ * keeps process_vm_readv. */
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
@@ -822,7 +831,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
                     .owner_pipe = {-1, -1}};
   atomic_store(&t->h->cma, cma ? 0u : 2u);
   /* the others take this pipe once they mapped the segment */
-  if (n == 2 && cma && !t->oversubscribed && !(pe && !strcmp(pe, "off")) && shm_pipe_open(t)) {
+  bool pipes = pe ? !strcmp(pe, "on") : dt__cpu_zen4();
+  if (n == 2 && cma && !t->oversubscribed && pipes && shm_pipe_open(t)) {
     t->h->owner_pipe[0] = t->pipe_in[0];
     t->h->owner_pipe[1] = t->pipe_in[1];
   }
