@@ -131,15 +131,15 @@
  * needs the same permission as process_vm_readv), so a pipe always has a reader (no SIGPIPE) and
  * never reaches end-of-file. Not with more ranks, where the single copies never wait between
  * chunks. By default only on Zen 4 CPUs (dt__cpu_zen4), the only ones where the pipes were
- * measured faster: on a Zen 5 guest (family 26 model 2; same kernel) `bench/cma_bw` moved 12 GB/s
- * through a pipe against 18 with process_vm_readv at 1 MiB (8 against 14 at 64 KiB), and the pipes
- * made the 2-rank allreduce 1.15-1.3x slower at 64 KiB-1 MiB and the allgather 1.2-1.7x slower (5
- * alternated rounds each, docs/BENCHMARKS-LOG.md, "A Zen 5 host with twice the memory
- * bandwidth"). A probe within rank 0 (splicing into its own pipe and reading it back against
- * process_vm_readv of its own memory) found the pipes faster on that host too, 10.6-12.6 against
- * 11.7-14.2 us per 256 KiB: the cost is in the pages' passing between the two processes' cores,
- * which one process alone does not show. DTRAIN_SHM_PIPE=on takes the pipes on any CPU, off
- * keeps process_vm_readv. */
+ * measured faster. On a Zen 5 guest (family 26 model 2, the same kernel) `bench/cma_bw` moved 12
+ * GB/s through a pipe against 18 with process_vm_readv at 1 MiB (8 against 14 at 64 KiB), and the
+ * pipes made the 2-rank allreduce 1.20-1.26x slower at 64 KiB-1 MiB and the allgather 1.18-1.67x
+ * slower at 32-512 KiB blocks (medians of 5 alternated rounds; docs/BENCHMARKS-LOG.md, "A Zen 5
+ * host with twice the memory bandwidth"). A probe within rank 0 alone (splicing into its own pipe
+ * and reading it back, against process_vm_readv of its own memory) could not tell: it found the
+ * pipes faster on that host too (10.6-12.6 against 11.7-14.2 us per 256 KiB), so what costs there
+ * is presumably the pages passing between two processes on two cores. DTRAIN_SHM_PIPE=on takes
+ * the pipes on any CPU, off keeps process_vm_readv. */
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
