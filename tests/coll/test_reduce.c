@@ -1,7 +1,8 @@
 /* test_reduce.c - the reduction kernels and dtype helpers against an independent scalar
  * reference: every dtype x op, lengths around the vector widths with unaligned starts, both the
  * AVX2 and the portable kernels, f16/bf16 rounding corner cases (ties, overflow, subnormals),
- * NaN propagation, avg finishing and the mixed-precision kernel the ring uses; dt__copy. */
+ * NaN propagation, avg finishing and the mixed-precision kernel the ring uses; dt__copy; the
+ * CPU kind the per-CPU defaults read (dt__cpu_amd, dt__cpu_zen4). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -612,8 +613,35 @@ static void test_copy(void **s) {
   free(dst);
 }
 
+/* dt__cpu_amd and dt__cpu_zen4 (the shm transport's per-CPU defaults) against the kernel's own
+ * decoding of the CPU in /proc/cpuinfo (vendor, family and model in decimal, extended fields
+ * folded in). */
+static void test_cpu_kind(void **s) {
+  (void)s;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f)
+    skip();
+  char line[512], vendor[64] = "";
+  int family = -1, model = -1;
+  while (fgets(line, sizeof line, f) && (family < 0 || model < 0 || !vendor[0])) {
+    if (!vendor[0])
+      (void)sscanf(line, "vendor_id : %63s", vendor);
+    if (family < 0)
+      (void)sscanf(line, "cpu family : %d", &family);
+    if (model < 0 && !strncmp(line, "model\t", 6))
+      (void)sscanf(line, "model : %d", &model);
+  }
+  fclose(f);
+  bool amd = !strcmp(vendor, "AuthenticAMD");
+  bool zen4 = amd && family == 25 &&
+              ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) || (model >= 0xa0 && model <= 0xaf));
+  assert_int_equal(dt__cpu_amd(), amd);
+  assert_int_equal(dt__cpu_zen4(), zen4);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cpu_kind),
       cmocka_unit_test(test_copy),
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
       cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
