@@ -215,8 +215,6 @@ static int many_body(int rank, int size, void *arg) {
   return 0;
 }
 
-/* arg 0: rank 1's broadcast buffer is read-only; 1: the root's buffer ends (PROT_NONE) halfway
- * through the call's count. */
 /* Kind 2: a 1 MiB allreduce whose input on rank 0 ends in 256 KiB it may not read (rank 0 splices
  * the second half of each chunk to rank 1); kind 3: an allgather of 256 KiB blocks whose output
  * on rank 0 may not be written where rank 1's block goes. Rank 0 names its own buffer; rank 1
@@ -246,6 +244,8 @@ static int badbuf_piped(dt_comm *c, int rank, int kind) {
   return 0;
 }
 
+/* arg 0: rank 1's broadcast buffer is read-only; 1: the root's buffer ends (PROT_NONE) halfway
+ * through the call's count; 2 and 3: badbuf_piped. */
 static int badbuf_body(int rank, int size, void *arg) {
   (void)size;
   int kind = *(const int *)arg;
