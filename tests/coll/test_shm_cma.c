@@ -30,7 +30,8 @@
  *     naming it within seconds;
  *   - the abort case with 1 MiB calls, at 20 moments half a millisecond apart;
  *   - an allreduce whose input, and an allgather whose output, rank 0 may not read or write
- *     where the pipes take it: rank 0 names its own buffer, rank 1 fails too;
+ *     where the pipes take it: rank 0 names its own buffer, rank 1 fails too; the same calls
+ *     with the pipes off: rank 1, whose copies meet the bad part, names rank 0's buffer;
  *   the mismatch case runs that path too (2 ranks, 512 KiB).
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
@@ -215,27 +216,32 @@ static int many_body(int rank, int size, void *arg) {
   return 0;
 }
 
-/* Kind 2: a 1 MiB allreduce whose input on rank 0 ends in 256 KiB it may not read (rank 0 splices
- * the second half of each chunk to rank 1); kind 3: an allgather of 256 KiB blocks whose output
- * on rank 0 may not be written where rank 1's block goes. Rank 0 names its own buffer; rank 1
- * fails with the job's verdict or naming rank 0. */
-static int badbuf_piped(dt_comm *c, int rank, int kind) {
+/* Kind 2: a 1 MiB allreduce whose input on rank 0 ends in 256 KiB it may not read; kind 3: an
+ * allgather of 256 KiB blocks whose output on rank 0 may not be written where rank 1's block
+ * goes. Through the pipes (DTRAIN_SHM_PIPE=on) rank 0 splices the second half of each 512 KiB
+ * chunk to rank 1, and reads rank 1's block from its pipe: rank 0 names its own buffer, rank 1
+ * fails with the job's verdict or naming rank 0. Kinds 4 and 5 are the same calls with the pipes
+ * off (process_vm_readv/writev, the default off Zen 4): rank 1 reads that half of rank 0's input
+ * and writes its block into rank 0's output, so rank 1 names rank 0's buffer, and rank 0 fails
+ * with the job's verdict or naming rank 0. */
+static int badbuf_two(dt_comm *c, int rank, int kind) {
+  const bool piped = kind < 4, gather = kind & 1;
   const size_t bytes = 1u << 20, bad = 256u << 10;
   float *in = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(in != MAP_FAILED && out != MAP_FAILED, "mmap: %s", strerror(errno));
   CHECK(dt_comm_allreduce(c, in, out, bytes / sizeof(float), DT_F32, DT_SUM) == DT_OK, "warm-up: %s", dt_last_error());
   if (rank == 0)
-    CHECK(mprotect(kind == 2 ? (char *)in + bytes - bad : (char *)out + bad, bad, kind == 2 ? PROT_NONE : PROT_READ) == 0,
+    CHECK(mprotect(gather ? (char *)out + bad : (char *)in + bytes - bad, bad, gather ? PROT_READ : PROT_NONE) == 0,
           "mprotect: %s", strerror(errno));
-  dt_status st = kind == 2 ? dt_comm_allreduce(c, in, out, bytes / sizeof(float), DT_F32, DT_SUM)
-                           : dt_comm_allgather(c, in, out, bad / sizeof(float), DT_F32);
+  dt_status st = gather ? dt_comm_allgather(c, in, out, bad / sizeof(float), DT_F32)
+                        : dt_comm_allreduce(c, in, out, bytes / sizeof(float), DT_F32, DT_SUM);
   const char *e = dt_last_error();
-  CHECK(st != DT_OK, "%s with a bad buffer returned DT_OK", kind == 2 ? "allreduce" : "allgather");
-  if (rank == 0)
-    CHECK(strstr(e, kind == 2 ? "its own buffer is not readable" : "its own buffer is not writable") ||
-              strstr(e, kind == 2 ? "rank 0's buffer is not readable" : "rank 0's buffer is not writable"),
-          "unexpected error: %s", e);
+  CHECK(st != DT_OK, "%s with a bad buffer returned DT_OK", gather ? "allgather" : "allreduce");
+  const char *own = gather ? "its own buffer is not writable" : "its own buffer is not readable";
+  const char *named = gather ? "rank 0's buffer is not writable" : "rank 0's buffer is not readable";
+  if (rank == (piped ? 0 : 1)) /* the rank that touches the bad part */
+    CHECK(st == DT_ERR_INVALID && ((piped && strstr(e, own)) || strstr(e, named)), "unexpected error: %s", e);
   else
     CHECK(st == DT_ERR_ABORTED || strstr(e, "rank 0"), "unexpected error: %s", e);
   dt_comm_destroy(c);
@@ -245,14 +251,14 @@ static int badbuf_piped(dt_comm *c, int rank, int kind) {
 }
 
 /* arg 0: rank 1's broadcast buffer is read-only; 1: the root's buffer ends (PROT_NONE) halfway
- * through the call's count; 2 and 3: badbuf_piped. */
+ * through the call's count; 2 to 5: badbuf_two. */
 static int badbuf_body(int rank, int size, void *arg) {
   (void)size;
   int kind = *(const int *)arg;
   dt_comm *c = sw_join(rank);
   CHECK(c, "create: %s", dt_last_error());
-  if (kind >= 2) /* through the pipes (2 ranks): a part of rank 0's input or output unusable */
-    return badbuf_piped(c, rank, kind);
+  if (kind >= 2) /* 2 ranks, a part of rank 0's input or output unusable */
+    return badbuf_two(c, rank, kind);
   size_t bytes = 128 << 10;
   float *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   CHECK(buf != MAP_FAILED, "mmap: %s", strerror(errno));
@@ -479,13 +485,16 @@ int main(void) {
         bad++;
       }
     }
-  for (int kind = 0; kind < 4; kind++) {
+  for (int kind = 0; kind < 6; kind++) {
     ran++;
+    if (kind == 4)
+      setenv("DTRAIN_SHM_PIPE", "off", 1);
     if (mp_run(2, badbuf_body, &kind, 60)) {
       fprintf(stderr, "FAIL: bad buffer %d\n", kind);
       bad++;
     }
   }
+  setenv("DTRAIN_SHM_PIPE", "on", 1);
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
                         "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes", "DTRAIN_SHM_THP=1M",
