@@ -32,6 +32,8 @@
  *   - an allreduce whose input, and an allgather whose output, rank 0 may not read or write
  *     where the pipes take it: rank 0 names its own buffer, rank 1 fails too; the same calls
  *     with the pipes off: rank 1, whose copies meet the bad part, names rank 0's buffer;
+ *   - pidfd_getfd or vmsplice refused on rank 0 or rank 1 (seccomp): both ranks copy with
+ *     process_vm_readv/writev instead, with right results;
  *   the mismatch case runs that path too (2 ranks, 512 KiB).
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
@@ -44,6 +46,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -283,6 +288,45 @@ static int badbuf_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Setting the pipes up refused on one rank (a seccomp filter returning EPERM for one system call,
+ * as a container's may): pidfd_getfd (taking the other rank's pipe) or vmsplice (the probe of a
+ * rank's own pipe), on rank 0 (which sets the segment up) or rank 1. Both ranks must agree to
+ * copy with process_vm_readv/writev instead: a 1 MiB allreduce and allgather give the right
+ * results, and the bad-input case of that path (badbuf_two's kind 4) fails as it does there, not
+ * as through the pipes. */
+typedef struct {
+  int rank;
+  long nr;
+} refusal;
+static int refuse_body(int rank, int size, void *arg) {
+  const refusal *r = arg;
+  if (rank == r->rank) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)r->nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+    CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0,
+          "seccomp: %s", strerror(errno));
+  }
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  enum { N = 1 << 18 };
+  static float in[N], out[N];
+  for (int i = 0; i < N; i++)
+    in[i] = (float)(rank + 1) * (float)(i % 1000);
+  CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+  for (int i = 0; i < N; i++)
+    CHECK(out[i] == 3.0f * (float)(i % 1000), "element %d: %g, expected %g", i, out[i], 3.0f * (float)(i % 1000));
+  CHECK(dt_comm_allgather(c, in, out, N / 2, DT_F32) == DT_OK, "allgather: %s", dt_last_error());
+  for (int i = 0; i < N; i++)
+    CHECK(out[i] == (float)(i / (N / 2) + 1) * (float)(i % (N / 2) % 1000), "allgather element %d: %g", i, out[i]);
+  (void)size;
+  return badbuf_two(c, rank, 4);
+}
+
 /* KiB of the mapping holding p that are on huge pages (its AnonHugePages line in smaps), -1 if
  * none was found. */
 static long huge_kib(const void *p) {
@@ -495,6 +539,15 @@ int main(void) {
     }
   }
   setenv("DTRAIN_SHM_PIPE", "on", 1);
+  const refusal refusals[] = {{0, SYS_pidfd_getfd}, {1, SYS_pidfd_getfd}, {0, SYS_vmsplice}, {1, SYS_vmsplice}};
+  for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
+    ran++;
+    if (mp_run(2, refuse_body, (void *)&refusals[i], 60)) {
+      fprintf(stderr, "FAIL: rank %d refused system call %ld while setting the pipes up\n", refusals[i].rank,
+              refusals[i].nr);
+      bad++;
+    }
+  }
   /* (the waiting knobs used to be clamped silently) */
   const char *bads[] = {"DTRAIN_SHM_CMA=0", "DTRAIN_SHM_CMA=lots", "DTRAIN_SHM_CMA=-5", "DTRAIN_SHM_CMA= -5",
                         "DTRAIN_SHM_SPIN_US=-1", "DTRAIN_SHM_YIELD_US=99999999999", "DTRAIN_SHM_THP=yes", "DTRAIN_SHM_THP=1M",
