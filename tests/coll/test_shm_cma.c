@@ -32,11 +32,12 @@
  *   - an allreduce whose input, and an allgather whose output, rank 0 may not read or write
  *     where the pipes take it: rank 0 names its own buffer, rank 1 fails too; the same calls
  *     with the pipes off: rank 1, whose copies meet the bad part, names rank 0's buffer;
- *   - pidfd_getfd or vmsplice refused on rank 0 or rank 1 (seccomp): both ranks copy with
- *     process_vm_readv/writev instead, with right results;
+ *   - pidfd_getfd or vmsplice refused on rank 0 or rank 1 (seccomp), or a pipe that cannot grow
+ *     beyond 64 KiB: both ranks copy a 1 MiB call with process_vm_readv/writev, rightly;
  *   the mismatch case runs that path too (2 ranks, 512 KiB).
  * The results themselves are checked by the collective sweeps (test_coll_sweep_cma_shm). */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -293,17 +294,21 @@ static int badbuf_body(int rank, int size, void *arg) {
  * rank's own pipe), on rank 0 (which sets the segment up) or rank 1. Both ranks must agree to
  * copy with process_vm_readv/writev instead: a 1 MiB allreduce and allgather give the right
  * results, and the bad-input case of that path (badbuf_two's kind 4) fails as it does there, not
- * as through the pipes. */
+ * as through the pipes. The same when a rank's pipe cannot grow from 64 KiB (fcntl F_SETPIPE_SZ
+ * refused): the pipes stay, but a 1 MiB call no longer fits in them. */
 typedef struct {
   int rank;
   long nr;
+  long arg1; /* only calls with this second argument (fcntl's command), or -1: every call */
 } refusal;
 static int refuse_body(int rank, int size, void *arg) {
   const refusal *r = arg;
   if (rank == r->rank) {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)r->nr, 0, 1),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)r->nr, r->arg1 < 0 ? 2 : 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])), /* its low half */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)r->arg1, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
@@ -539,12 +544,13 @@ int main(void) {
     }
   }
   setenv("DTRAIN_SHM_PIPE", "on", 1);
-  const refusal refusals[] = {{0, SYS_pidfd_getfd}, {1, SYS_pidfd_getfd}, {0, SYS_vmsplice}, {1, SYS_vmsplice}};
+  const refusal refusals[] = {{0, SYS_pidfd_getfd, -1}, {1, SYS_pidfd_getfd, -1}, {0, SYS_vmsplice, -1},
+                              {1, SYS_vmsplice, -1},       {0, SYS_fcntl, F_SETPIPE_SZ}, {1, SYS_fcntl, F_SETPIPE_SZ}};
   for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
     ran++;
     if (mp_run(2, refuse_body, (void *)&refusals[i], 60)) {
-      fprintf(stderr, "FAIL: rank %d refused system call %ld while setting the pipes up\n", refusals[i].rank,
-              refusals[i].nr);
+      fprintf(stderr, "FAIL: rank %d refused system call %ld (%ld) while setting the pipes up\n", refusals[i].rank,
+              refusals[i].nr, refusals[i].arg1);
       bad++;
     }
   }
