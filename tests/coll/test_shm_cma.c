@@ -289,6 +289,20 @@ static int badbuf_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* 1 MiB of (rank + 1) * (i % 1000) in mib_in, allreduced into mib_out and checked element by
+ * element (nodump_body, refuse_body). */
+enum { MIB_N = 1 << 18 };
+static float mib_in[MIB_N], mib_out[MIB_N];
+static int allreduce_mib(dt_comm *c, int rank, int size) {
+  for (int i = 0; i < MIB_N; i++)
+    mib_in[i] = (float)(rank + 1) * (float)(i % 1000);
+  CHECK(dt_comm_allreduce(c, mib_in, mib_out, MIB_N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
+  float k = (float)size * (float)(size + 1) / 2;
+  for (int i = 0; i < MIB_N; i++)
+    CHECK(mib_out[i] == k * (float)(i % 1000), "element %d: %g, expected %g", i, mib_out[i], k * (float)(i % 1000));
+  return 0;
+}
+
 /* Setting the pipes up refused on one rank (a seccomp filter returning EPERM for one system call,
  * as a container's may): pidfd_getfd (taking the other rank's pipe) or vmsplice (the probe of a
  * rank's own pipe), on rank 0 (which sets the segment up) or rank 1. Both ranks must agree to
@@ -318,17 +332,12 @@ static int refuse_body(int rank, int size, void *arg) {
   }
   dt_comm *c = sw_join(rank);
   CHECK(c, "create: %s", dt_last_error());
-  enum { N = 1 << 18 };
-  static float in[N], out[N];
-  for (int i = 0; i < N; i++)
-    in[i] = (float)(rank + 1) * (float)(i % 1000);
-  CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
-  for (int i = 0; i < N; i++)
-    CHECK(out[i] == 3.0f * (float)(i % 1000), "element %d: %g, expected %g", i, out[i], 3.0f * (float)(i % 1000));
-  CHECK(dt_comm_allgather(c, in, out, N / 2, DT_F32) == DT_OK, "allgather: %s", dt_last_error());
-  for (int i = 0; i < N; i++)
-    CHECK(out[i] == (float)(i / (N / 2) + 1) * (float)(i % (N / 2) % 1000), "allgather element %d: %g", i, out[i]);
-  (void)size;
+  if (allreduce_mib(c, rank, size))
+    return 1;
+  const int h = MIB_N / 2; /* each rank's block: the first half of its input */
+  CHECK(dt_comm_allgather(c, mib_in, mib_out, h, DT_F32) == DT_OK, "allgather: %s", dt_last_error());
+  for (int i = 0; i < MIB_N; i++)
+    CHECK(mib_out[i] == (float)(i / h + 1) * (float)(i % h % 1000), "allgather element %d: %g", i, mib_out[i]);
   return badbuf_two(c, rank, 4);
 }
 
@@ -463,17 +472,11 @@ static int nodump_body(int rank, int size, void *arg) {
     CHECK(single == 0, "single copies on although rank %d may not be read", which);
   else
     CHECK(single == 64 << 10, "single copies from %zu bytes, expected 65536 (every rank dumpable)", single);
-  enum { N = 1 << 18 };
-  static float in[N], out[N];
-  for (int i = 0; i < N; i++)
-    in[i] = (float)(rank + 1) * (float)(i % 1000);
-  CHECK(dt_comm_allreduce(c, in, out, N, DT_F32, DT_SUM) == DT_OK, "allreduce: %s", dt_last_error());
-  float k = (float)size * (float)(size + 1) / 2;
-  for (int i = 0; i < N; i++)
-    CHECK(out[i] == k * (float)(i % 1000), "element %d: %g, expected %g", i, out[i], k * (float)(i % 1000));
-  CHECK(dt_comm_broadcast(c, in, N, DT_F32, size - 1) == DT_OK, "broadcast: %s", dt_last_error());
-  for (int i = 0; i < N; i++)
-    CHECK(in[i] == (float)size * (float)(i % 1000), "broadcast element %d: %g", i, in[i]);
+  if (allreduce_mib(c, rank, size))
+    return 1;
+  CHECK(dt_comm_broadcast(c, mib_in, MIB_N, DT_F32, size - 1) == DT_OK, "broadcast: %s", dt_last_error());
+  for (int i = 0; i < MIB_N; i++)
+    CHECK(mib_in[i] == (float)size * (float)(i % 1000), "broadcast element %d: %g", i, mib_in[i]);
   dt_comm_destroy(c);
   return 0;
 }
