@@ -16,7 +16,8 @@
  * It deliberately does no threading and no non-temporal stores: callers pass cache-sized chunks.
  * The vector loops prefetch a few KiB ahead (v_pf, z_pf): one operand is often the caller's input
  * in DRAM, and the half-type loops, converting every element, otherwise left it at half of f32's
- * rate. */
+ * rate. A caller whose operands stay in the caches says so (dt__reduce_cached) and they do not:
+ * there the prefetches only took load slots. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -262,6 +263,9 @@ TGT static inline void st2_f16(uint16_t *p, __m256 v0, __m256 v1) {
  * other ranks are writing): a 4 KiB f32 allreduce took 0.52-0.59 us prefetching, 0.50-0.52
  * without (shm, 2 ranks, three alternated runs at load 7). */
 #define RED_PF_MIN (64u << 10)
+/* dt__reduce_cached: this thread's operands stay in the caches, so nothing is prefetched. */
+static _Thread_local bool red_cached;
+#define RED_PF_ON(bytes) (!red_cached && (bytes) >= RED_PF_MIN)
 TGT static inline void v_pf(const void *a, const void *b) {
   _mm_prefetch((const char *)(uintptr_t)((uintptr_t)a + RED_PF), _MM_HINT_T0);
   _mm_prefetch((const char *)(uintptr_t)((uintptr_t)b + RED_PF), _MM_HINT_T0);
@@ -275,7 +279,7 @@ TGT static inline void v_pf(const void *a, const void *b) {
     T *o = o_;                                                                     \
     const T *a = a_, *b = b_;                                                      \
     size_t i = 0;                                                                  \
-    const bool pf = n * sizeof(T) >= RED_PF_MIN;                                   \
+    const bool pf = RED_PF_ON(n * sizeof(T));                                      \
     for (; i + 2 * (W) <= n; i += 2 * (W)) {                                       \
       if (pf)                                                                      \
         v_pf(a + i, b + i);                                                        \
@@ -597,7 +601,7 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
   TGTX static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                             size_t n, int div) {                                                  \
     size_t i = 0;                                                                                 \
-    const bool pf = n * 2 >= RED_PF_MIN; /* read by the all-half loops */                         \
+    const bool pf = RED_PF_ON(n * 2); /* read by the all-half loops */                            \
     __m512 vd = _mm512_set1_ps((float)div);                                                       \
     if (div > 1 && at == bt && at == ot && at == DT_F16) {                                        \
       for (; i + 32 <= n; i += 32) {                                                              \
@@ -716,7 +720,7 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
 #define ZMANY(name, ZOP, TGTX, ST2_BF16)                                                           \
   TGTX static size_t name(void *o, const void *const *src, int k, size_t n, dt_dtype t, int div) { \
     size_t i = 0, es = dt_dtype_size(t);                                                          \
-    const bool pf = n * es >= RED_PF_MIN;                                                         \
+    const bool pf = RED_PF_ON(n * es);                                                            \
     __m512 vd = _mm512_set1_ps((float)div);                                                       \
     const void *s[64];                                                                            \
     for (int j = 0; j < k; j++)                                                                   \
@@ -781,7 +785,7 @@ ZMANY(b_many_prod, z_prod, TGTBF, bb_store)
 #define H_OP2(name, OP, OP256)                                                                    \
   TGTFP16 static void name(uint16_t *o, const uint16_t *a, const uint16_t *b, size_t n) {        \
     size_t i = 0;                                                                                 \
-    const bool pf = n * 2 >= RED_PF_MIN;                                                          \
+    const bool pf = RED_PF_ON(n * 2);                                                             \
     if (n * 2 >= H_L2_BYTES)                                                                      \
       for (; i + 32 <= n; i += 32) {                                                              \
         if (pf)                                                                                   \
@@ -1072,6 +1076,12 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
 /* Elements per block of dt__reduce_many: the f32 partials (4 KiB) or the output block stay in
  * L1 while each source streams through once. */
 #define MANY_BLOCK 1024
+
+bool dt__reduce_cached(bool cached) {
+  bool was = red_cached;
+  red_cached = cached;
+  return was;
+}
 
 void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div) {
   size_t es = dt_dtype_size(t);

@@ -2,8 +2,8 @@
  * the harness scripts) build cleanly and tell the truth: the Open MPI peer program checks every
  * collective's result and reports it in dtrain bench's JSON row format, the ceilings programs
  * report positive rates, first_calls (linked with libdtrain, run under `dtrain run`) reports every
- * call-time field, and the harnesses reject bad usage with exit code 2 before installing or
- * running anything.
+ * call-time field, dtype_ab checks every dtype's allreduce, and the harnesses reject bad usage
+ * with exit code 2 before installing or running anything.
  *
  * It deliberately times nothing (rates are only checked to be positive and finite) and never
  * needs PyTorch. The C helpers are compiled here with -Wall -Wextra -Werror, as the harnesses do.
@@ -285,6 +285,35 @@ static void test_first_calls(void) {
   }
 }
 
+/* dtype_ab: builds against libdtrain, runs its 2 ranks on one size and checks every dtype's
+ * result (a wrong one fails it); bad usage exits 2. */
+static void test_dtype_ab(void) {
+  char cmd[4096], out[8192], build_dir[1024];
+  const char *bin = getenv("DTRAIN_BIN");
+  snprintf(build_dir, sizeof build_dir, "%s", bin ? bin : "./dtrain");
+  char *slash = strrchr(build_dir, '/');
+  if (slash)
+    *slash = '\0';
+  snprintf(cmd, sizeof cmd,
+           "timeout 120 mpicc -O2 -Wall -Wextra -Werror -I%s/include -o %s/dtype_ab %s/bench/dtype_ab.c "
+           "%s/libdtrain.a $(pkg-config --libs openblas) -lz -lm -lpthread 2>&1",
+           src_dir, tmp_dir, src_dir, build_dir);
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0, "compiling bench/dtype_ab.c failed: %s", out);
+  if (rc)
+    return;
+  snprintf(cmd, sizeof cmd, "timeout 120 %s/dtype_ab --iters 20 65536 2>/dev/null", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "65536 B, 2 ranks: f32 ") && strstr(out, " f16 ") && strstr(out, " bf16 ") &&
+            !strstr(out, "WRONG") && !strstr(out, "nan") && !strstr(out, "inf"),
+        "dtype_ab: %d %s", rc, out);
+  static const char *bad[] = {"", "100", "--ranks 1 65536", "--iters 0 65536", "64k"};
+  for (int b = 0; b < 5; b++) {
+    snprintf(cmd, sizeof cmd, "timeout 30 %s/dtype_ab %s 2>/dev/null", tmp_dir, bad[b]);
+    CHECK(run(cmd, NULL, 0) == 2, "dtype_ab accepted '%s'", bad[b]);
+  }
+}
+
 int main(void) {
   src_dir = getenv("DTRAIN_SOURCE_DIR");
   if (!src_dir) {
@@ -300,6 +329,7 @@ int main(void) {
   test_ceilings();
   test_harness_usage();
   test_first_calls();
+  test_dtype_ab();
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
   if (system(cmd) != 0)

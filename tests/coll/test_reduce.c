@@ -288,6 +288,39 @@ static void test_reduce_many(void **s) {
         }
 }
 
+/* Operands of 64 KiB and more, with the software prefetch (the default) and without it
+ * (dt__reduce_cached(true), as the single-copy shm allreduce says below its cached footprint):
+ * the same bits either way, and the setting is per call site, restored by its caller. */
+static void test_reduce_cached(void **s) {
+  (void)s;
+  enum { N = 40000, K = 4 };
+  static const dt_dtype ts[] = {DT_F32, DT_F16, DT_BF16};
+  static char src[K][N * 4], ref[N * 4], got[N * 4];
+  dt_rng rng;
+  dt_rng_seed(&rng, 5);
+  assert_false(dt__reduce_cached(false)); /* the default: operands may stream */
+  for (size_t ti = 0; ti < DT_ARRAY_LEN(ts); ti++)
+    for (int k = 2; k <= K; k += 2) {
+      dt_dtype ty = ts[ti];
+      size_t es = dt_dtype_size(ty);
+      const void *sp[K];
+      for (int j = 0; j < k; j++) {
+        fill(src[j], N, ty, &rng, 1);
+        sp[j] = src[j];
+      }
+      dt__reduce_many(ref, sp, k, N, ty, DT_SUM, 1);
+      for (int cached = 1; cached >= 0; cached--) {
+        assert_int_equal(dt__reduce_cached(cached), !cached ? 1 : 0);
+        memset(got, 0, sizeof got);
+        dt__reduce_many(got, sp, k, N, ty, DT_SUM, 1);
+        for (size_t i = 0; i < N; i++)
+          if (!same_bits_or_nan(got + i * es, ref + i * es, ty))
+            fail_msg("%s k=%d cached=%d: element %zu differs", dt_dtype_name(ty), k, cached, i);
+      }
+    }
+  assert_false(dt__reduce_cached(false));
+}
+
 /* The half-type kernels on bit patterns chosen for their edges, at every ISA level, bit for bit
  * against the portable path (any NaN for a NaN: which of two NaN operands an add returns is the
  * compiler's choice of operand order, on every path): subnormal operands, normal operands that cancel to
@@ -646,7 +679,7 @@ int main(void) {
       cmocka_unit_test(test_kernels_simd),   cmocka_unit_test(test_kernels_scalar),
       cmocka_unit_test(test_kernels_avx2),   cmocka_unit_test(test_kernels_avx512_nobf16),
       cmocka_unit_test(test_mix_isa_agree),  cmocka_unit_test(test_half_patterns_isa_agree),
-      cmocka_unit_test(test_reduce_many),
+      cmocka_unit_test(test_reduce_many),    cmocka_unit_test(test_reduce_cached),
       cmocka_unit_test(test_f16_rounding),   cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_f16_every_value),
       cmocka_unit_test(test_nan_minmax),     cmocka_unit_test(test_finish_and_mix),

@@ -32,6 +32,11 @@ void dt__reduce_mix(void *out, dt_dtype ot, const void *a, dt_dtype at, const vo
  * once (the pairwise form with an f32 accumulator moved 4 bytes of partials per element per
  * source). div: the divisor of avg (1 for the other ops). out may alias src[0] exactly, no other. */
 void dt__reduce_many(void *out, const void *const *src, int k, size_t n, dt_dtype t, dt_op op, int div);
+/* Tells the reductions this thread runs next whether their operands stay in the caches (true) or
+ * may stream from memory (false, the default); returns the previous setting, for the caller to
+ * restore. Streaming operands of 64 KiB or more are prefetched ahead; cached ones are not, since
+ * the prefetches then only take load slots (reduce.c, RED_PF_MIN). */
+bool dt__reduce_cached(bool cached);
 /* Tests: force the portable kernels and dt__copy's 16-byte moves (1), AVX2 without the AVX-512
  * half kernels (2), AVX-512 without its BF16 rounding and FP16 arithmetic (3), dt__copy's
  * vector moves (AMD CPUs' copy) on any CPU (4), or back to run-time selection (0). */

@@ -1317,6 +1317,18 @@ static bool shm_nt_use(const dt_transport *t, size_t bytes) {
   return t->nt_min && (uint64_t)bytes * 2 * (uint64_t)t->n >= t->nt_min;
 }
 
+/* Below this footprint (every rank's input and output, 2 x n x bytes) the single copy's operands
+ * stay in the caches from call to call, and its reductions are told so (dt__reduce_cached): they
+ * then skip the software prefetch, which costs load slots and bought nothing there. Zen 5 guest,
+ * 2 ranks, f32/f16/bf16 calls alternated in one job (bench/dtype_ab.c): f16 and bf16 allreduces
+ * ran 0.95-0.97x f32's bytes/s at 512 KiB-4 MiB prefetching, 1.00-1.01x without; level at 8 MiB;
+ * from 16 MiB (footprint 64 MiB) the prefetch kept them at 0.99-1.01x where dropping it
+ * everywhere gave 0.97-0.98x (bench/results/pf-cached-2026-12-02-zen5.txt). */
+#define SHM_CACHED_MAX ((uint64_t)32 << 20)
+static bool shm_cached(const dt_transport *t, size_t bytes) {
+  return (uint64_t)bytes * 2 * (uint64_t)t->n < SHM_CACHED_MAX;
+}
+
 /* What both allreduce paths do first: a world of one copies (and finishes the op, e.g. the
  * average's division); a transport broken by a mismatch or an aborted job refuses. *done is
  * true when nothing is left to do. */
@@ -1772,8 +1784,12 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
   if (pre != DT_OK || done)
     return pre;
-  if (shm_cma_use(t, count * es))
-    return shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
+  if (shm_cma_use(t, count * es)) {
+    bool was = dt__reduce_cached(shm_cached(t, count * es));
+    dt_status st = shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
+    dt__reduce_cached(was);
+    return st;
+  }
   shm_board_set(t, fp);
   const bool nt = shm_nt_use(t, count * es); /* the copy-out streams past the caches */
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
