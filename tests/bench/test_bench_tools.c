@@ -254,26 +254,34 @@ static void test_harness_usage(void) {
   }
 }
 
-/* first_calls: builds against libdtrain, runs under `dtrain run` on 2 ranks and prints every
- * field with positive times; bad usage exits 2. */
-static void test_first_calls(void) {
-  char cmd[4096], out[8192], build_dir[1024];
+/* Compiles bench/<name>.c with Open MPI's mpicc against the static library beside the dtrain
+ * binary into tmp_dir/<name>, as its header says; build_dir gets that binary's directory.
+ * Returns nonzero (and records the failure) if it does not build. */
+static int build_with_lib(const char *name, char *build_dir, size_t cap) {
+  char cmd[4096], out[8192];
   const char *bin = getenv("DTRAIN_BIN");
-  snprintf(build_dir, sizeof build_dir, "%s", bin ? bin : "./dtrain");
+  snprintf(build_dir, cap, "%s", bin ? bin : "./dtrain");
   char *slash = strrchr(build_dir, '/');
   if (slash)
     *slash = '\0';
   snprintf(cmd, sizeof cmd,
-           "timeout 120 mpicc -O2 -Wall -Wextra -Werror -I%s/include -o %s/first_calls %s/bench/first_calls.c "
+           "timeout 120 mpicc -O2 -Wall -Wextra -Werror -I%s/include -o %s/%s %s/bench/%s.c "
            "%s/libdtrain.a $(pkg-config --libs openblas) -lz -lm -lpthread 2>&1",
-           src_dir, tmp_dir, src_dir, build_dir);
+           src_dir, tmp_dir, name, src_dir, name, build_dir);
   int rc = run(cmd, out, sizeof out);
-  CHECK(rc == 0, "compiling bench/first_calls.c failed: %s", out);
-  if (rc)
+  CHECK(rc == 0, "compiling bench/%s.c failed: %s", name, out);
+  return rc;
+}
+
+/* first_calls: builds against libdtrain, runs under `dtrain run` on 2 ranks and prints every
+ * field with positive times; bad usage exits 2. */
+static void test_first_calls(void) {
+  char cmd[4096], out[8192], build_dir[1024];
+  if (build_with_lib("first_calls", build_dir, sizeof build_dir))
     return;
   snprintf(cmd, sizeof cmd, "timeout 60 %s/dtrain run -n 2 --raw-stdout -- %s/first_calls --calls 40 2>/dev/null",
            build_dir, tmp_dir);
-  rc = run(cmd, out, sizeof out);
+  int rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "\"first_us\": [") && count(out, "\"median_us\": ") == 10 &&
             count(out, "\"mean_us\": ") == 10 && strstr(out, "\"total_ms\": ") && !strstr(out, ": 0.0,") &&
             !strstr(out, "nan"),
@@ -289,21 +297,10 @@ static void test_first_calls(void) {
  * result (a wrong one fails it); bad usage exits 2. */
 static void test_dtype_ab(void) {
   char cmd[4096], out[8192], build_dir[1024];
-  const char *bin = getenv("DTRAIN_BIN");
-  snprintf(build_dir, sizeof build_dir, "%s", bin ? bin : "./dtrain");
-  char *slash = strrchr(build_dir, '/');
-  if (slash)
-    *slash = '\0';
-  snprintf(cmd, sizeof cmd,
-           "timeout 120 mpicc -O2 -Wall -Wextra -Werror -I%s/include -o %s/dtype_ab %s/bench/dtype_ab.c "
-           "%s/libdtrain.a $(pkg-config --libs openblas) -lz -lm -lpthread 2>&1",
-           src_dir, tmp_dir, src_dir, build_dir);
-  int rc = run(cmd, out, sizeof out);
-  CHECK(rc == 0, "compiling bench/dtype_ab.c failed: %s", out);
-  if (rc)
+  if (build_with_lib("dtype_ab", build_dir, sizeof build_dir))
     return;
   snprintf(cmd, sizeof cmd, "timeout 120 %s/dtype_ab --iters 20 65536 2>/dev/null", tmp_dir);
-  rc = run(cmd, out, sizeof out);
+  int rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "65536 B, 2 ranks: f32 ") && strstr(out, " f16 ") && strstr(out, " bf16 ") &&
             !strstr(out, "WRONG") && !strstr(out, "nan") && !strstr(out, "inf"),
         "dtype_ab: %d %s", rc, out);
