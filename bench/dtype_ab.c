@@ -134,28 +134,42 @@ done:
   return rc;
 }
 
+static int usage(void) {
+  fprintf(stderr, "usage: dtype_ab [--ranks 2..8] [--iters I] BYTES... (multiples of 64)\n");
+  return 2;
+}
+
+/* A whole decimal (or 0x) number in [lo, hi], else -1. */
+static long long number(const char *s, long long lo, long long hi) {
+  char *end;
+  long long v = strtoll(s, &end, 0);
+  return end != s && !*end && v >= lo && v <= hi ? v : -1;
+}
+
 int main(int argc, char **argv) {
-  int ranks = 2, sizes = 0, failed = 0;
-  for (int i = 1; i < argc; i++) {
+  int ranks = 2, nsizes = 0, failed = 0;
+  size_t sizes[64];
+  for (int i = 1; i < argc; i++) { /* everything is checked before anything runs */
+    long long v;
     if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
-      ranks = atoi(argv[++i]);
+      if ((v = number(argv[++i], 2, 8)) < 0)
+        return usage();
+      ranks = (int)v;
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
+      if ((v = number(argv[++i], 1, 10000000)) < 0)
+        return usage();
+      iters = (int)v;
     } else {
-      char *end;
-      unsigned long long b = strtoull(argv[i], &end, 0);
-      if (*end || b < 64 || b % 64 || ranks < 2 || ranks > 8 || iters < 1) {
-        fprintf(stderr, "usage: dtype_ab [--ranks 2..8] [--iters I] BYTES... (multiples of 64)\n");
-        return 2;
-      }
-      bytes = (size_t)b;
-      sizes++;
-      failed += mp_run(ranks, body, NULL, 600) != 0;
+      if ((v = number(argv[i], 64, 1ll << 34)) < 0 || v % 64 || nsizes == 64)
+        return usage();
+      sizes[nsizes++] = (size_t)v;
     }
   }
-  if (!sizes) {
-    fprintf(stderr, "usage: dtype_ab [--ranks 2..8] [--iters I] BYTES... (multiples of 64)\n");
-    return 2;
+  if (!nsizes)
+    return usage();
+  for (int k = 0; k < nsizes; k++) {
+    bytes = sizes[k];
+    failed += mp_run(ranks, body, NULL, 600) != 0;
   }
   return failed ? 1 : 0;
 }

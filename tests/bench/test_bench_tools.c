@@ -304,8 +304,8 @@ static void test_dtype_ab(void) {
   CHECK(rc == 0 && strstr(out, "65536 B, 2 ranks: f32 ") && strstr(out, " f16 ") && strstr(out, " bf16 ") &&
             !strstr(out, "WRONG") && !strstr(out, "nan") && !strstr(out, "inf"),
         "dtype_ab: %d %s", rc, out);
-  static const char *bad[] = {"", "100", "--ranks 1 65536", "--iters 0 65536", "64k"};
-  for (int b = 0; b < 5; b++) {
+  static const char *bad[] = {"", "100", "--ranks 1 65536", "--iters 0 65536", "64k", "65536 --ranks x", "--iters"};
+  for (int b = 0; b < 7; b++) {
     snprintf(cmd, sizeof cmd, "timeout 30 %s/dtype_ab %s 2>/dev/null", tmp_dir, bad[b]);
     CHECK(run(cmd, NULL, 0) == 2, "dtype_ab accepted '%s'", bad[b]);
   }
