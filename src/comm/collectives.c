@@ -62,6 +62,14 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *   allreduce, transport with a shared-memory fast path (shm): recursive doubling ~1-3 us up to
  *     32 KiB when the cores are free; the fast path wins from 64 KiB on (n=2: 0.26 ms vs rd
  *     0.40 ms at 64 KiB, 0.35 vs 2.5 ms at 128 KiB).
+ *     n=2 since the single copies (process_vm_readv/writev): rd up to 128 KiB, f32 and the half
+ *     types alike. The single copy pays two system calls per rank that pin the other process's
+ *     pages, and at 64 KiB spent more time in them and in its two waits than in copying.
+ *     `DTRAIN_ALGO={rd,shm} dtrain bench allreduce -n 2 --transport shm --sizes 32K:256K --iters
+ *     1000 --warmup 20 --dtype {f32,f16} [--fresh]`, 5 alternated rounds, 2026-12-03, Zen 5
+ *     guest (bench/results/rd-shm-2026-12-03-zen5.txt), medians rd / shm: f32 6.4 / 10.9 us at
+ *     64 KiB, 12.1 / 13.5 at 128 KiB, 21.7 / 19.2 at 256 KiB; f16 6.3 / 11.3, 11.0 / 14.1, 21.1 /
+ *     20.1; fresh inputs f32 8.8 / 14.3, 18.5 / 20.3, 32.8 / 33.7.
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
@@ -186,7 +194,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
      * rounding) and takes f32's range; above, its later rounds carry f32 partials (twice the
      * bytes, a conversion pass each way), while flat, shm and ring move the half types. */
     if (has_fast(ops, k))
-      return bytes <= (32u << 10) && (!wide || n == 2) ? DT_ALGO_RD : DT_ALGO_SHM;
+      return (n == 2 ? bytes <= (128u << 10) : bytes <= (32u << 10) && !wide) ? DT_ALGO_RD : DT_ALGO_SHM;
     if (wide && n > 2)
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */
