@@ -2,8 +2,10 @@
  * --json rows for every size with the documented keys and no wrong element, on shm and tcp and
  * for every collective; the text table; bad flags exit 2 with a hint; a rank killed with SIGKILL
  * mid-run makes the command exit non-zero naming that rank, without hanging; --window and --fresh
- * (inputs rewritten before every call) check every row. */
+ * (inputs rewritten before every call) check every row; the 2-rank allreduce whose path rank 0
+ * chooses by timing both gives right results in every call while it switches. */
 #include <dirent.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +191,29 @@ int main(void) {
     EXPECT(rc == 0, "%s --fresh: exit %d, stderr: %s", colls[k], rc, err);
     EXPECT(count_substr(out, "\"wrong\": 0") == 9, "%s --fresh: %d correct rows, want 9: %s", colls[k],
            count_substr(out, "\"wrong\": 0"), out);
+  }
+  /* The 2-rank allreduce's path chosen by measurement (SHM_TUNE_* in shm.c): 40 calls per size,
+   * every one checked (warm-up calls are), while rank 0 times the single copy and the staging
+   * buffers in turn, as its debug log says, in each size class */
+  {
+    char *argv[] = {b,         "bench", "allreduce", "-n", "2", "--transport", "shm", "--sizes", "256K:1M",
+                    "--iters", "1",     "--warmup",  "40", "--json", NULL};
+    setenv("DTRAIN_LOG", "debug", 1);
+    int rc = run(argv, out, sizeof out, err, sizeof err, 120, NULL, 0);
+    unsetenv("DTRAIN_LOG");
+    EXPECT(rc == 0, "tuned allreduce: exit %d, stderr: %s", rc, err);
+    EXPECT(count_substr(out, "\"wrong\": 0") == 3, "tuned allreduce: %d correct rows, want 3: %s",
+           count_substr(out, "\"wrong\": 0"), out);
+    const char *cls[] = {"allreduces of 256 KiB", "allreduces of 512 KiB", "allreduces of 1024 KiB"};
+    /* where single copies are off (too slow here, or not allowed) there is one path: nothing to time */
+    bool single = strstr(err, "process_vm_readv moves") && !strstr(err, "copy through staging buffers");
+    if (!single)
+      printf("tuned allreduce: single copies are off on this host; only the results checked\n");
+    for (int k = 0; k < 3 && single; k++) {
+      char want[128];
+      snprintf(want, sizeof want, "%s and up to twice that take the staging buffers from call", cls[k]);
+      EXPECT(strstr(err, want), "tuned allreduce: no '%s' in the debug log: %s", want, err);
+    }
   }
   {
     char *argv[] = {b, "bench", "allreduce", "-n", "1", "--window", "--sizes", "8", NULL};

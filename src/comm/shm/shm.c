@@ -159,6 +159,24 @@
  * host whose transparent huge pages are "never". */
 #define SHM_THP_MIN (4u << 20)
 #define SHM_THP_SEEN 64
+/* Two-path allreduce, chosen by measurement while the job runs. From cma_min bytes the
+ * allreduce has two paths: the single copy (process_vm_readv/writev, or the pipes) and the
+ * staging buffers. Which is faster changes on one host from minute to minute: on the Zen 5
+ * guest of 2026-12-03, 2 ranks, `dtrain bench allreduce -n 2 --transport shm --sizes 128K:64M`
+ * with DTRAIN_SHM_CMA=off alternated with the default, the staging buffers took 32 / 61 / 116
+ * us at 256 KiB / 512 KiB / 1 MiB against the single copy's 19 / 36 / 80 at 06:20 UTC, and 11.4
+ * / 25 / 52 against 15-18 / 30-33 / 63-68 at 07:20 (6.6-6.9 ms against 7.8 at 64 MiB)
+ * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
+ * two from 64 KiB), keeps each path's last SHM_TUNE_KEEP times per byte, and takes the path
+ * whose least time is lower, timing the other again for SHM_TUNE_KEEP calls every SHM_TUNE_EVERY
+ * calls of the class.
+ * Every rank must take the same path in a call: rank 0 publishes each class's choice in the
+ * segment's header (shm_hdr.plan) with the call number from which it holds (see shm_tune_pick).
+ * Both paths reduce in the same order (own slice first, then the others in rank order): the
+ * same bits whichever runs. DTRAIN_SHM_CMA (a size, or off) fixes the choice. */
+#define SHM_TUNE_CLASSES 16
+#define SHM_TUNE_KEEP 3
+#define SHM_TUNE_EVERY 128
 #define SHM_THP_STEP ((size_t)256 << 20)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels refuse it with EINVAL, which is only a lost hint */
@@ -212,6 +230,10 @@ typedef struct shm_hdr {
   _Atomic uint32_t sleepers;
   alignas(SHM_LINE) _Atomic uint32_t cma; /* rank 0's verdict: 0 not yet, 1 may copy once, 2 may not */
   _Atomic uint32_t pipe; /* rank 0's verdict on the pipes (SHM_PIPE), stored before cma: 1 yes, else no */
+  _Atomic uint32_t tune; /* rank 0's verdict, stored before cma: 1 the allreduce's path is measured */
+  /* per size class (SHM_TUNE_CLASSES): from allreduce call (bits 2..) on, the path bit 0 says,
+   * before it the one bit 1 says (1: the staging buffers); written by rank 0 only */
+  alignas(SHM_LINE) _Atomic uint64_t plan[SHM_TUNE_CLASSES];
 } shm_hdr;
 
 /* One rank's record; each counter on its own line since different ranks poll them. */
@@ -289,6 +311,14 @@ typedef struct shm_ring {
   alignas(SHM_LINE) uint8_t slots[];       /* nslots x (SHM_SLOT_HDR + slot_bytes) */
 } shm_ring;
 
+typedef struct shm_tune {
+  uint64_t calls;
+  unsigned probe;                    /* calls of probe_path still to time */
+  int probe_path;                    /* the slower path, being timed again */
+  unsigned n[2];                     /* times kept per path (0: single copy, 1: staging) */
+  double ns_per_b[2][SHM_TUNE_KEEP]; /* the last ones, round robin */
+} shm_tune;
+
 struct dt_transport {
   dt_comm *c;
   int n, rank;
@@ -327,6 +357,9 @@ struct dt_transport {
     size_t done; /* bytes of its whole huge pages collapsed so far (all of them after a failure) */
   } seen[SHM_THP_SEEN]; /* the last large buffers single copies met, round robin */
   unsigned seen_next;
+  bool tune;         /* the allreduce's path is chosen by measurement (SHM_TUNE_CLASSES) */
+  uint64_t ar_calls; /* allreduces that could take either path (same on every rank) */
+  shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1056,6 +1089,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
       cma = shm_cma_fast();
     shm_unlink(name);
     atomic_store(&t->h->pipe, cma && t->pipe_peer[1] >= 0 ? 1u : 2u);
+    atomic_store(&t->h->tune, cma && !dt__env_str("DTRAIN_SHM_CMA") ? 1u : 2u);
     atomic_store(&t->h->cma, cma ? 1u : 2u);
   } else {
     char k2[128], v[64];
@@ -1069,6 +1103,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     DT_CHECK_GOTO(shm_cma_verdict(t, deadline), st, fail);
   }
   t->cma_min = atomic_load(&t->h->cma) == 1 ? t->h->cma_min : 0;
+  t->tune = t->cma_min && atomic_load(&t->h->tune) == 1;
   t->cma_move_min = t->cma_min ? t->h->cma_move_min : 0;
   t->nt_min = t->h->nt_min;
   t->piped = t->cma_min && atomic_load(&t->h->pipe) == 1 && t->pipe_peer[1] >= 0;
@@ -1768,6 +1803,72 @@ static dt_status shm_broadcast_cma(dt_transport *t, uint8_t *buf, size_t bytes, 
   return shm_cma_end(t, st, fp, deadline);
 }
 
+static unsigned shm_tune_class(size_t bytes) {
+  unsigned c = 0;
+  for (size_t b = bytes >> 17; b && c + 1 < SHM_TUNE_CLASSES; b >>= 1) /* 64 KiB - 128 KiB: class 0 */
+    c++;
+  return c;
+}
+
+static double shm_tune_min(const double *v) {
+  double m = v[0];
+  for (unsigned i = 1; i < SHM_TUNE_KEEP; i++)
+    m = v[i] < m ? v[i] : m;
+  return m;
+}
+
+/* Rank 0: the path of class c with the lower time per byte (ties: the single copy), each path by
+ * the least of its last times: the first calls of a buffer fault its pages in or collapse them
+ * onto huge pages (SHM_THP_MIN), and the host's other tenants only ever slow a call down. */
+static int shm_tune_best(dt_transport *t, unsigned c) {
+  shm_tune *u = &t->tunes[c];
+  return shm_tune_min(u->ns_per_b[1]) < shm_tune_min(u->ns_per_b[0]);
+}
+
+/* The path allreduce call number `call` of class c takes: 1 the staging buffers, 0 the single
+ * copy. Rank 0 first moves the class's plan on, for calls from call + 1: it may, because every
+ * other rank already started call - 1 (rank 0 finished it, with their parts) and read the plan
+ * for it, and rank 0 changes a plan only once the previous change holds for every call from
+ * call - 1 on, so that the plan's bit 1 answers every call before the new one's start. The
+ * others see the new plan before they start call + 1: they first wait for what rank 0 publishes
+ * in this call, after this store. */
+static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
+  uint64_t plan = atomic_load_explicit(&t->h->plan[c], memory_order_acquire);
+  int path = call >= plan >> 2 ? (int)(plan & 1) : (int)(plan >> 1 & 1);
+  if (t->rank != 0 || (plan >> 2) + 1 > call)
+    return path;
+  shm_tune *u = &t->tunes[c];
+  int cur = (int)(plan & 1), want;
+  if (u->n[0] < SHM_TUNE_KEEP || u->n[1] < SHM_TUNE_KEEP)
+    want = u->n[0] < SHM_TUNE_KEEP ? 0 : 1; /* each path timed SHM_TUNE_KEEP times first */
+  else
+    want = u->probe ? u->probe_path : shm_tune_best(t, c);
+  if (want != cur) {
+    atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)cur << 1 | (uint64_t)want,
+                          memory_order_release);
+    DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s)",
+                 (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
+                 u->n[0] < SHM_TUNE_KEEP || u->n[1] < SHM_TUNE_KEEP ? "timing each path"
+                 : u->probe                                         ? "timing the slower path again"
+                                                                    : "the faster");
+  }
+  return path;
+}
+
+/* Rank 0: call took ns on path `path` of class c. */
+static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, size_t bytes) {
+  shm_tune *u = &t->tunes[c];
+  u->ns_per_b[path][u->n[path]++ % SHM_TUNE_KEEP] = (double)ns / (double)bytes;
+  if (u->n[path] >= 2 * SHM_TUNE_KEEP) /* kept as SHM_TUNE_KEEP .. 2 SHM_TUNE_KEEP - 1 */
+    u->n[path] -= SHM_TUNE_KEEP;
+  if (u->probe && path == u->probe_path)
+    u->probe--;
+  if (++u->calls % SHM_TUNE_EVERY == 0 && u->n[0] >= SHM_TUNE_KEEP && u->n[1] >= SHM_TUNE_KEEP && !u->probe) {
+    u->probe = SHM_TUNE_KEEP;
+    u->probe_path = !shm_tune_best(t, c);
+  }
+}
+
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
  * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
  * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
@@ -1784,10 +1885,19 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
   if (pre != DT_OK || done)
     return pre;
-  if (shm_cma_use(t, count * es)) {
+  const unsigned cls = shm_tune_class(count * es);
+  int64_t t0 = 0;
+  bool cma = shm_cma_use(t, count * es);
+  if (cma && t->tune) {
+    cma = !shm_tune_pick(t, cls, ++t->ar_calls);
+    t0 = t->rank == 0 ? dt_now_ns() : 0;
+  }
+  if (cma) {
     bool was = dt__reduce_cached(shm_cached(t, count * es));
     dt_status st = shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
     dt__reduce_cached(was);
+    if (t0 && st == DT_OK)
+      shm_tune_record(t, cls, 0, dt_now_ns() - t0, count * es);
     return st;
   }
   shm_board_set(t, fp);
@@ -1822,6 +1932,8 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     shm_publish(t, offsetof(shm_rank, out_seq), g);
   }
   t->chunks = base + nchunks;
+  if (t0)
+    shm_tune_record(t, cls, 1, dt_now_ns() - t0, count * es);
   return DT_OK;
 fail:
   t->broken = true;
