@@ -168,8 +168,8 @@
  * / 25 / 52 against 15-18 / 30-33 / 63-68 at 07:20 (6.6-6.9 ms against 7.8 at 64 MiB)
  * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
  * two from 64 KiB), keeps each path's last SHM_TUNE_KEEP times per byte, and takes the path
- * whose least time is lower, timing the other again for SHM_TUNE_KEEP calls every SHM_TUNE_EVERY
- * calls of the class.
+ * whose least time is lower, timing the other again for SHM_TUNE_KEEP calls at the class's
+ * 16th, 32nd and 64th call and every SHM_TUNE_EVERY calls.
  * Every rank must take the same path in a call: rank 0 publishes each class's choice in the
  * segment's header (shm_hdr.plan) with the call number from which it holds (see shm_tune_pick).
  * Both paths reduce in the same order (own slice first, then the others in rank order): the
@@ -1846,11 +1846,14 @@ static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
   if (want != cur) {
     atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)cur << 1 | (uint64_t)want,
                           memory_order_release);
-    DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s)",
+    DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s; "
+                 "least us per MiB so far: single copy %.1f, staging buffers %.1f)",
                  (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
                  u->n[0] < SHM_TUNE_KEEP || u->n[1] < SHM_TUNE_KEEP ? "timing each path"
                  : u->probe                                         ? "timing the slower path again"
-                                                                    : "the faster");
+                                                                    : "the faster",
+                 u->n[0] ? shm_tune_min(u->ns_per_b[0]) * 1048.576 : 0.0,
+                 u->n[1] >= SHM_TUNE_KEEP ? shm_tune_min(u->ns_per_b[1]) * 1048.576 : 0.0);
   }
   return path;
 }
@@ -1863,7 +1866,11 @@ static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, s
     u->n[path] -= SHM_TUNE_KEEP;
   if (u->probe && path == u->probe_path)
     u->probe--;
-  if (++u->calls % SHM_TUNE_EVERY == 0 && u->n[0] >= SHM_TUNE_KEEP && u->n[1] >= SHM_TUNE_KEEP && !u->probe) {
+  /* at the 16th, 32nd and 64th call of the class too: a path's first calls on new buffers may
+   * have been slow (the single copy's ran twice as long on the Zen 5 guest for the first 5-7) */
+  ++u->calls;
+  if ((u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) && u->n[0] >= SHM_TUNE_KEEP &&
+      u->n[1] >= SHM_TUNE_KEEP && !u->probe) {
     u->probe = SHM_TUNE_KEEP;
     u->probe_path = !shm_tune_best(t, c);
   }
