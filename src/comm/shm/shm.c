@@ -1352,13 +1352,16 @@ static bool shm_nt_use(const dt_transport *t, size_t bytes) {
   return t->nt_min && (uint64_t)bytes * 2 * (uint64_t)t->n >= t->nt_min;
 }
 
-/* Below this footprint (every rank's input and output, 2 x n x bytes) the single copy's operands
+/* Below this footprint (every rank's input and output, 2 x n x bytes) the allreduce's operands
  * stay in the caches from call to call, and its reductions are told so (dt__reduce_cached): they
  * then skip the software prefetch, which costs load slots and bought nothing there. Zen 5 guest,
  * 2 ranks, f32/f16/bf16 calls alternated in one job (bench/dtype_ab.c): f16 and bf16 allreduces
  * ran 0.95-0.97x f32's bytes/s at 512 KiB-4 MiB prefetching, 1.00-1.01x without; level at 8 MiB;
  * from 16 MiB (footprint 64 MiB) the prefetch kept them at 0.99-1.01x where dropping it
- * everywhere gave 0.97-0.98x (bench/results/pf-cached-2026-12-02-zen5.txt). */
+ * everywhere gave 0.97-0.98x (bench/results/pf-cached-2026-12-02-zen5.txt). The staging buffers'
+ * reductions alike (the same guest, 2026-12-03, DTRAIN_SHM_CMA=off): f16/bf16 0.90-0.94x f32's
+ * bytes/s at 256 KiB-4 MiB prefetching, 0.98-1.02x without; f32's own time level either way
+ * (bench/results/pf-staged-2026-12-03-zen5.txt). */
 #define SHM_CACHED_MAX ((uint64_t)32 << 20)
 static bool shm_cached(const dt_transport *t, size_t bytes) {
   return (uint64_t)bytes * 2 * (uint64_t)t->n < SHM_CACHED_MAX;
@@ -1883,30 +1886,9 @@ static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, s
  * others' reductions. A staging buffer is reused two chunks later, only after every rank
  * copied that chunk out. Each slice is reduced by one rank in rank order, so every rank gets
  * bit-identical results. */
-static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
-                               const dt__fp *fp, int64_t deadline) {
-  size_t es = dt_dtype_size(dt);
-  const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
-  uint8_t *out = rbuf;
-  bool done;
-  dt_status pre = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
-  if (pre != DT_OK || done)
-    return pre;
-  const unsigned cls = shm_tune_class(count * es);
-  int64_t t0 = 0;
-  bool cma = shm_cma_use(t, count * es);
-  if (cma && t->tune) {
-    cma = !shm_tune_pick(t, cls, ++t->ar_calls);
-    t0 = t->rank == 0 ? dt_now_ns() : 0;
-  }
-  if (cma) {
-    bool was = dt__reduce_cached(shm_cached(t, count * es));
-    dt_status st = shm_allreduce_cma(t, in, out, count, dt, op, fp, deadline);
-    dt__reduce_cached(was);
-    if (t0 && st == DT_OK)
-      shm_tune_record(t, cls, 0, dt_now_ns() - t0, count * es);
-    return st;
-  }
+static dt_status shm_allreduce_staged(dt_transport *t, const uint8_t *in, uint8_t *out, size_t count, dt_dtype dt,
+                                      dt_op op, const dt__fp *fp, int64_t deadline) {
+  const size_t es = dt_dtype_size(dt);
   shm_board_set(t, fp);
   const bool nt = shm_nt_use(t, count * es); /* the copy-out streams past the caches */
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
@@ -1939,11 +1921,36 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
     shm_publish(t, offsetof(shm_rank, out_seq), g);
   }
   t->chunks = base + nchunks;
-  if (t0)
-    shm_tune_record(t, cls, 1, dt_now_ns() - t0, count * es);
   return DT_OK;
 fail:
   t->broken = true;
+  return st;
+}
+
+/* Allreduce for shared memory: from cma_min bytes the single copy or the staging buffers, as
+ * timed (SHM_TUNE_CLASSES), below the staging buffers. Either way the reductions skip the
+ * software prefetch while the call's footprint stays in the caches (shm_cached). */
+static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, size_t count, dt_dtype dt, dt_op op,
+                               const dt__fp *fp, int64_t deadline) {
+  const size_t bytes = count * dt_dtype_size(dt);
+  const uint8_t *in = (sbuf == DT_IN_PLACE) ? rbuf : sbuf;
+  uint8_t *out = rbuf;
+  bool done;
+  dt_status st = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
+  if (st != DT_OK || done)
+    return st;
+  const unsigned cls = shm_tune_class(bytes);
+  int64_t t0 = 0;
+  bool cma = shm_cma_use(t, bytes);
+  if (cma && t->tune) {
+    cma = !shm_tune_pick(t, cls, ++t->ar_calls);
+    t0 = t->rank == 0 ? dt_now_ns() : 0;
+  }
+  bool was = dt__reduce_cached(shm_cached(t, bytes));
+  st = (cma ? shm_allreduce_cma : shm_allreduce_staged)(t, in, out, count, dt, op, fp, deadline);
+  dt__reduce_cached(was);
+  if (t0 && st == DT_OK)
+    shm_tune_record(t, cls, !cma, dt_now_ns() - t0, bytes);
   return st;
 }
 
