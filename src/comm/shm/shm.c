@@ -164,18 +164,24 @@
  * staging buffers. Which is faster changes on one host from minute to minute: on the Zen 5
  * guest of 2026-12-03, 2 ranks, `dtrain bench allreduce -n 2 --transport shm --sizes 128K:64M`
  * with DTRAIN_SHM_CMA=off alternated with the default, the staging buffers took 32 / 61 / 116
- * us at 256 KiB / 512 KiB / 1 MiB against the single copy's 19 / 36 / 80 at 06:20 UTC, and 11.4
- * / 25 / 52 against 15-18 / 30-33 / 63-68 at 07:20 (6.6-6.9 ms against 7.8 at 64 MiB)
+ * us at 256 KiB / 512 KiB / 1 MiB against the single copy's 19 / 36 / 80 at 06:10 UTC, and 11.4
+ * / 25 / 52 against 15-18 / 30-33 / 63-68 at 06:25 (6.6-6.9 ms against 7.8 at 64 MiB)
  * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
  * two from 64 KiB), keeps each path's last SHM_TUNE_KEEP times per byte, and takes the path
- * whose least time is lower, timing the other again for SHM_TUNE_KEEP calls at the class's
- * 16th, 32nd and 64th call and every SHM_TUNE_EVERY calls.
+ * whose least time is lower. A class starts on the single copy, as before there was a choice,
+ * and times the staging buffers after SHM_TUNE_FIRST calls: a call's first calls on new buffers
+ * run slow on either path (page faults, huge pages collapsed, the single copy's first calls 2-3x
+ * its later ones), and a benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB)
+ * then meets the path it met before. The slower path is timed again for one call at the class's
+ * 16th, 32nd and 64th call and every SHM_TUNE_EVERY calls: one call of a path twice as slow
+ * (the staging buffers in the Zen 5's slow state) costs under 1% from there.
  * Every rank must take the same path in a call: rank 0 publishes each class's choice in the
  * segment's header (shm_hdr.plan) with the call number from which it holds (see shm_tune_pick).
  * Both paths reduce in the same order (own slice first, then the others in rank order): the
  * same bits whichever runs. DTRAIN_SHM_CMA (a size, or off) fixes the choice. */
 #define SHM_TUNE_CLASSES 16
 #define SHM_TUNE_KEEP 3
+#define SHM_TUNE_FIRST 8
 #define SHM_TUNE_EVERY 128
 #define SHM_THP_STEP ((size_t)256 << 20)
 #ifndef MADV_COLLAPSE
@@ -1813,9 +1819,9 @@ static unsigned shm_tune_class(size_t bytes) {
   return c;
 }
 
-static double shm_tune_min(const double *v) {
+static double shm_tune_min(const double *v, unsigned n) {
   double m = v[0];
-  for (unsigned i = 1; i < SHM_TUNE_KEEP; i++)
+  for (unsigned i = 1; i < n && i < SHM_TUNE_KEEP; i++)
     m = v[i] < m ? v[i] : m;
   return m;
 }
@@ -1825,7 +1831,7 @@ static double shm_tune_min(const double *v) {
  * onto huge pages (SHM_THP_MIN), and the host's other tenants only ever slow a call down. */
 static int shm_tune_best(dt_transport *t, unsigned c) {
   shm_tune *u = &t->tunes[c];
-  return shm_tune_min(u->ns_per_b[1]) < shm_tune_min(u->ns_per_b[0]);
+  return shm_tune_min(u->ns_per_b[1], u->n[1]) < shm_tune_min(u->ns_per_b[0], u->n[0]);
 }
 
 /* The path allreduce call number `call` of class c takes: 1 the staging buffers, 0 the single
@@ -1842,8 +1848,8 @@ static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
     return path;
   shm_tune *u = &t->tunes[c];
   int cur = (int)(plan & 1), want;
-  if (u->n[0] < SHM_TUNE_KEEP || u->n[1] < SHM_TUNE_KEEP)
-    want = u->n[0] < SHM_TUNE_KEEP ? 0 : 1; /* each path timed SHM_TUNE_KEEP times first */
+  if (u->calls < SHM_TUNE_FIRST || !u->n[1])
+    want = u->calls >= SHM_TUNE_FIRST; /* the single copy first, then the other */
   else
     want = u->probe ? u->probe_path : shm_tune_best(t, c);
   if (want != cur) {
@@ -1852,11 +1858,11 @@ static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
     DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s; "
                  "least us per MiB so far: single copy %.1f, staging buffers %.1f)",
                  (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
-                 u->n[0] < SHM_TUNE_KEEP || u->n[1] < SHM_TUNE_KEEP ? "timing each path"
-                 : u->probe                                         ? "timing the slower path again"
-                                                                    : "the faster",
-                 u->n[0] ? shm_tune_min(u->ns_per_b[0]) * 1048.576 : 0.0,
-                 u->n[1] >= SHM_TUNE_KEEP ? shm_tune_min(u->ns_per_b[1]) * 1048.576 : 0.0);
+                 !u->n[1]   ? "timing the other path"
+                 : u->probe ? "timing the slower path again"
+                            : "the faster",
+                 u->n[0] ? shm_tune_min(u->ns_per_b[0], u->n[0]) * 1048.576 : 0.0,
+                 u->n[1] ? shm_tune_min(u->ns_per_b[1], u->n[1]) * 1048.576 : 0.0);
   }
   return path;
 }
@@ -1872,9 +1878,9 @@ static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, s
   /* at the 16th, 32nd and 64th call of the class too: a path's first calls on new buffers may
    * have been slow (the single copy's ran twice as long on the Zen 5 guest for the first 5-7) */
   ++u->calls;
-  if ((u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) && u->n[0] >= SHM_TUNE_KEEP &&
-      u->n[1] >= SHM_TUNE_KEEP && !u->probe) {
-    u->probe = SHM_TUNE_KEEP;
+  if ((u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) && u->n[1] &&
+      !u->probe) {
+    u->probe = 1;
     u->probe_path = !shm_tune_best(t, c);
   }
 }
