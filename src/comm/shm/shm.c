@@ -169,7 +169,7 @@
  * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
  * two from 64 KiB), keeps each path's last SHM_TUNE_KEEP times per byte, and takes the path
  * whose least time is lower. A class starts on the single copy, as before there was a choice,
- * and times the staging buffers after SHM_TUNE_FIRST calls: a call's first calls on new buffers
+ * and times the staging buffers after SHM_TUNE_FIRST calls: a class's first calls on new buffers
  * run slow on either path (page faults, huge pages collapsed, the single copy's first calls 2-3x
  * its later ones), and a benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB)
  * then meets the path it met before. The slower path is timed again for one call at the class's
@@ -1835,53 +1835,54 @@ static int shm_tune_best(dt_transport *t, unsigned c) {
 }
 
 /* The path allreduce call number `call` of class c takes: 1 the staging buffers, 0 the single
- * copy. Rank 0 first moves the class's plan on, for calls from call + 1: it may, because every
- * other rank already started call - 1 (rank 0 finished it, with their parts) and read the plan
- * for it, and rank 0 changes a plan only once the previous change holds for every call from
- * call - 1 on, so that the plan's bit 1 answers every call before the new one's start. The
- * others see the new plan before they start call + 1: they first wait for what rank 0 publishes
- * in this call, after this store. */
+ * copy. Rank 0 first moves the class's plan on, for calls from call + 1. It may: every other
+ * rank has already read the plan for every call before this one (rank 0 finished call - 1,
+ * with their parts, and a rank reads the plan before it takes part), and rank 0 changes a plan
+ * only once its last change holds for this call (epoch <= call), so the new plan's bit 1 (the
+ * path before call + 1) is the path this call takes by either plan. The others see the new plan
+ * before they start call + 1: they first wait for what rank 0 publishes in this call, after
+ * this store. */
 static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
   uint64_t plan = atomic_load_explicit(&t->h->plan[c], memory_order_acquire);
   int path = call >= plan >> 2 ? (int)(plan & 1) : (int)(plan >> 1 & 1);
-  if (t->rank != 0 || (plan >> 2) + 1 > call)
+  if (t->rank != 0 || (plan >> 2) > call)
     return path;
   shm_tune *u = &t->tunes[c];
-  int cur = (int)(plan & 1), want;
-  if (u->calls < SHM_TUNE_FIRST || !u->n[1])
-    want = u->calls >= SHM_TUNE_FIRST; /* the single copy first, then the other */
-  else
-    want = u->probe ? u->probe_path : shm_tune_best(t, c);
-  if (want != cur) {
-    atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)cur << 1 | (uint64_t)want,
+  const int best = u->n[1] ? shm_tune_best(t, c) : 0; /* the single copy until the other is timed */
+  int want = best;
+  if (u->probe && path == u->probe_path)
+    u->probe--; /* this call times it: back to the best from the next */
+  else if (u->probe)
+    want = u->probe_path;
+  if (want != (int)(plan & 1)) {
+    atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)path << 1 | (uint64_t)want,
                           memory_order_release);
     DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s; "
                  "least us per MiB so far: single copy %.1f, staging buffers %.1f)",
                  (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
-                 !u->n[1]   ? "timing the other path"
-                 : u->probe ? "timing the slower path again"
-                            : "the faster",
+                 want != best ? "timing the other path for one call" : "the faster",
                  u->n[0] ? shm_tune_min(u->ns_per_b[0], u->n[0]) * 1048.576 : 0.0,
                  u->n[1] ? shm_tune_min(u->ns_per_b[1], u->n[1]) * 1048.576 : 0.0);
   }
   return path;
 }
 
-/* Rank 0: call took ns on path `path` of class c. */
+/* Rank 0: call took ns on path `path` of class c. After SHM_TUNE_FIRST calls the staging
+ * buffers are timed for one call; the slower path again at the class's 16th, 32nd and 64th call
+ * (a path's first calls on new buffers may have been slow: the single copy's ran 1.3-2.5x its
+ * later time on the Zen 5 guest for the first 3-7) and every SHM_TUNE_EVERY calls. */
 static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, size_t bytes) {
   shm_tune *u = &t->tunes[c];
   u->ns_per_b[path][u->n[path]++ % SHM_TUNE_KEEP] = (double)ns / (double)bytes;
   if (u->n[path] >= 2 * SHM_TUNE_KEEP) /* kept as SHM_TUNE_KEEP .. 2 SHM_TUNE_KEEP - 1 */
     u->n[path] -= SHM_TUNE_KEEP;
-  if (u->probe && path == u->probe_path)
-    u->probe--;
-  /* at the 16th, 32nd and 64th call of the class too: a path's first calls on new buffers may
-   * have been slow (the single copy's ran twice as long on the Zen 5 guest for the first 5-7) */
   ++u->calls;
-  if ((u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) && u->n[1] &&
-      !u->probe) {
+  if (u->probe)
+    return;
+  if (!u->n[1] ? u->calls == SHM_TUNE_FIRST
+               : u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) {
     u->probe = 1;
-    u->probe_path = !shm_tune_best(t, c);
+    u->probe_path = u->n[1] ? !shm_tune_best(t, c) : 1;
   }
 }
 
