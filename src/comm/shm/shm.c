@@ -64,7 +64,9 @@
  * against flat's 7.2-7.7, 4.2-5.3 against 5.1-5.5 at 32 KiB; allgather ahead from 128 KiB blocks
  * (below that the flat slots take it anyway). From 64 KiB to 64 MiB: allreduce 1.2-1.5x faster
  * at 128 KiB-4 MiB, 1.1x at 64 MiB; allgather 1.2-1.7x at 128 KiB-2 MiB, level to 1.1x above.
- * DTRAIN_SHM_CMA=B or off overrides (for all three: allgather and broadcast below too). */
+ * DTRAIN_SHM_CMA=B or off overrides (for all three: allgather and broadcast below too). Unset,
+ * the allreduce from this size takes the single copy or the staging buffers as rank 0 times them
+ * (SHM_TUNE_CLASSES); set, the single copy always. */
 #define SHM_DEFAULT_CMA (64u << 10)
 /* Allgather and broadcast copy once from this many bytes per rank (an allgather's block, a
  * broadcast's buffer): they only move data, and one copy replaces two (into a slot, out of it).
