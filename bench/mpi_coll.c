@@ -19,9 +19,12 @@
  * untimed (a receiver uses what it was sent, so its buffer is in its own cache, not the root's).
  * --fresh, as `dtrain bench --fresh`, rewrites every input and clears every output before every
  * call, untimed, as a training step writes its gradients before their allreduce.
+ * --in-place, as `dtrain bench --in-place` (allreduce, allgather, reduce_scatter), calls with
+ * MPI_IN_PLACE, the input written into the receive buffer before every call, untimed (this
+ * rank's block of it for allgather), as a training step allreduces its gradients in place.
  *
  * Usage: mpirun -np N mpi_coll --coll allreduce --sizes 4,16,1048576 [--iters I] [--warmup W]
- *          [--hugepages] [--fresh]
+ *          [--hugepages] [--fresh] [--in-place]
  *   (sizes in bytes; a size that is not a whole number of f32 elements per rank is skipped;
  *   --hugepages: the buffers 2 MiB aligned and advised onto transparent huge pages before first
  *   use, as `dtrain bench --hugepages` allocates its own) */
@@ -52,7 +55,7 @@ static int die(const char *msg) {
 
 /* One call of the collective on `count` elements per rank (the per-rank block for allgather and
  * reduce_scatter). */
-static void call(int coll, float *send, float *recv, size_t count) {
+static void call(int coll, const float *send, float *recv, size_t count) {
   switch (coll) {
   case C_ALLREDUCE:
     MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -118,7 +121,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
 
-  int coll = -1, iters = 20, warmup = -1, huge = 0, fresh = 0;
+  int coll = -1, iters = 20, warmup = -1, huge = 0, fresh = 0, in_place = 0;
   const char *sizes_arg = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--coll") && i + 1 < argc) {
@@ -138,9 +141,11 @@ int main(int argc, char **argv) {
       huge = 1;
     else if (!strcmp(argv[i], "--fresh"))
       fresh = 1;
+    else if (!strcmp(argv[i], "--in-place"))
+      in_place = 1;
     else
       return die("usage: mpi_coll --coll allreduce|allgather|reduce_scatter|broadcast --sizes B1,B2,... "
-                 "[--iters I] [--warmup W] [--hugepages] [--fresh]");
+                 "[--iters I] [--warmup W] [--hugepages] [--fresh] [--in-place]");
   }
   if (coll < 0)
     return die("--coll must be allreduce, allgather, reduce_scatter or broadcast");
@@ -148,6 +153,8 @@ int main(int argc, char **argv) {
     return die("--sizes B1,B2,... (bytes) is required");
   if (iters < 1)
     return die("--iters must be >= 1");
+  if (in_place && coll == C_BROADCAST)
+    return die("--in-place with allreduce, allgather or reduce_scatter (a broadcast is always in place)");
   if (warmup < 0)
     warmup = iters / 10 < 1 ? 1 : iters / 10 > 20 ? 20 : iters / 10;
 
@@ -186,34 +193,37 @@ int main(int argc, char **argv) {
     if (count == 0 || count > INT32_MAX)
       continue;
     size_t bytes_elems = (coll == C_ALLGATHER || coll == C_REDUCE_SCATTER) ? count * (size_t)n : count;
-    fill(coll, rank, n, send, recv, count);
+    /* in place: the input is written where the call reads it (this rank's block, allgather) */
+    float *in = !in_place ? send : coll == C_ALLGATHER ? recv + (size_t)rank * count : recv;
+    const float *arg = in_place ? (const float *)MPI_IN_PLACE : send;
+    fill(coll, rank, n, in, recv, count);
     for (int w = 0; w < warmup; w++)
-      call(coll, send, recv, count);
+      call(coll, arg, recv, count);
     size_t out_elems = coll == C_ALLGATHER ? count * (size_t)n : count;
     for (int it = 0; it < iters; it++) {
-      if (fresh) {
+      if (fresh || in_place) {
         MPI_Barrier(MPI_COMM_WORLD); /* every rank out of the last call before any refills */
-        fill(coll, rank, n, send, recv, count);
-        if (coll != C_BROADCAST)
+        if (coll != C_BROADCAST && !in_place)
           memset(recv, 0, out_elems * sizeof(float));
+        fill(coll, rank, n, in, recv, count);
       } else if (coll == C_BROADCAST && rank != 0) {
         memset(recv, 0xa5, count * sizeof(float));
       }
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
-      call(coll, send, recv, count);
+      call(coll, arg, recv, count);
       times[it] = MPI_Wtime() - t0;
     }
     MPI_Allreduce(MPI_IN_PLACE, times, iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
     double slowest = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
 
-    /* Validation call on fresh inputs and poisoned outputs. */
-    fill(coll, rank, n, send, recv, count);
+    /* Validation call on fresh inputs and poisoned outputs (in place: all but the input). */
     if (coll != C_BROADCAST)
       for (size_t i = 0; i < bytes_elems; i++)
         recv[i] = NAN;
-    call(coll, send, recv, count);
+    fill(coll, rank, n, in, recv, count);
+    call(coll, arg, recv, count);
     long long wrong = check(coll, rank, n, recv, count), all_wrong = 0;
     MPI_Reduce(&wrong, &all_wrong, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
 

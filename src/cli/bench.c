@@ -39,7 +39,7 @@
 #include "core/core.h"
 #include "dtrain/comm.h"
 
-#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--window] [--fresh] [--hugepages] [--json]"
+#define BENCH_HINT "dtrain bench <allreduce|allgather|reduce_scatter|broadcast|alltoall> -n N [--transport shm|tcp] [--algo NAME] [--sizes 8:256M] [--iters N] [--warmup N] [--dtype f32] [--op sum] [--in-place] [--window] [--fresh] [--hugepages] [--json]"
 
 typedef enum { B_ALLREDUCE, B_ALLGATHER, B_REDUCE_SCATTER, B_BROADCAST, B_ALLTOALL, B_COUNT } bench_coll;
 static const char *coll_names[B_COUNT] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
@@ -53,7 +53,8 @@ typedef struct bench_opts {
   dt_dtype dtype;
   dt_op op;
   int json;
-  int window; /* buffers in the communicator's shared window, calls in place (dt_comm_window) */
+  int in_place; /* calls in place (DT_IN_PLACE), the input written into the output before every call */
+  int window;   /* buffers in the communicator's shared window, calls in place (dt_comm_window) */
   int fresh;  /* the input rewritten before every call, as the window's is */
   int hugepages; /* buffers on transparent huge pages */
   int timeout_s;
@@ -132,6 +133,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "(a number that is not finite is null).\n"
              "--algo names the algorithm of this collective (DTRAIN_ALGO), --transport sets\n"
              "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n"
+             "--in-place (allreduce, reduce_scatter, allgather) calls in place (DT_IN_PLACE), as a\n"
+             "training step allreduces its gradients: the input is written into the output\n"
+             "buffer before every call, untimed.\n"
              "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
              "communicator's shared window (dt_comm_window) and calls in place, so the collective\n"
              "copies nothing in or out; the input is rewritten before every call, untimed.\n"
@@ -200,6 +204,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
       op_given = 1;
     } else if (!strcmp(a, "--json")) {
       o->json = 1;
+    } else if (!strcmp(a, "--in-place")) {
+      o->in_place = 1;
     } else if (!strcmp(a, "--window")) {
       o->window = 1;
     } else if (!strcmp(a, "--fresh")) {
@@ -225,6 +231,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->window && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER && o->coll != B_ALLGATHER)
     return dt_cli_usage_error("bench", "--window with allreduce, reduce_scatter or allgather",
                               "%s has no in-place window path", coll_names[o->coll]);
+  if (o->in_place && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER && o->coll != B_ALLGATHER)
+    return dt_cli_usage_error("bench", "--in-place with allreduce, reduce_scatter or allgather",
+                              "%s has no in-place form", coll_names[o->coll]);
+  o->in_place |= o->window;
   if (o->window && o->nproc < 2)
     return dt_cli_usage_error("bench", "--window with -n 2 or more", "one rank shares no memory with another");
   if (op_given && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER)
@@ -393,8 +403,9 @@ static int64_t count_wrong(const bench_opts *o, int r, int n, const bench_size *
   return wrong;
 }
 
-/* --window: the input in place in the window (rbuf) instead of in sbuf, as the call expects. */
-static void fill_window(const bench_opts *o, int r, int n, const bench_size *s, void *rbuf) {
+/* --in-place, --window: the input in place in the output (rbuf) instead of in sbuf, as the call
+ * expects. */
+static void fill_in_place(const bench_opts *o, int r, int n, const bench_size *s, void *rbuf) {
   dt_dtype t = o->dtype;
   size_t es = dt_dtype_size(t);
   if (o->coll == B_ALLGATHER) {
@@ -409,7 +420,7 @@ static void fill_window(const bench_opts *o, int r, int n, const bench_size *s, 
 }
 
 static dt_status run_once(dt_comm *c, const bench_opts *o, const bench_size *s, const void *sbuf, void *rbuf) {
-  if (o->window)
+  if (o->in_place)
     switch (o->coll) {
     case B_ALLREDUCE: return dt_comm_allreduce(c, DT_IN_PLACE, rbuf, s->count, o->dtype, o->op);
     case B_REDUCE_SCATTER: return dt_comm_reduce_scatter(c, DT_IN_PLACE, rbuf, s->count, o->dtype, o->op);
@@ -492,7 +503,7 @@ static int bench_worker(const bench_opts *o) {
     } else {
       printf("# dtrain bench %s: %d ranks, transport %s, algo %s, dtype %s, op %s, iters %d, warmup %d%s%s\n",
              coll_names[o->coll], n, dt_comm_transport(c), o->algo ? o->algo : "auto", dt_dtype_name(o->dtype),
-             dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : "",
+             dt_op_name(o->op), o->iters, o->warmup, o->window ? ", in place in the shared window" : o->in_place ? ", in place" : "",
              o->hugepages ? ", buffers on huge pages" : "");
       printf("# time: median over iterations of the slowest rank's time (ranks start together after a barrier)\n");
       if (o->lo < bench_unit(o, n))
@@ -512,17 +523,17 @@ static int bench_worker(const bench_opts *o) {
     if (b < bench_unit(o, o->nproc))
       continue;
     bench_size s = size_of(o->coll, b, o->dtype, n);
-    if (!o->window)
+    if (!o->in_place)
       fill_inputs(o, r, n, &s, sbuf, rbuf);
     int64_t wrong = 0;
     for (int it = 0; it < o->warmup + o->iters; it++) {
-      if (o->window || (o->fresh && it > 0)) {
+      if (o->in_place || (o->fresh && it > 0)) {
         /* every rank out of the last call first: with more ranks than cores, a rank refilling
          * its input would take the core from one still in the call, and that shows in its time */
         if (it > 0 && dt_comm_barrier(c))
           goto fail;
-        if (o->window)
-          fill_window(o, r, n, &s, rbuf);
+        if (o->in_place)
+          fill_in_place(o, r, n, &s, rbuf);
         else
           fill_inputs(o, r, n, &s, sbuf, rbuf);
       }

@@ -180,6 +180,21 @@ int main(void) {
     EXPECT(count_substr(out, "\"wrong\": 0") == rows, "%s --window: %d correct rows, want %d: %s", colls[k],
            count_substr(out, "\"wrong\": 0"), rows, out);
   }
+  /* --in-place: DT_IN_PLACE calls on the caller's buffer, the input rewritten before every call,
+   * every row checked; on shm with the single copies from 4 KiB (the staged path below that), and
+   * on tcp */
+  for (int k = 0; k < 4; k++) {
+    const char *coll = k < 3 ? colls[k] : "allreduce";
+    char *argv[] = {b, "bench", (char *)coll, "-n", "2", "--in-place", "--transport", k < 3 ? "shm" : "tcp",
+                    "--sizes", "1K:256K", "--iters", "3", "--warmup", "2", "--dtype", k == 1 ? "f32" : "bf16",
+                    "--json", NULL};
+    setenv("DTRAIN_SHM_CMA", "4096", 1);
+    int rc = run(argv, out, sizeof out, err, sizeof err, 120, NULL, 0);
+    unsetenv("DTRAIN_SHM_CMA");
+    EXPECT(rc == 0, "%s --in-place (%s): exit %d, stderr: %s", coll, argv[7], rc, err);
+    EXPECT(count_substr(out, "\"wrong\": 0") == 9, "%s --in-place (%s): %d correct rows, want 9: %s", coll, argv[7],
+           count_substr(out, "\"wrong\": 0"), out);
+  }
   /* --fresh: the inputs rewritten before every call, every row checked (with the single copies
    * from 4 KiB, so that both the staged and the single-copy paths see it) */
   for (int k = 0; k < 5; k++) {
@@ -269,8 +284,10 @@ int main(void) {
                       {b, "bench", "allreduce", "--sizes", "8:00000000000000000000000000000000000000000000000000000000000000000000001024K", NULL},
                       {b, "bench", "allreduce", "--algo", "allgather=ring", NULL},
                       {b, "bench", "allreduce", "--transport", "mpi", NULL},
-                      {b, "bench", "broadcast", "--op", "prod", NULL}};
-    for (int i = 0; i < 14; i++) {
+                      {b, "bench", "broadcast", "--op", "prod", NULL},
+                      {b, "bench", "broadcast", "--in-place", NULL},
+                      {b, "bench", "alltoall", "--in-place", NULL}};
+    for (int i = 0; i < 16; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
     }
