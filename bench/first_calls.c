@@ -12,11 +12,18 @@
  *
  * Build (links libdtrain; its MPI backend needs Open MPI's library when it was built with it):
  *   gcc -O2 -Iinclude bench/first_calls.c -o first_calls build/libdtrain.a -lmpi -lopenblas -lz -lm -lpthread
- * Usage: first_calls [--calls N] [--count FLOATS]   (exit 2 on bad usage, 1 on a failed call) */
+ * --settle-ms M sleeps M ms on every rank (then a barrier) before the loop: on the Zen 5 guest of
+ * 2026-12-03 the memory-bound calls of a job's first second ran up to 2x slower whatever ran them
+ * (bench/results/single-copy-2026-12-03-zen5.txt), and this tells such a start-up transient from
+ * one of the calls themselves.
+ * Usage: first_calls [--calls N] [--count FLOATS] [--settle-ms M]
+ *   (exit 2 on bad usage, 1 on a failed call) */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dtrain/comm.h"
 #include "dtrain/core.h"
@@ -43,12 +50,16 @@ static long number(const char *s, long lo, long hi) {
 }
 
 int main(int argc, char **argv) {
-  long calls = 3000, count = 1;
+  long calls = 3000, count = 1, settle_ms = 0;
   for (int i = 1; i < argc; i++) {
-    long *dst = !strcmp(argv[i], "--calls") ? &calls : !strcmp(argv[i], "--count") ? &count : NULL;
-    long lo = dst == &calls ? WINDOWS * 2 : 1;
+    long *dst = !strcmp(argv[i], "--calls")         ? &calls
+                : !strcmp(argv[i], "--count")       ? &count
+                : !strcmp(argv[i], "--settle-ms") ? &settle_ms
+                                                    : NULL;
+    long lo = dst == &calls ? WINDOWS * 2 : dst == &settle_ms ? 0 : 1;
     if (!dst || i + 1 >= argc || (*dst = number(argv[++i], lo, 100000000)) < 0) {
-      fprintf(stderr, "usage: first_calls [--calls N >= %d] [--count FLOATS >= 1]\n", WINDOWS * 2);
+      fprintf(stderr, "usage: first_calls [--calls N >= %d] [--count FLOATS >= 1] [--settle-ms M >= 0]\n",
+              WINDOWS * 2);
       return 2;
     }
   }
@@ -63,6 +74,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "first_calls: out of memory\n");
     return 1;
   }
+  struct timespec settle = {settle_ms / 1000, settle_ms % 1000 * 1000000};
+  while (settle_ms && nanosleep(&settle, &settle) != 0 && errno == EINTR)
+    ;
   if (dt_comm_barrier(c) != DT_OK) {
     fprintf(stderr, "first_calls: barrier: %s\n", dt_last_error());
     return 1;

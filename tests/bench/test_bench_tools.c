@@ -135,12 +135,15 @@ static void test_ceilings(void) {
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/stream %s/bench/stream.c -lpthread 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/tcp_bw %s/bench/tcp_bw.c -lpthread 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/core_probe %s/bench/core_probe.c -lpthread 2>&1 && "
+           "timeout 120 gcc -O2 -Wall -Wextra -Werror -o %s/single_copy_ceiling %s/bench/single_copy_ceiling.c 2>&1 && "
            "timeout 120 gcc -O2 -Wall -Wextra -Werror -I%s/include -I%s/src $(pkg-config --cflags openblas) "
            "-o %s/sgemm_peak %s/bench/sgemm_peak.c %s/libdtrain.a $(pkg-config --libs openblas) -lz -lm "
            "-lpthread 2>&1",
-           tmp_dir, src_dir, tmp_dir, src_dir, tmp_dir, src_dir, src_dir, src_dir, tmp_dir, src_dir, build_dir);
+           tmp_dir, src_dir, tmp_dir, src_dir, tmp_dir, src_dir, tmp_dir, src_dir, src_dir, src_dir, tmp_dir, src_dir,
+           build_dir);
   int rc = run(cmd, out, sizeof out);
-  CHECK(rc == 0, "compiling bench/stream.c, tcp_bw.c, core_probe.c, sgemm_peak.c failed: %s", out);
+  CHECK(rc == 0, "compiling bench/stream.c, tcp_bw.c, core_probe.c, single_copy_ceiling.c, sgemm_peak.c failed: %s",
+        out);
   if (rc)
     return;
   snprintf(cmd, sizeof cmd, "timeout 60 %s/stream --mib 8 --reps 2 --threads 1,2", tmp_dir);
@@ -194,6 +197,17 @@ static void test_ceilings(void) {
     CHECK(rc == 1 && strstr(out, "cannot run on CPU"), "core_probe without CPUs 0 and 1: %d %s", rc, out);
   snprintf(cmd, sizeof cmd, "timeout 60 %s/core_probe 0 >/dev/null 2>&1", tmp_dir);
   CHECK(run(cmd, NULL, 0) == 2, "core_probe accepted one CPU");
+  /* single_copy_ceiling: a time per way, or (where process_vm_readv is not allowed) a named failure */
+  snprintf(cmd, sizeof cmd, "timeout 60 %s/single_copy_ceiling --mib 4 --passes 2 2>&1", tmp_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK((rc == 0 && count(out, " ms, least ") == 4 && !strstr(out, "nan")) ||
+            (rc == 1 && strstr(out, "process_vm_readv/writev")),
+        "single_copy_ceiling: %d %s", rc, out);
+  const char *scc_bad[] = {"--chunk 100", "--mib 0", "--passes 65", "--mib 1 --chunk 393216", "--frob 1"};
+  for (int b = 0; b < 5; b++) {
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/single_copy_ceiling %s >/dev/null 2>&1", tmp_dir, scc_bad[b]);
+    CHECK(run(cmd, NULL, 0) == 2, "single_copy_ceiling accepted %s", scc_bad[b]);
+  }
 }
 
 static void test_harness_usage(void) {
@@ -292,15 +306,16 @@ static void test_first_calls(void) {
   char cmd[4096], out[8192], build_dir[1024];
   if (build_with_lib("first_calls", build_dir, sizeof build_dir))
     return;
-  snprintf(cmd, sizeof cmd, "timeout 60 %s/dtrain run -n 2 --raw-stdout -- %s/first_calls --calls 40 2>/dev/null",
+  snprintf(cmd, sizeof cmd,
+           "timeout 60 %s/dtrain run -n 2 --raw-stdout -- %s/first_calls --calls 40 --settle-ms 50 2>/dev/null",
            build_dir, tmp_dir);
   int rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "\"first_us\": [") && count(out, "\"median_us\": ") == 10 &&
             count(out, "\"mean_us\": ") == 10 && strstr(out, "\"total_ms\": ") && !strstr(out, ": 0.0,") &&
             !strstr(out, "nan"),
         "first_calls: %d %s", rc, out);
-  static const char *bad[] = {"--calls 5", "--calls x", "--count 0", "--frobnicate"};
-  for (int b = 0; b < 4; b++) {
+  static const char *bad[] = {"--calls 5", "--calls x", "--count 0", "--frobnicate", "--settle-ms -1"};
+  for (int b = 0; b < 5; b++) {
     snprintf(cmd, sizeof cmd, "timeout 30 %s/first_calls %s 2>/dev/null", tmp_dir, bad[b]);
     CHECK(run(cmd, NULL, 0) == 2, "first_calls accepted %s", bad[b]);
   }
