@@ -3,7 +3,8 @@
  *
  * Two implementations of each kernel: AVX2 (+F16C for f16, FMA allowed) chosen at run time
  * with __builtin_cpu_supports, and a portable scalar one that also handles the vector loops'
- * tails (the AVX-512 half-type kernels finish theirs with one masked step). Both give
+ * tails (the AVX-512 half-type kernels finish theirs with one masked step); where AVX-512 is
+ * there, f32 and the half types take AVX-512 kernels instead of AVX2's. All give
  * bit-identical results (same operation order per element, same NaN rule), so ranks on different
  * CPUs agree. Semantics, shared by both:
  *   - floats: IEEE; min/max propagate NaN (if a is NaN -> a, else if b is NaN -> b); with equal
@@ -755,6 +756,39 @@ ZMIX(z_mix_sum, z_sum)
 ZMIX(z_mix_prod, z_prod)
 ZMIX(z_mix_min, z_min)
 ZMIX(z_mix_max, z_max)
+
+/* f32 of two operands, 16 lanes: each store writes one whole 64-byte line where the AVX2 kernel
+ * writes it in two halves. Same operations per element as VKERN's (and its scalar tail). The
+ * 2-rank shm allreduce on the Zen 5 guest, medians of 6 alternated rounds against AVX2: 0.90-0.97x
+ * its time at 8-32 MiB and level at 4 and 64 MiB with this kernel (DTRAIN_NO_AVX512 for AVX2),
+ * 0.88-0.91x at 4, 32 and 64 MiB in an earlier set with the host in another state; level at 128
+ * KiB-2 MiB and in place; one core's sums from L1/L2 (bench/reduce_bw.c) level within that host's
+ * noise (bench/results/f32-avx512-2026-12-03-zen5.txt). */
+#define ZKERN_F32(name, ZOP, TAIL)                                                 \
+  TGT512 static void name(void *o_, const void *a_, const void *b_, size_t n) {  \
+    float *o = o_;                                                                \
+    const float *a = a_, *b = b_;                                                 \
+    size_t i = 0;                                                                 \
+    const bool pf = RED_PF_ON(n * sizeof(float));                                 \
+    for (; i + 32 <= n; i += 32) {                                                \
+      if (pf) {                                                                   \
+        v_pf(a + i, b + i);                                                       \
+        v_pf(a + i + 16, b + i + 16);                                             \
+      }                                                                           \
+      __m512 x0 = _mm512_loadu_ps(a + i), y0 = _mm512_loadu_ps(b + i);            \
+      __m512 x1 = _mm512_loadu_ps(a + i + 16), y1 = _mm512_loadu_ps(b + i + 16);  \
+      _mm512_storeu_ps(o + i, ZOP(x0, y0));                                       \
+      _mm512_storeu_ps(o + i + 16, ZOP(x1, y1));                                  \
+    }                                                                             \
+    for (; i + 16 <= n; i += 16)                                                  \
+      _mm512_storeu_ps(o + i, ZOP(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i))); \
+    TAIL(o + i, a + i, b + i, n - i);                                             \
+  }
+ZKERN_F32(z_f32_sum_k, z_sum, s_f32_sum)
+ZKERN_F32(z_f32_prod_k, z_prod, s_f32_prod)
+ZKERN_F32(z_f32_min_k, z_min, s_f32_min)
+ZKERN_F32(z_f32_max_k, z_max, s_f32_max)
+static const red_fn z_f32_tab[4] = {z_f32_sum_k, z_f32_prod_k, z_f32_min_k, z_f32_max_k};
 ZMIXB(b_mix_sum, z_sum)
 ZMIXB(b_mix_prod, z_prod)
 ZMIXB(b_mix_min, z_min)
@@ -947,6 +981,8 @@ const char *dt__reduce_isa(void) {
 static red_fn pick(dt_dtype t, dt_op op) {
   int o = op == DT_AVG ? 0 : (int)op; /* avg sums; finish divides */
 #ifdef RED_X86
+  if (t == DT_F32 && use_avx512())
+    return z_f32_tab[o];
   if (use_avx2())
     return avx2_tab[t][o];
 #endif
