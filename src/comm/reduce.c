@@ -274,9 +274,11 @@ TGT static inline void v_pf(const void *a, const void *b) {
 
 /* name: kernel; T: element; W: elements per vector; VT: vector type; LD/ST: load/store; VOP:
  * vector op; TAIL: scalar kernel for the last n % W elements. Two vectors per iteration so
- * the loads of the second overlap the op of the first. */
-#define VKERN(name, T, W, VT, LD, ST, VOP, TAIL)                                    \
-  TGT static void name(void *o_, const void *a_, const void *b_, size_t n) {      \
+ * the loads of the second overlap the op of the first. VKERN_T also takes the target (the
+ * AVX-512 f32 kernels below). */
+#define VKERN(name, T, W, VT, LD, ST, VOP, TAIL) VKERN_T(name, TGT, T, W, VT, LD, ST, VOP, TAIL)
+#define VKERN_T(name, TGTX, T, W, VT, LD, ST, VOP, TAIL)                            \
+  TGTX static void name(void *o_, const void *a_, const void *b_, size_t n) {     \
     T *o = o_;                                                                     \
     const T *a = a_, *b = b_;                                                      \
     size_t i = 0;                                                                  \
@@ -758,32 +760,16 @@ ZMIX(z_mix_min, z_min)
 ZMIX(z_mix_max, z_max)
 
 /* f32 of two operands, 16 lanes: each store writes one whole 64-byte line where the AVX2 kernel
- * writes it in two halves. Same operations per element as VKERN's (and its scalar tail). The
+ * writes it in two halves (a prefetch per two lines: level with one per line, section 6 of the
+ * results file). Same operations per element as the AVX2 kernels (and their scalar tail). The
  * 2-rank shm allreduce on the Zen 5 guest, medians of 6 alternated rounds against AVX2: 0.90-0.97x
  * its time at 8-32 MiB and level at 4 and 64 MiB with this kernel (DTRAIN_NO_AVX512 for AVX2),
  * 0.88-0.91x at 4, 32 and 64 MiB in an earlier set with the host in another state; level at 128
  * KiB-2 MiB and in place; one core's sums from L1/L2 (bench/reduce_bw.c) level within that host's
  * noise (bench/results/f32-avx512-2026-12-03-zen5.txt). */
-#define ZKERN_F32(name, ZOP, TAIL)                                                 \
-  TGT512 static void name(void *o_, const void *a_, const void *b_, size_t n) {  \
-    float *o = o_;                                                                \
-    const float *a = a_, *b = b_;                                                 \
-    size_t i = 0;                                                                 \
-    const bool pf = RED_PF_ON(n * sizeof(float));                                 \
-    for (; i + 32 <= n; i += 32) {                                                \
-      if (pf) {                                                                   \
-        v_pf(a + i, b + i);                                                       \
-        v_pf(a + i + 16, b + i + 16);                                             \
-      }                                                                           \
-      __m512 x0 = _mm512_loadu_ps(a + i), y0 = _mm512_loadu_ps(b + i);            \
-      __m512 x1 = _mm512_loadu_ps(a + i + 16), y1 = _mm512_loadu_ps(b + i + 16);  \
-      _mm512_storeu_ps(o + i, ZOP(x0, y0));                                       \
-      _mm512_storeu_ps(o + i + 16, ZOP(x1, y1));                                  \
-    }                                                                             \
-    for (; i + 16 <= n; i += 16)                                                  \
-      _mm512_storeu_ps(o + i, ZOP(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i))); \
-    TAIL(o + i, a + i, b + i, n - i);                                             \
-  }
+TGT512 static inline __m512 z_ld_ps(const float *p) { return _mm512_loadu_ps(p); }
+TGT512 static inline void z_st_ps(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+#define ZKERN_F32(name, ZOP, TAIL) VKERN_T(name, TGT512, float, 16, __m512, z_ld_ps, z_st_ps, ZOP, TAIL)
 ZKERN_F32(z_f32_sum_k, z_sum, s_f32_sum)
 ZKERN_F32(z_f32_prod_k, z_prod, s_f32_prod)
 ZKERN_F32(z_f32_min_k, z_min, s_f32_min)
