@@ -215,6 +215,7 @@ static void test_harness_usage(void) {
       "bench/compare-peers --ranks 1",
       "bench/compare-peers --colls gather",
       "bench/compare-peers --sides nccl",
+      "bench/compare-peers --fresh --in-place",
       "bench/train-vs-pytorch --models resnet",
       "bench/train-vs-pytorch --threads 0",
       "bench/train-vs-pytorch --reps 0",
