@@ -135,7 +135,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
              "DTRAIN_TRANSPORT. --timeout S stops the whole run after S seconds (default 900).\n"
              "--in-place (allreduce, reduce_scatter, allgather) calls in place (DT_IN_PLACE), as a\n"
              "training step allreduces its gradients: the input is written into the output\n"
-             "buffer before every call, untimed.\n"
+             "buffer before every call, untimed (so not with --fresh).\n"
              "--window (allreduce, reduce_scatter, allgather; shm) puts the buffer in the\n"
              "communicator's shared window (dt_comm_window) and calls in place, so the collective\n"
              "copies nothing in or out; the input is rewritten before every call, untimed.\n"
@@ -234,6 +234,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o, int *worker) {
   if (o->in_place && o->coll != B_ALLREDUCE && o->coll != B_REDUCE_SCATTER && o->coll != B_ALLGATHER)
     return dt_cli_usage_error("bench", "--in-place with allreduce, reduce_scatter or allgather",
                               "%s has no in-place form", coll_names[o->coll]);
+  if (o->in_place && o->fresh)
+    return dt_cli_usage_error("bench", "--in-place or --fresh", "in place every input is rewritten before each call "
+                              "already");
   o->in_place |= o->window;
   if (o->window && o->nproc < 2)
     return dt_cli_usage_error("bench", "--window with -n 2 or more", "one rank shares no memory with another");

@@ -286,8 +286,9 @@ int main(void) {
                       {b, "bench", "allreduce", "--transport", "mpi", NULL},
                       {b, "bench", "broadcast", "--op", "prod", NULL},
                       {b, "bench", "broadcast", "--in-place", NULL},
-                      {b, "bench", "alltoall", "--in-place", NULL}};
-    for (int i = 0; i < 16; i++) {
+                      {b, "bench", "alltoall", "--in-place", NULL},
+                      {b, "bench", "allreduce", "--in-place", "--fresh", NULL}};
+    for (int i = 0; i < 17; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
     }
