@@ -1264,7 +1264,8 @@ __attribute__((target("avx2"))) static void copy_avx2(uint8_t *d, const uint8_t 
  * (bench/results/copy-memcpy-2026-12-01-zen4.txt). Zen 4's models: 0x10-0x1f, 0x60-0x7f,
  * 0xa0-0xaf. Family 26 (Zen 5) ran every measurement of its sessions on memcpy. */
 #ifdef RED_X86
-/* 2 for an AMD CPU, 3 if its `rep movsb` is the slow kind, 4 for Zen 4 (cpu_kind's values) */
+/* 2 for an AMD CPU, 3 if its `rep movsb` is the slow kind, 4 for Zen 4, 5 for family 26 (Zen 5)
+ * or later (cpu_kind's values) */
 static int amd_kind(void) {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -1276,11 +1277,12 @@ static int amd_kind(void) {
   }
   bool zen4 = fam == 0x19 && ((model >= 0x10 && model <= 0x1f) || (model >= 0x60 && model <= 0x7f) ||
                               (model >= 0xa0 && model <= 0xaf));
-  return zen4 ? 4 : fam <= 0x19 ? 3 : 2;
+  return zen4 ? 4 : fam <= 0x19 ? 3 : 5;
 }
 #endif
 
-/* 0 unknown, 1 not AMD, 2 AMD, 3 AMD whose `rep movsb` is slow, 4 AMD Zen 4 (amd_kind) */
+/* 0 unknown, 1 not AMD, 2 AMD, 3 AMD whose `rep movsb` is slow, 4 AMD Zen 4, 5 AMD Zen 5 or later
+ * (amd_kind) */
 static atomic_int cpu_kind;
 static int cpu_kind_get(void) {
   int v = atomic_load_explicit(&cpu_kind, memory_order_relaxed);
@@ -1295,6 +1297,7 @@ static int cpu_kind_get(void) {
 }
 bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
 bool dt__cpu_zen4(void) { return cpu_kind_get() == 4; }
+bool dt__cpu_zen5(void) { return cpu_kind_get() == 5; }
 
 /* Whether dt__copy moves from 2 KiB itself: where memcpy is slow (above), and tests forcing it
  * (1 or 4). */
