@@ -70,13 +70,14 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     guest (bench/results/rd-shm-2026-12-03-zen5.txt), medians rd / shm: f32 6.4 / 10.9 us at
  *     64 KiB, 12.1 / 13.5 at 128 KiB, 21.7 / 19.2 at 256 KiB; f16 6.3 / 11.3, 11.0 / 14.1, 21.1 /
  *     20.1; fresh inputs f32 8.8 / 14.3, 18.5 / 20.3, 32.8 / 33.7.
- *     Only on Zen 5 (dt__cpu_zen5): on the EPYC Zen 3 guest (family 25 model 1) the same command
- *     put the shm path ahead at 64-128 KiB, 2026-12-03 (bench/results/rd-shm-2026-12-03-zen3.txt),
- *     medians rd / shm over 3 alternated rounds: f32 16-41 / 11.5-18 us at 64 KiB, 27-74 / 21-34
- *     at 128 KiB; fresh 41-42 / 25-30, 76 / 23-42; at 32 KiB mixed (rd 9.5-22 / shm 6.4-17.5,
- *     fresh 22 / 16.5-17.3). There, and on CPUs where it was not measured, rd keeps the 32 KiB
- *     measured before on every host; compare-peers at 64 KiB with rd read 0.77x Open MPI there
- *     (compare-peers-2026-12-03g-zen3.md), 1.76x with the shm path on 2026-11-28.
+ *     Only on Zen 5 (dt__cpu_zen5; every rank of a shm job runs on the same CPU, so all choose
+ *     alike): on the EPYC Zen 3 guest (family 25 model 1) the same command put the shm path
+ *     ahead at 64-128 KiB, 2026-12-03 (bench/results/rd-shm-2026-12-03-zen3.txt), medians rd /
+ *     shm over 3 alternated rounds: f32 38-40 / 16-17 us at 64 KiB, 75-77 / 26-28 at 128 KiB;
+ *     fresh 37-39 / 24-26, 66-76 / 39-45; f16 38-39 / 18-28, 71-79 / 28-51; at 8-32 KiB mixed.
+ *     There, and on CPUs where it was not measured, rd keeps the 32 KiB measured before on every
+ *     host; compare-peers at 64 KiB with rd read 0.77x Open MPI there
+ *     (compare-peers-2026-12-03g-zen3.md), 1.86x after (-03l-zen3.md).
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
