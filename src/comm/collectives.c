@@ -201,10 +201,10 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
     /* wide (f16/bf16 sum, prod, avg): at n = 2 rd moves the half types (one exchange, one
      * rounding) and takes f32's range; above, its later rounds carry f32 partials (twice the
      * bytes, a conversion pass each way), while flat, shm and ring move the half types. */
-    if (has_fast(ops, k))
-      return (n == 2 ? bytes <= (dt__cpu_zen5() ? (128u << 10) : (32u << 10)) : bytes <= (32u << 10) && !wide)
-                 ? DT_ALGO_RD
-                 : DT_ALGO_SHM;
+    if (has_fast(ops, k)) {
+      size_t rd_max = n == 2 && dt__cpu_zen5() ? (128u << 10) : (32u << 10);
+      return bytes <= rd_max && (n == 2 || !wide) ? DT_ALGO_RD : DT_ALGO_SHM;
+    }
     if (wide && n > 2)
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
     if (n > 2 && (n & (n - 1)) == 0) /* 4, 8, ...: Rabenseifner above rd's range */

@@ -291,6 +291,8 @@ int main(void) {
     for (int i = 0; i < 17; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
       EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
+      if (i == 16) /* the conflict is named, not only a usage hint */
+        EXPECT(strstr(err, "--fresh") && strstr(err, "already"), "--in-place --fresh: stderr %s", err);
     }
   }
   /* --json of a run that times out: nothing on stdout rather than an array that does not parse */
