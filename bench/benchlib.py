@@ -126,6 +126,10 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def mean(xs):
+    return statistics.fmean(xs) if xs else None
+
+
 def spread(xs):
     """(median, min, max) of the values that are not None, or (None, None, None)."""
     xs = [x for x in xs if x is not None]
