@@ -257,6 +257,30 @@ static void test_harness_usage(void) {
   char out[4096];
   int rc = run(cmd, out, sizeof out);
   CHECK(rc == 0 && strstr(out, "reps ok"), "benchlib --reps helpers: exit %d: %s", rc, out);
+  /* compare-peers' tables with rounds: a side's rows are keyed by (repetition, round), the
+   * ratio pairs the two sides' rows of one round, the time is the median over every round, and
+   * the latency target also gives the worst ratio of the means (two clusters of draws: dtrain
+   * 0.3/0.8 us, the peer 0.5/0.9, so the medians say 1.6x and the means 0.91x). */
+  snprintf(cmd, sizeof cmd,
+           "cd %s/bench && timeout 60 /usr/bin/python3 -c '"
+           "import importlib.machinery as m, importlib.util as u\n"
+           "ld = m.SourceFileLoader(\"cp\", \"compare-peers\")\n"
+           "cp = u.module_from_spec(u.spec_from_loader(\"cp\", ld)); ld.exec_module(cp)\n"
+           "row = lambda t: {\"time_us\": t, \"busbw_gbs\": 0, \"wrong\": 0}\n"
+           "k = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]\n"
+           "d = dict(zip(k, [0.3, 0.8, 0.8, 0.3, 0.8])); o = dict(zip(k, [0.5, 0.5, 0.9, 0.9, 0.5]))\n"
+           "res = {(\"allreduce\", 2, \"dtrain-shm\"): {4: [(x, row(d[x])) for x in k]},\n"
+           "       (\"allreduce\", 2, \"ompi-shm\"): {4: [(x, row(o[x])) for x in k]}}\n"
+           "t, s = cp.table(\"allreduce\", 2, \"dtrain-shm\", \"ompi-shm\", \"shm\", res, {\"mem\": {}}, 2, [4])\n"
+           "r = s[0]\n"
+           "assert (r[\"dtrain_us\"], r[\"peer_us\"]) == (0.8, 0.5), r\n"
+           "assert abs(r[\"ratio\"] - 0.9 / 0.8) < 1e-12 and abs(r[\"ratio_max\"] - 0.9 / 0.3) < 1e-12, r\n"
+           "lat = [x for x in cp.targets({(\"allreduce\", 2, \"dtrain-shm\", \"ompi-shm\"): s}) if \"latency dtrain/Open MPI at\" in x][0]\n"
+           "assert \"1.60 (target <= 1.0: NOT met); of the means over repetitions and rounds: 0.91\" in lat, lat\n"
+           "print(\"rounds ok\")' 2>&1",
+           src_dir);
+  rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && strstr(out, "rounds ok"), "compare-peers' tables over rounds: exit %d: %s", rc, out);
   /* bench/dtypes end to end on two tiny sizes: a row per dtype and binary, and the summary with
    * both half types' ratios to f32 (values are not checked: they are timings) */
   const char *bin = getenv("DTRAIN_BIN");
