@@ -288,10 +288,13 @@ int main(void) {
                       {b, "bench", "broadcast", "--in-place", NULL},
                       {b, "bench", "alltoall", "--in-place", NULL},
                       {b, "bench", "allreduce", "--in-place", "--fresh", NULL}};
-    for (int i = 0; i < 17; i++) {
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
       int rc = run(bad[i], out, sizeof out, err, sizeof err, 30, NULL, 0);
-      EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %d: exit %d, stderr %s", i, rc, err);
-      if (i == 16) /* the conflict is named, not only a usage hint */
+      EXPECT(rc == 2 && strstr(err, "HINT"), "bad usage %zu: exit %d, stderr %s", i, rc, err);
+      bool fresh = false;
+      for (int j = 0; bad[i][j]; j++)
+        fresh = fresh || strcmp(bad[i][j], "--fresh") == 0;
+      if (fresh) /* --in-place --fresh: the conflict is named, not only a usage hint */
         EXPECT(strstr(err, "--fresh") && strstr(err, "already"), "--in-place --fresh: stderr %s", err);
     }
   }
