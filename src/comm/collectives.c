@@ -62,22 +62,11 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *   allreduce, transport with a shared-memory fast path (shm): recursive doubling ~1-3 us up to
  *     32 KiB when the cores are free; the fast path wins from 64 KiB on (n=2: 0.26 ms vs rd
  *     0.40 ms at 64 KiB, 0.35 vs 2.5 ms at 128 KiB).
- *     n=2 since the single copies (process_vm_readv/writev): rd up to 128 KiB, f32 and the half
- *     types alike. The single copy pays two system calls per rank that pin the other process's
- *     pages, and at 64 KiB spent more time in them and in its two waits than in copying.
- *     `DTRAIN_ALGO={rd,shm} dtrain bench allreduce -n 2 --transport shm --sizes 32K:256K --iters
- *     1000 --warmup 20 --dtype {f32,f16} [--fresh]`, 5 alternated rounds, 2026-12-03, Zen 5
- *     guest (bench/results/rd-shm-2026-12-03-zen5.txt), medians rd / shm: f32 6.4 / 10.9 us at
- *     64 KiB, 12.1 / 13.5 at 128 KiB, 21.7 / 19.2 at 256 KiB; f16 6.3 / 11.3, 11.0 / 14.1, 21.1 /
- *     20.1; fresh inputs f32 8.8 / 14.3, 18.5 / 20.3, 32.8 / 33.7.
- *     Only on Zen 5 (dt__cpu_zen5; every rank of a shm job runs on the same CPU, so all choose
- *     alike): on the EPYC Zen 3 guest (family 25 model 1) the same command put the shm path
- *     ahead at 64-128 KiB, 2026-12-03 (bench/results/rd-shm-2026-12-03-zen3.txt), medians rd /
- *     shm over 3 alternated rounds: f32 38-40 / 16-17 us at 64 KiB, 75-77 / 26-28 at 128 KiB;
- *     fresh 37-39 / 24-26, 66-76 / 39-45; f16 38-39 / 18-28, 71-79 / 28-51; at 8-32 KiB mixed.
- *     There, and on CPUs where it was not measured, rd keeps the 32 KiB measured before on every
- *     host; compare-peers at 64 KiB with rd read 0.77x Open MPI there
- *     (compare-peers-2026-12-03g-zen3.md), 1.86x after (-03l-zen3.md).
+ *     n=2 since the single copies (process_vm_readv/writev): rd up to 32 KiB, and above, up to
+ *     128 KiB, whichever of rd and the fast path the job's own calls time faster (tune_*
+ *     below): on the Zen 5 guest rd led there, on the EPYC Zen 3 guest the fast path, and
+ *     compare-peers at 64 KiB with rd read 0.77x Open MPI on the Zen 3
+ *     (compare-peers-2026-12-03g-zen3.md), 1.86x with the fast path (-03l-zen3.md).
  *   allreduce, without (tcp): rd beats ring up to 128 KiB at n=2 (0.25-0.45 ms vs 0.49-2.3 ms)
  *     and n=4 (0.96-1.8 ms vs 0.98 ms); at 256 KiB they tie; above, ring. For n > 4, rd moves
  *     log2(n) whole buffers against the ring's 2(n-1)/n, so its cut stays at 32 KiB (not measured).
@@ -202,8 +191,7 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
      * rounding) and takes f32's range; above, its later rounds carry f32 partials (twice the
      * bytes, a conversion pass each way), while flat, shm and ring move the half types. */
     if (has_fast(ops, k)) {
-      size_t rd_max = n == 2 && dt__cpu_zen5() ? (128u << 10) : (32u << 10);
-      return bytes <= rd_max && (n == 2 || !wide) ? DT_ALGO_RD : DT_ALGO_SHM;
+      return bytes <= (32u << 10) && (n == 2 || !wide) ? DT_ALGO_RD : DT_ALGO_SHM; /* n = 2: timed (tune_*) */
     }
     if (wide && n > 2)
       return bytes <= (16u << 10) ? DT_ALGO_RD : DT_ALGO_RING;
@@ -309,6 +297,94 @@ void dt__coll_algo_load(dt_comm *c) {
 
 static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->single_copy(c->tp) : 0; }
 
+/* ---- The timed choice: rd or the transport's fast path for the 2-rank allreduce ----
+ *
+ * Two ranks with a fast path (shm) at 32 KiB < bytes <= 128 KiB: which of rd (one exchange of
+ * the whole buffer, each rank reducing all of it) and the fast path is faster depends on the
+ * host, and on one host from job to job. On the Zen 5 guest rd led at 64-128 KiB (f32 6.4
+ * against 10.9 us at 64 KiB, bench/results/rd-shm-2026-12-03-zen5.txt); on the EPYC Zen 3 guest
+ * the fast path did that afternoon (38-40 against 16-17 us, rd-shm-2026-12-03-zen3.txt), and
+ * that evening the same command read rd 9.7-10.9 us against the fast path's 7.4-22.6 from job
+ * to job (tune-2026-12-03-zen3.txt). So the call times both, per size class (powers of two):
+ * a class's first TUNE_FIRST calls take choose()'s answer untimed (new buffers fault their
+ * pages in, the fast path's first single copies run 2-3x its later ones, and it times its own
+ * two paths at its 8th call, shm.c), then a trial runs TUNE_TRIALS calls of the fast path and
+ * as many of rd, each rank timing each algorithm's calls but the first of each run (which pays
+ * for the switch). After the trial's last call the two ranks add up their median times (one
+ * 16-byte rd exchange, its fingerprint flagged DT__FP_TUNE, at the same place in the call
+ * sequence as the call it follows: dt__fp_same_place) and both take the algorithm with the
+ * lower sum, so they always agree. Medians of five: the fast path's own timing of its slower
+ * path (shm.c) can fall into a trial, and in one that call and the next took 64.7 and 93.6 us
+ * against the others' 24.8-31.7 (tune-2026-12-03-zen3.txt); with three timed calls such a pair
+ * set the median, and a job that had taken rd kept it against a fast path read at 2-6x its
+ * time. A trial runs again at the class's 64th call and every TUNE_EVERY calls: six calls in
+ * 256 of an algorithm twice as slow cost about 2%. Either
+ * algorithm leaves both ranks with the same bits, and a sum is the same bits by either (the two
+ * operands are added once, in either order); only a min or max of +0 and -0, or of two NaNs, may
+ * come out with the other sign or payload after a change. DTRAIN_ALGO and calls in the shared
+ * window are not timed. */
+#define TUNE_LO (32u << 10) /* exclusive */
+#define TUNE_FIRST 16
+#define TUNE_TRIALS (DT__TUNE_TIMED + 1)
+#define TUNE_EVERY 256
+
+/* The class of a call the timed choice applies to, or NULL. */
+static dt__tune *tune_class(dt_comm *c, const dt__coll_call *k, size_t bytes) {
+  if (k->kind != DT_COLL_ALLREDUCE || c->size != 2 || !c->ops->allreduce || c->ops->fast_paths_always ||
+      c->algo[DT_COLL_ALLREDUCE] != DT_ALGO_AUTO || (k->fp.flags & DT__FP_WINDOW) || bytes <= TUNE_LO)
+    return NULL;
+  unsigned cls = 0;
+  for (size_t b = (bytes - 1) >> 16; b; b >>= 1) /* (32 KiB, 64 KiB]: class 0 */
+    cls++;
+  return cls < DT__TUNE_CLASSES ? &c->tune[cls] : NULL;
+}
+
+/* The algorithm of the class's next call (`a`: choose()'s, until the first trial ends). */
+static dt__algo tune_next(dt__tune *u, dt__algo a) {
+  uint64_t i = ++u->calls;
+  if (i == TUNE_FIRST + 1 || i == 64 || i % TUNE_EVERY == 0)
+    u->trial_end = i + 2 * TUNE_TRIALS - 1;
+  if (u->trial_end)
+    return u->trial_end - i >= TUNE_TRIALS ? DT_ALGO_SHM : DT_ALGO_RD;
+  return u->algo ? (dt__algo)u->algo : a;
+}
+
+static int64_t tune_median(int64_t *v) {
+  for (int i = 1; i < DT__TUNE_TIMED; i++)
+    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+      int64_t x = v[j];
+      v[j] = v[j - 1];
+      v[j - 1] = x;
+    }
+  return v[DT__TUNE_TIMED / 2];
+}
+
+/* After a call of algorithm a took ns on this rank: a trial's last call agrees on its verdict. */
+static dt_status tune_record(dt_comm *c, dt__tune *u, dt__algo a, int64_t ns, const dt__fp *fp, int64_t deadline) {
+  if (!u->trial_end)
+    return DT_OK;
+  const uint64_t left = u->trial_end - u->calls; /* calls of the trial after this one */
+  const int at = TUNE_TRIALS - 1 - (int)(left % TUNE_TRIALS); /* this call's place in its run */
+  if (at > 0) /* the run's first call pays for the switch */
+    u->ns[a == DT_ALGO_RD][at - 1] = ns;
+  if (left)
+    return DT_OK;
+  u->trial_end = 0;
+  int64_t med[2] = {tune_median(u->ns[0]), tune_median(u->ns[1])};
+  dt__fp tf = *fp;
+  tf.count = 2;
+  tf.dtype = DT_I64;
+  tf.op = DT_MAX;
+  tf.flags |= DT__FP_TUNE;
+  DT_CHECK(dt__allreduce_rd(c, med, med, 2, DT_I64, DT_MAX, &tf, deadline));
+  u->algo = med[1] < med[0] ? DT_ALGO_RD : DT_ALGO_SHM;
+  DT_LOG_DEBUG("allreduce: calls of over %zu and up to %zu KiB take %s from their call %llu (median us of the slower "
+               "rank: fast path %.1f, rd %.1f)", (size_t)32 << (u - c->tune), (size_t)64 << (u - c->tune),
+               u->algo == DT_ALGO_RD ? "rd" : "the fast path", (unsigned long long)u->calls + 1, (double)med[0] / 1e3,
+               (double)med[1] / 1e3);
+  return DT_OK;
+}
+
 static dt__algo pick(dt_comm *c, dt__coll k, size_t bytes, int wide, dt_status *st) {
   *st = DT_OK;
   if (c->algo_bad[0]) {
@@ -345,6 +421,19 @@ static void exec_local(dt_comm *c, const dt__coll_call *k) {
   default:
     break;
   }
+}
+
+static dt_status allreduce_with(dt_comm *c, dt__algo a, const dt__coll_call *k, const void *sb, void *rb,
+                                int64_t deadline) {
+  if (a == DT_ALGO_SHM)
+    return c->ops->allreduce(c->tp, sb, rb, k->count, k->dtype, k->op, &k->fp, deadline);
+  if (!sb)
+    sb = rb;
+  if (a == DT_ALGO_RD)
+    return dt__allreduce_rd(c, sb, rb, k->count, k->dtype, k->op, &k->fp, deadline);
+  if (a == DT_ALGO_RHD)
+    return dt__allreduce_rhd(c, sb, rb, k->count, k->dtype, k->op, &k->fp, deadline);
+  return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, &k->fp, deadline);
 }
 
 static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
@@ -401,16 +490,15 @@ static dt_status exec_call(dt_comm *c, const dt__coll_call *k) {
     return c->ops->coll_window(c->tp, k->kind, (size_t)fp->root, k->count, k->dtype, k->op, fp,
                                deadline ? deadline : dt__comm_deadline(c));
   switch (k->kind) {
-  case DT_COLL_ALLREDUCE:
-    if (a == DT_ALGO_SHM)
-      return c->ops->allreduce(c->tp, k->sbuf, rb, k->count, k->dtype, k->op, fp, deadline);
-    if (!sb)
-      sb = rb;
-    if (a == DT_ALGO_RD)
-      return dt__allreduce_rd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
-    if (a == DT_ALGO_RHD)
-      return dt__allreduce_rhd(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
-    return dt__allreduce_ring(c, sb, rb, k->count, k->dtype, k->op, fp, deadline);
+  case DT_COLL_ALLREDUCE: {
+    dt__tune *u = tune_class(c, k, bytes);
+    if (!u)
+      return allreduce_with(c, a, k, sb, rb, deadline);
+    a = tune_next(u, a);
+    int64_t t0 = dt_now_ns();
+    DT_CHECK(allreduce_with(c, a, k, sb, rb, deadline));
+    return tune_record(c, u, a, dt_now_ns() - t0, fp, deadline);
+  }
   case DT_COLL_REDUCE: /* the tree checks as it goes (tree.c) */
     return dt__reduce_tree(c, sb ? sb : rb, rb, k->count, k->dtype, k->op, k->root, fp, deadline);
   case DT_COLL_BROADCAST:

@@ -117,11 +117,19 @@ void dt__fp_format(const dt__fp *fp, char *buf, size_t n) {
     size_t k = strlen(buf);
     snprintf(buf + k, n - k, " in the shared window at element %d", (int)fp->root);
   }
+  if (fp->flags & DT__FP_TUNE) {
+    size_t k = strlen(buf);
+    snprintf(buf + k, n - k, " (the timings that choose the algorithm after call #%llu)", seq);
+  }
 }
 
 int dt__fp_equal(const dt__fp *a, const dt__fp *b) {
   return a->seq == b->seq && a->count == b->count && a->coll == b->coll && a->dtype == b->dtype &&
          a->op == b->op && a->root == b->root && a->flags == b->flags;
+}
+
+int dt__fp_same_place(const dt__fp *a, const dt__fp *b) {
+  return a->seq == b->seq && !((a->flags ^ b->flags) & DT__FP_TUNE);
 }
 
 void dt__comm_peer_name(const dt_comm *c, int peer, char *buf, size_t n) {

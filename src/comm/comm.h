@@ -78,6 +78,16 @@ struct dt__progress; /* nonblocking operation queue and its thread (comm/progres
  * transport waiting there must not spin the caller's core away (comm/progress.c). */
 bool dt__on_progress_thread(void);
 
+/* One size class of a timed choice between two algorithms (collectives.c, tune_*). */
+#define DT__TUNE_CLASSES 2
+#define DT__TUNE_TIMED 5 /* timed calls per algorithm in a trial */
+typedef struct dt__tune {
+  uint64_t calls;     /* calls of the class so far */
+  uint64_t trial_end; /* the call that ends the running trial, 0 if none runs */
+  int64_t ns[2][DT__TUNE_TIMED]; /* this rank's times in the running trial (0: the fast path, 1: rd) */
+  uint8_t algo;       /* the agreed dt__algo, 0 until the first trial ends */
+} dt__tune;
+
 struct dt_comm {
   int rank, size;
   int local_rank, local_size;
@@ -108,6 +118,7 @@ struct dt_comm {
    * per collective (DT_ALGO_AUTO: none), or algo_bad, the error every collective then returns */
   uint8_t algo[DT_COLL_COUNT];
   char algo_bad[320];
+  dt__tune tune[DT__TUNE_CLASSES]; /* the timed choice of the 2-rank allreduce (collectives.c) */
 };
 
 /* Around a collective call of the application: one thread at a time (dtrain/comm.h). A second
@@ -154,7 +165,5 @@ void dt__copy_nt(void *dst, const void *src, size_t n);
 bool dt__cpu_amd(void);
 /* Whether this is an AMD Zen 4 CPU (family 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf). */
 bool dt__cpu_zen4(void);
-/* Whether this is an AMD CPU of family 26 (Zen 5) or later. */
-bool dt__cpu_zen5(void);
 
 #endif

@@ -1297,7 +1297,6 @@ static int cpu_kind_get(void) {
 }
 bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
 bool dt__cpu_zen4(void) { return cpu_kind_get() == 4; }
-bool dt__cpu_zen5(void) { return cpu_kind_get() == 5; }
 
 /* Whether dt__copy moves from 2 KiB itself: where memcpy is slow (above), and tests forcing it
  * (1 or 4). */

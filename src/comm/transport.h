@@ -39,15 +39,22 @@ typedef struct dt__fp {
   uint8_t coll;   /* dt__coll */
   uint8_t dtype;  /* dt_dtype */
   uint8_t op;     /* dt_op (0 when the call has none) */
-  uint8_t flags; /* DT__FP_WINDOW: in the shared window, root = element offset (coll_window) */
+  uint8_t flags; /* DT__FP_WINDOW: in the shared window, root = element offset (coll_window);
+                  * DT__FP_TUNE: the ranks' timings of a timed choice, after call seq (collectives.c) */
   int32_t root;  /* root rank, or tag for SEND, or -1 */
 } dt__fp;
 #define DT__FP_WINDOW 1
+#define DT__FP_TUNE 2
 
 const char *dt__coll_name(int coll);
 /* "allreduce #17 with 4096 x f32 sum" / "broadcast #3 with 10 x i32 from root 1". */
 void dt__fp_format(const dt__fp *fp, char *buf, size_t n);
 int dt__fp_equal(const dt__fp *a, const dt__fp *b);
+/* Whether a and b take the same place in the sequence of calls: the same seq, and both or
+ * neither the timings that follow call seq (DT__FP_TUNE). A rank that sees a peer in another
+ * call at its own place sees a mismatch; one that has finished call seq and sends its timings
+ * while the peer is still in it does not. */
+int dt__fp_same_place(const dt__fp *a, const dt__fp *b);
 
 typedef struct dt_transport dt_transport; /* each transport defines its own struct */
 

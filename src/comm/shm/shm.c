@@ -484,7 +484,7 @@ static void shm_board_set(dt_transport *t, const dt__fp *fp) {
   t->cur = *fp;
 }
 
-/* DT_ERR_MISMATCH if `peer` is in a different collective call with our sequence number. */
+/* DT_ERR_MISMATCH if `peer` is in a different collective call at our place (dt__fp_same_place). */
 static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
   if (peer < 0 || fp->coll == DT_COLL_SEND)
     return DT_OK;
@@ -500,7 +500,7 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
       continue;
     dt__fp theirs;
     memcpy(&theirs, w, sizeof theirs);
-    if (v1 && theirs.seq == fp->seq && !dt__fp_equal(&theirs, fp)) {
+    if (v1 && dt__fp_same_place(&theirs, fp) && !dt__fp_equal(&theirs, fp)) {
       t->broken = true;
       return dt__comm_mismatch(t->c, peer, &theirs, fp);
     }
@@ -517,7 +517,7 @@ static dt_status shm_board_check(dt_transport *t, int peer, const dt__fp *fp) {
       continue;
     dt__fp theirs;
     memcpy(&theirs, w, sizeof theirs);
-    if (theirs.seq == fp->seq && !dt__fp_equal(&theirs, fp)) {
+    if (dt__fp_same_place(&theirs, fp) && !dt__fp_equal(&theirs, fp)) {
       t->broken = true;
       return dt__comm_mismatch(t->c, peer, &theirs, fp);
     }
