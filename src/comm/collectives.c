@@ -299,30 +299,29 @@ static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->sin
 
 /* ---- The timed choice: rd or the transport's fast path for the 2-rank allreduce ----
  *
- * Two ranks with a fast path (shm) at 32 KiB < bytes <= 128 KiB: which of rd (one exchange of
- * the whole buffer, each rank reducing all of it) and the fast path is faster depends on the
- * host, and on one host from job to job. On the Zen 5 guest rd led at 64-128 KiB (f32 6.4
- * against 10.9 us at 64 KiB, bench/results/rd-shm-2026-12-03-zen5.txt); on the EPYC Zen 3 guest
- * the fast path did that afternoon (38-40 against 16-17 us, rd-shm-2026-12-03-zen3.txt), and
- * that evening the same command read rd 9.7-10.9 us against the fast path's 7.4-22.6 from job
- * to job (tune-2026-12-03-zen3.txt). So the call times both, per size class (powers of two):
- * a class's first TUNE_FIRST calls take choose()'s answer untimed (new buffers fault their
- * pages in, the fast path's first single copies run 2-3x its later ones, and it times its own
- * two paths at its 8th call, shm.c), then a trial runs TUNE_TRIALS calls of the fast path and
- * as many of rd, each rank timing each algorithm's calls but the first of each run (which pays
- * for the switch). After the trial's last call the two ranks add up their median times (one
- * 16-byte rd exchange, its fingerprint flagged DT__FP_TUNE, at the same place in the call
- * sequence as the call it follows: dt__fp_same_place) and both take the algorithm with the
- * lower sum, so they always agree. Medians of five: the fast path's own timing of its slower
- * path (shm.c) can fall into a trial, and in one that call and the next took 64.7 and 93.6 us
- * against the others' 24.8-31.7 (tune-2026-12-03-zen3.txt); with three timed calls such a pair
- * set the median, and a job that had taken rd kept it against a fast path read at 2-6x its
- * time. A trial runs again at the class's 64th call and every TUNE_EVERY calls: six calls in
- * 256 of an algorithm twice as slow cost about 2%. Either
- * algorithm leaves both ranks with the same bits, and a sum is the same bits by either (the two
- * operands are added once, in either order); only a min or max of +0 and -0, or of two NaNs, may
- * come out with the other sign or payload after a change. DTRAIN_ALGO and calls in the shared
- * window are not timed. */
+ * Two ranks with a fast path (shm) at 32 KiB < bytes <= 128 KiB: which of rd (one exchange of the
+ * whole buffer, each rank reducing all of it) and the fast path is faster depends on the host, and
+ * on one host from job to job. On the Zen 5 guest rd led at 64-128 KiB (f32 6.4 against 10.9 us at
+ * 64 KiB, bench/results/rd-shm-2026-12-03-zen5.txt); on the EPYC Zen 3 guest the fast path did
+ * that afternoon (38-40 against 16-17 us, rd-shm-2026-12-03-zen3.txt), and that evening rd read
+ * 10.4-27.6 us against the fast path's 8.4-22.8 from job to job (tune-2026-12-03-zen3.txt, 5
+ * alternated rounds). So the call times both, per size class (powers of two): a class's first
+ * TUNE_FIRST calls take choose()'s answer untimed (new buffers fault their pages in, the fast
+ * path's first single copies run 2-3x its later ones, and it times its own two paths at its 8th
+ * call, shm.c), then a trial runs TUNE_TRIALS calls of the fast path and as many of rd, each rank
+ * timing each algorithm's calls but the first of each run (which pays for the switch). After the
+ * trial's last call one 16-byte rd exchange (its fingerprint flagged DT__FP_TUNE, at the same
+ * place in the call sequence as the call it follows: dt__fp_same_place) gives both ranks the
+ * slower rank's median time of each algorithm (a collective lasts as long as its slower rank), and
+ * both take the algorithm whose median is lower, so they always agree. Medians of five: the fast
+ * path's own timing of its slower path (shm.c) can fall into a trial, and in one that call and the
+ * next took 64.7 and 93.6 us against the others' 24.8-31.7 (tune-2026-12-03-zen3.txt); with three
+ * timed calls such a pair set the median, and a job that had taken rd kept it against a fast path
+ * read at 1.9-5.5x its time. A trial runs again at the class's 64th call and every TUNE_EVERY
+ * calls: six calls in 256 of an algorithm twice as slow cost about 2%. Either algorithm leaves
+ * both ranks with the same bits, and a sum is the same bits by either (the two operands are added
+ * once, in either order); only a min or max of +0 and -0, or of two NaNs, may come out with the
+ * other sign or payload after a change. DTRAIN_ALGO and calls in the shared window are not timed. */
 #define TUNE_LO (32u << 10) /* exclusive */
 #define TUNE_FIRST 16
 #define TUNE_TRIALS (DT__TUNE_TIMED + 1)
