@@ -368,6 +368,7 @@ struct dt_transport {
   bool tune;         /* the allreduce's path is chosen by measurement (SHM_TUNE_CLASSES) */
   uint64_t ar_calls; /* allreduces that could take either path (same on every rank) */
   shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
+  uint64_t touched;                 /* shm_prefault's sum of the bytes it read */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1010,6 +1011,46 @@ static dt_status shm_thp_setting(size_t *step) {
   return DT_OK;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it, and the reads fault instead */
+#endif
+
+/* Makes the page-table entries of [p, p + len) in one call, then reads one byte of every page. */
+static uint64_t shm_touch(const uint8_t *p, size_t len) {
+  uint64_t sum = 0;
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
+  (void)madvise((void *)a, len + ((uintptr_t)p - a), MADV_POPULATE_READ);
+  for (size_t o = 0; o < len; o += 4096)
+    sum += atomic_load_explicit((const _Atomic uint8_t *)(p + o), memory_order_relaxed);
+  return sum;
+}
+
+/* Reads the pages of the segment this rank's collectives use, so that a job's first calls run as
+ * fast as its later ones: every rank's staging buffers and flat slots and, with two ranks (whose
+ * allreduce takes rd through the rings up to 128 KiB), the rings to and from the other rank. On
+ * the Firecracker guests the benchmarks ran on (2026-12-04, Zen 5), a process's first access to a
+ * page of the segment cost about 10 us, and still about 5 us with its page-table entry made ahead
+ * (MAP_POPULATE or MADV_POPULATE_READ/_WRITE); a second access, read or write, cost nothing. A
+ * job's first four rd allreduces of 64 KiB (one ring slot of 16 pages each, four slots) took
+ * 300-360 us against 6 later, the fast path's 10th call (its first through the staging buffers)
+ * 320-490 us, and the timed choice (collectives.c) read rd at 160-330 us in its first trial
+ * (bench/results/first-touch-2026-12-04-zen5.txt). Here that cost moves to setup: about 8 ms for
+ * two ranks there. Every rank reads before it tells rank 0 that it mapped the segment, and no
+ * rank writes these parts before rank 0 heard from all, so the reads race with no write. */
+static void shm_prefault(dt_transport *t) {
+  const size_t n = (size_t)t->n, ring = n == 2 ? t->h->ring_bytes : 0;
+  const int64_t t0 = dt_now_ns();
+  uint64_t sum = 0;
+  if (ring)
+    sum += shm_touch((const uint8_t *)shm_ring_of(t, 0, 1), ring) +
+           shm_touch((const uint8_t *)shm_ring_of(t, 1, 0), ring);
+  sum += shm_touch(shm_stage(t, 0, 0), n * 2 * t->h->chunk_bytes);
+  sum += shm_touch((const uint8_t *)shm_flat_of(t, 0, 0), n * 2 * t->h->flat_stride);
+  t->touched = sum; /* keeps the loads */
+  DT_LOG_DEBUG("shared memory: rank %d read %zu KiB of the segment ahead in %.1f ms", t->rank,
+               (2 * ring + n * 2 * (t->h->chunk_bytes + t->h->flat_stride)) >> 10, (double)(dt_now_ns() - t0) / 1e6);
+}
+
 static dt_status shm_create(dt_comm *c, dt_transport **out) {
   *out = NULL;
   dt_transport *t = dt__calloc(sizeof *t);
@@ -1063,6 +1104,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     shm_sweep();
     shm_name(c, nonce, name, sizeof name);
     DT_CHECK_GOTO(shm_make(t, name), st, fail);
+    shm_prefault(t);
     DT_CHECK_GOTO(dt__store_set(c->store, key, name, strlen(name), deadline), st, fail_unlink);
   } else {
     st = dt__store_wait(c->store, key, name, sizeof name - 1, &len, deadline);
@@ -1072,6 +1114,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     }
     name[len] = '\0';
     DT_CHECK_GOTO(shm_map(t, name), st, fail);
+    shm_prefault(t);
   }
   t->ranks = (shm_rank *)(t->base + t->h->off_ranks);
   atomic_store(&t->ranks[t->rank].pid, (int32_t)getpid());
