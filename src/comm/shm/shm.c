@@ -1028,15 +1028,16 @@ static uint64_t shm_touch(const uint8_t *p, size_t len) {
 /* Reads the pages of the segment this rank's collectives use, so that a job's first calls run as
  * fast as its later ones: every rank's staging buffers and flat slots and, with two ranks (whose
  * allreduce takes rd through the rings up to 128 KiB), the rings to and from the other rank. On
- * the Firecracker guests the benchmarks ran on (2026-12-04, Zen 5), a process's first access to a
- * page of the segment cost about 10 us, and still about 5 us with its page-table entry made ahead
- * (MAP_POPULATE or MADV_POPULATE_READ/_WRITE); a second access, read or write, cost nothing. A
- * job's first four rd allreduces of 64 KiB (one ring slot of 16 pages each, four slots) took
- * 300-360 us against 6 later, the fast path's 10th call (its first through the staging buffers)
- * 320-490 us, and the timed choice (collectives.c) read rd at 160-330 us in its first trial
- * (bench/results/first-touch-2026-12-04-zen5.txt). Here that cost moves to setup: about 8 ms for
- * two ranks there. Every rank reads before it tells rank 0 that it mapped the segment, and no
- * rank writes these parts before rank 0 heard from all, so the reads race with no write. */
+ * the Firecracker guest of 2026-12-04 (Zen 5) a process's first access to a page of the segment
+ * cost 5-11 us, and still about 5 with its page-table entry made ahead (MAP_POPULATE,
+ * MADV_POPULATE_READ or _WRITE); a second access, read or write, cost nothing. A job's first four
+ * rd allreduces of 64 KiB (a ring slot of 16 pages each, four slots) took 320-790 us against 6
+ * later, the fast path's 10th call (its first through the staging buffers) 350-410, and the
+ * timed choice (collectives.c) read rd at 157-330 us in its first trial, so it took the slower
+ * path until its second (bench/results/first-touch-2026-12-04-zen5.txt). Here that cost moves to
+ * setup: 6-7 ms for two ranks there, 12-13 for eight. Every rank reads before it tells rank 0 it
+ * mapped the segment, and no rank writes these parts before rank 0 heard from all: the reads race
+ * with no write. */
 static void shm_prefault(dt_transport *t) {
   const size_t n = (size_t)t->n, ring = n == 2 ? t->h->ring_bytes : 0;
   const int64_t t0 = dt_now_ns();
