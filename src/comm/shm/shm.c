@@ -368,7 +368,6 @@ struct dt_transport {
   bool tune;         /* the allreduce's path is chosen by measurement (SHM_TUNE_CLASSES) */
   uint64_t ar_calls; /* allreduces that could take either path (same on every rank) */
   shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
-  uint64_t touched;                 /* shm_prefault's sum of the bytes it read */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1015,14 +1014,14 @@ static dt_status shm_thp_setting(size_t *step) {
 #define MADV_POPULATE_READ 22 /* Linux 5.14; older kernels refuse it, and the reads fault instead */
 #endif
 
-/* Makes the page-table entries of [p, p + len) in one call, then reads one byte of every page. */
-static uint64_t shm_touch(const uint8_t *p, size_t len) {
-  uint64_t sum = 0;
+/* Makes the page-table entries of [p, p + len) in one call, then reads one byte of every page
+ * (atomic loads, which the compiler keeps); returns len. */
+static size_t shm_touch(const void *p, size_t len) {
   uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095;
   (void)madvise((void *)a, len + ((uintptr_t)p - a), MADV_POPULATE_READ);
   for (size_t o = 0; o < len; o += 4096)
-    sum += atomic_load_explicit((const _Atomic uint8_t *)(p + o), memory_order_relaxed);
-  return sum;
+    (void)atomic_load_explicit((const _Atomic uint8_t *)p + o, memory_order_relaxed);
+  return len;
 }
 
 /* Reads the pages of the segment this rank's collectives use, so that a job's first calls run as
@@ -1039,17 +1038,14 @@ static uint64_t shm_touch(const uint8_t *p, size_t len) {
  * mapped the segment, and no rank writes these parts before rank 0 heard from all: the reads race
  * with no write. */
 static void shm_prefault(dt_transport *t) {
-  const size_t n = (size_t)t->n, ring = n == 2 ? t->h->ring_bytes : 0;
+  const size_t n = (size_t)t->n;
   const int64_t t0 = dt_now_ns();
-  uint64_t sum = 0;
-  if (ring)
-    sum += shm_touch((const uint8_t *)shm_ring_of(t, 0, 1), ring) +
-           shm_touch((const uint8_t *)shm_ring_of(t, 1, 0), ring);
-  sum += shm_touch(shm_stage(t, 0, 0), n * 2 * t->h->chunk_bytes);
-  sum += shm_touch((const uint8_t *)shm_flat_of(t, 0, 0), n * 2 * t->h->flat_stride);
-  t->touched = sum; /* keeps the loads */
-  DT_LOG_DEBUG("shared memory: rank %d read %zu KiB of the segment ahead in %.1f ms", t->rank,
-               (2 * ring + n * 2 * (t->h->chunk_bytes + t->h->flat_stride)) >> 10, (double)(dt_now_ns() - t0) / 1e6);
+  size_t bytes = shm_touch(shm_stage(t, 0, 0), n * 2 * t->h->chunk_bytes) +
+                 shm_touch(shm_flat_of(t, 0, 0), n * 2 * t->h->flat_stride);
+  if (n == 2)
+    bytes += shm_touch(shm_ring_of(t, 0, 1), t->h->ring_bytes) + shm_touch(shm_ring_of(t, 1, 0), t->h->ring_bytes);
+  DT_LOG_DEBUG("shared memory: rank %d read %zu KiB of the segment ahead in %.1f ms", t->rank, bytes >> 10,
+               (double)(dt_now_ns() - t0) / 1e6);
 }
 
 static dt_status shm_create(dt_comm *c, dt_transport **out) {
