@@ -302,32 +302,39 @@ static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->sin
  * Two ranks with a fast path (shm) at 32 KiB < bytes <= 128 KiB: which of rd (one exchange of the
  * whole buffer, each rank reducing all of it) and the fast path is faster depends on the host, and
  * on one host from job to job. On the Zen 5 guest rd led at 64-128 KiB (f32 6.4 against 10.9 us at
- * 64 KiB, bench/results/rd-shm-2026-12-03-zen5.txt); on the EPYC Zen 3 guest the fast path did
- * that afternoon (38-40 against 16-17 us, rd-shm-2026-12-03-zen3.txt), and that evening rd read
+ * 64 KiB, bench/results/rd-shm-2026-12-03-zen5.txt); on the EPYC Zen 3 guest the fast path did that
+ * afternoon (38-40 against 16-17 us, rd-shm-2026-12-03-zen3.txt), and that evening rd read
  * 10.4-27.6 us against the fast path's 8.4-22.8 from job to job (tune-2026-12-03-zen3.txt, 5
- * alternated rounds). So the call times both, per size class (powers of two): a class's first
- * TUNE_FIRST calls take choose()'s answer untimed (new buffers fault their pages in, the fast
- * path's first single copies run 2-3x its later ones, and it times its own two paths at its 8th
- * call, shm.c), then a trial runs TUNE_TRIALS calls of the fast path and as many of rd, each rank
- * timing each algorithm's calls but the first of each run (which pays for the switch). After the
- * trial's last call one 16-byte rd exchange (its fingerprint flagged DT__FP_TUNE, at the same
- * place in the call sequence as the call it follows: dt__fp_same_place) gives both ranks the
- * slower rank's median time of each algorithm (a collective lasts as long as its slower rank), and
- * both take the algorithm whose median is lower, so they always agree. Medians of five: the fast
- * path's own timing of its slower path (shm.c) can fall into a trial, and in one that call and the
- * next took 64.7 and 93.6 us against the others' 24.8-31.7 (tune-2026-12-03-zen3.txt); with three
- * timed calls such a pair set the median, and a job that had taken rd kept it against a fast path
- * read at 1.9-5.5x its time. A trial runs again at the class's 64th call and every TUNE_EVERY
- * calls: six calls in 256 of an algorithm twice as slow cost about 2%. Either algorithm leaves
- * both ranks with the same bits, and a sum is the same bits by either (the two operands are added
- * once, in either order); only a min or max of +0 and -0, or of two NaNs, may come out with the
- * other sign or payload after a change. DTRAIN_ALGO and calls in the shared window are not timed. */
+ * alternated rounds). So the call times both, per class of size (powers of two) and element width
+ * (tune_class): a class's first TUNE_FIRST calls take choose()'s answer untimed (new buffers fault
+ * their pages in, the fast path's first single copies run 2-3x its later ones, and it times its own
+ * two paths at its 8th call, shm.c), then a trial runs TUNE_TRIALS calls of the fast path and as
+ * many of rd, each rank timing each algorithm's calls but the first of each run (which pays for the
+ * switch). After the trial's last call one 16-byte rd exchange (its fingerprint flagged
+ * DT__FP_TUNE, at the same place in the call sequence as the call it follows: dt__fp_same_place)
+ * gives both ranks the slower rank's median time of each algorithm (a collective lasts as long as
+ * its slower rank), and both take the algorithm whose median is lower, so they always agree.
+ * Medians of five: the fast path's own timing of its slower path (shm.c) can fall into a trial, and
+ * in one that call and the next took 64.7 and 93.6 us against the others' 24.8-31.7
+ * (tune-2026-12-03-zen3.txt); with three timed calls such a pair set the median, and a job that had
+ * taken rd kept it against a fast path read at 1.9-5.5x its time. A trial runs again at the class's
+ * 64th call and every TUNE_EVERY calls: six calls in 256 of an algorithm twice as slow cost about
+ * 2%. Either algorithm leaves both ranks with the same bits, and a sum is the same bits by either
+ * (the two operands are added once, in either order); only a min or max of +0 and -0, or of two
+ * NaNs, may come out with the other sign or payload after a change. DTRAIN_ALGO and calls in the
+ * shared window are not timed. */
 #define TUNE_LO (32u << 10) /* exclusive */
 #define TUNE_FIRST 16
 #define TUNE_TRIALS (DT__TUNE_TIMED + 1)
 #define TUNE_EVERY 256
 
-/* The class of a call the timed choice applies to, or NULL. */
+/* The class of a call the timed choice applies to, or NULL: its size class (0, 1), plus 2 for
+ * 16-bit elements. The half types are timed on their own: their reduction widens and rounds every
+ * element (f16 sums 41 GB/s of output from L1 on the Zen 5 against f32's 52, `bench/reduce_bw`),
+ * so which algorithm suits them can differ from f32's. On the Zen 5 at 128 KiB rd gave f16 and
+ * bf16 1.01x and 1.04x f32's bytes/s and the fast path 0.96x, where f32 ran level on either, and
+ * trials pooling the three dtypes had taken the fast path for all of them
+ * (bench/results/dtype-ab-2026-12-04-zen5.txt, section 2). */
 static dt__tune *tune_class(dt_comm *c, const dt__coll_call *k, size_t bytes) {
   if (k->kind != DT_COLL_ALLREDUCE || c->size != 2 || !c->ops->allreduce || c->ops->fast_paths_always ||
       c->algo[DT_COLL_ALLREDUCE] != DT_ALGO_AUTO || (k->fp.flags & DT__FP_WINDOW) || bytes <= TUNE_LO)
@@ -335,7 +342,7 @@ static dt__tune *tune_class(dt_comm *c, const dt__coll_call *k, size_t bytes) {
   unsigned cls = 0;
   for (size_t b = (bytes - 1) >> 16; b; b >>= 1) /* (32 KiB, 64 KiB]: class 0 */
     cls++;
-  return cls < DT__TUNE_CLASSES ? &c->tune[cls] : NULL;
+  return cls < DT__TUNE_CLASSES / 2 ? &c->tune[cls + (dt_dtype_size(k->dtype) == 2 ? 2 : 0)] : NULL;
 }
 
 /* The algorithm of the class's next call (`a`: choose()'s, until the first trial ends). */
@@ -377,8 +384,10 @@ static dt_status tune_record(dt_comm *c, dt__tune *u, dt__algo a, int64_t ns, co
   tf.flags |= DT__FP_TUNE;
   DT_CHECK(dt__allreduce_rd(c, med, med, 2, DT_I64, DT_MAX, &tf, deadline));
   u->algo = med[1] < med[0] ? DT_ALGO_RD : DT_ALGO_SHM;
-  DT_LOG_DEBUG("allreduce: calls of over %zu and up to %zu KiB take %s from their call %llu (median us of the slower "
-               "rank: fast path %.1f, rd %.1f)", (size_t)32 << (u - c->tune), (size_t)64 << (u - c->tune),
+  const int cls = (int)(u - c->tune);
+  DT_LOG_DEBUG("allreduce: calls of %s elements of over %zu and up to %zu KiB take %s from their call %llu (median us "
+               "of the slower rank: fast path %.1f, rd %.1f)", cls >= DT__TUNE_CLASSES / 2 ? "16-bit" : "wider",
+               (size_t)32 << (cls % 2), (size_t)64 << (cls % 2),
                u->algo == DT_ALGO_RD ? "rd" : "the fast path", (unsigned long long)u->calls + 1, (double)med[0] / 1e3,
                (double)med[1] / 1e3);
   return DT_OK;

@@ -78,8 +78,9 @@ struct dt__progress; /* nonblocking operation queue and its thread (comm/progres
  * transport waiting there must not spin the caller's core away (comm/progress.c). */
 bool dt__on_progress_thread(void);
 
-/* One size class of a timed choice between two algorithms (collectives.c, tune_*). */
-#define DT__TUNE_CLASSES 2
+/* One class (size, element width) of a timed choice between two algorithms (collectives.c,
+ * tune_*): two size classes, each for 16-bit elements and for wider ones. */
+#define DT__TUNE_CLASSES 4
 #define DT__TUNE_TIMED 5 /* timed calls per algorithm in a trial */
 typedef struct dt__tune {
   uint64_t calls;     /* calls of the class so far */

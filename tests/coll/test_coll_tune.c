@@ -1,7 +1,7 @@
 /* test_coll_tune.c - the timed choice between rd and the shm fast path for the 2-rank allreduce
  * of 32 KiB < bytes <= 128 KiB (collectives.c, tune_*), on real processes:
- *   - 400 calls of both size classes, mixed with calls just outside them (32 KiB, 128 KiB + 4),
- *     of f32, bf16, f16 and i32, sum, avg, min and prod, in place and not, some nonblocking, and
+ *   - 400 calls of the four classes (two sizes, each of 16-bit and of wider elements), mixed
+ *     with calls just outside them (32 KiB, 128 KiB + 4 B), of f32, bf16, f16 and i32, sum, avg, min and prod, in place and not, some nonblocking, and
  *     rank 1 now and then late into a call: every result is right (the half types bit for bit),
  *     through the trials (calls 17-28 and 64-75 of a class, then from every 256th), the 16-byte
  *     exchange that ends each trial, and whatever each trial chose;
@@ -37,16 +37,19 @@ typedef struct {
   size_t count;
 } tcase;
 
-/* class 0: (32, 64] KiB; class 1: (64, 128] KiB; -1: not timed */
+/* class 0: (32, 64] KiB; class 1: (64, 128] KiB; classes 2 and 3: the same of 16-bit elements;
+ * -1: not timed */
 static const tcase cases[] = {
-    {DT_F32, DT_SUM, 12288},       /* 48 KiB */
-    {DT_BF16, DT_SUM, 40000},      /* 80,000 B */
-    {DT_F32, DT_MIN, 16000},       /* 64,000 B */
-    {DT_F16, DT_AVG, 20000},       /* 40,000 B */
-    {DT_I32, DT_PROD, 30000},      /* 120,000 B */
+    {DT_F32, DT_SUM, 12288},       /* 48 KiB: class 0 */
+    {DT_BF16, DT_SUM, 40000},      /* 80,000 B: class 3 */
+    {DT_F32, DT_MIN, 16000},       /* 64,000 B: class 0 */
+    {DT_F16, DT_AVG, 20000},       /* 40,000 B: class 2 */
+    {DT_I32, DT_PROD, 30000},      /* 120,000 B: class 1 */
     {DT_F32, DT_SUM, 32768 + 1},   /* 128 KiB + 4 B: not timed */
     {DT_F32, DT_SUM, 8192},        /* 32 KiB: not timed */
     {DT_F32, DT_SUM, 16384 + 3},   /* 64 KiB + 12 B: class 1 */
+    {DT_F16, DT_SUM, 65536},       /* 128 KiB: class 3 */
+    {DT_BF16, DT_PROD, 16384 + 5}, /* 32 KiB + 10 B: class 2 */
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 #define CALLS 400
@@ -54,7 +57,7 @@ static const tcase cases[] = {
 
 static int tclass(const tcase *k) {
   size_t b = k->count * dt_dtype_size(k->t);
-  return b <= (32u << 10) || b > (128u << 10) ? -1 : b <= (64u << 10) ? 0 : 1;
+  return b <= (32u << 10) || b > (128u << 10) ? -1 : (b <= (64u << 10) ? 0 : 1) + (dt_dtype_size(k->t) == 2 ? 2 : 0);
 }
 
 static uint64_t hash(uint64_t x) { return sw_hash(x ^ 0x7475u); }
