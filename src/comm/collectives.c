@@ -329,12 +329,11 @@ static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->sin
 #define TUNE_EVERY 256
 
 /* The class of a call the timed choice applies to, or NULL: its size class (0, 1), plus 2 for
- * 16-bit elements. The half types are timed on their own: their reduction widens and rounds every
+ * 16-bit elements. The half types are timed on their own: rd reduces the whole buffer on each rank
+ * where the fast path reduces half of it, and the half types' reduction widens and rounds every
  * element (f16 sums 41 GB/s of output from L1 on the Zen 5 against f32's 50,
- * bench/results/half-types-2026-12-04-zen5.txt), so which algorithm suits them can differ from
- * f32's. On the Zen 5 at 128 KiB rd gave f16 and bf16 1.01x and 1.04x f32's bytes/s and the fast
- * path 0.96x, where f32 ran level on either, and trials pooling the three dtypes had taken the fast
- * path for all of them (bench/results/dtype-ab-2026-12-04-zen5.txt, section 2). */
+ * bench/results/half-types-2026-12-04-zen5.txt), so where the two algorithms cross over can
+ * differ between a job's f32 and half-type calls of one size. */
 static dt__tune *tune_class(dt_comm *c, const dt__coll_call *k, size_t bytes) {
   if (k->kind != DT_COLL_ALLREDUCE || c->size != 2 || !c->ops->allreduce || c->ops->fast_paths_always ||
       c->algo[DT_COLL_ALLREDUCE] != DT_ALGO_AUTO || (k->fp.flags & DT__FP_WINDOW) || bytes <= TUNE_LO)
