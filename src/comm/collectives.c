@@ -327,6 +327,7 @@ static size_t single_copy(dt_comm *c) { return c->ops->single_copy ? c->ops->sin
 #define TUNE_FIRST 16
 #define TUNE_TRIALS (DT__TUNE_TIMED + 1)
 #define TUNE_EVERY 256
+#define TUNE_SIZES (DT__TUNE_CLASSES / 2) /* size classes; each has a class for 16-bit elements */
 
 /* The class of a call the timed choice applies to, or NULL: its size class (0, 1), plus 2 for
  * 16-bit elements. The half types are timed on their own: rd reduces the whole buffer on each rank
@@ -341,7 +342,7 @@ static dt__tune *tune_class(dt_comm *c, const dt__coll_call *k, size_t bytes) {
   unsigned cls = 0;
   for (size_t b = (bytes - 1) >> 16; b; b >>= 1) /* (32 KiB, 64 KiB]: class 0 */
     cls++;
-  return cls < DT__TUNE_CLASSES / 2 ? &c->tune[cls + (dt_dtype_size(k->dtype) == 2 ? 2 : 0)] : NULL;
+  return cls < TUNE_SIZES ? &c->tune[cls + (dt_dtype_size(k->dtype) == 2 ? TUNE_SIZES : 0)] : NULL;
 }
 
 /* The algorithm of the class's next call (`a`: choose()'s, until the first trial ends). */
@@ -385,8 +386,8 @@ static dt_status tune_record(dt_comm *c, dt__tune *u, dt__algo a, int64_t ns, co
   u->algo = med[1] < med[0] ? DT_ALGO_RD : DT_ALGO_SHM;
   const int cls = (int)(u - c->tune);
   DT_LOG_DEBUG("allreduce: calls of %s elements of over %zu and up to %zu KiB take %s from their call %llu (median us "
-               "of the slower rank: fast path %.1f, rd %.1f)", cls >= DT__TUNE_CLASSES / 2 ? "16-bit" : "wider",
-               (size_t)32 << (cls % 2), (size_t)64 << (cls % 2),
+               "of the slower rank: fast path %.1f, rd %.1f)", cls >= TUNE_SIZES ? "16-bit" : "wider",
+               (size_t)32 << (cls % TUNE_SIZES), (size_t)64 << (cls % TUNE_SIZES),
                u->algo == DT_ALGO_RD ? "rd" : "the fast path", (unsigned long long)u->calls + 1, (double)med[0] / 1e3,
                (double)med[1] / 1e3);
   return DT_OK;

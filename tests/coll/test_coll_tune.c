@@ -1,10 +1,11 @@
 /* test_coll_tune.c - the timed choice between rd and the shm fast path for the 2-rank allreduce
  * of 32 KiB < bytes <= 128 KiB (collectives.c, tune_*), on real processes:
  *   - 400 calls of the four classes (two sizes, each of 16-bit and of wider elements), mixed
- *     with calls just outside them (32 KiB, 128 KiB + 4 B), of f32, bf16, f16 and i32, sum, avg, min and prod, in place and not, some nonblocking, and
- *     rank 1 now and then late into a call: every result is right (the half types bit for bit),
- *     through the trials (calls 17-28 and 64-75 of a class, then from every 256th), the 16-byte
- *     exchange that ends each trial, and whatever each trial chose;
+ *     with calls just outside them (32 KiB, 128 KiB + 4 B), of f32, bf16, f16 and i32, sum, avg,
+ *     min and prod, in place and not, some nonblocking, and rank 1 now and then late into a
+ *     call: every result is right (the half types bit for bit), through the trials (calls 17-28
+ *     and 64-75 of a class, then from every 256th), the 16-byte exchange that ends each trial,
+ *     and whatever each trial chose;
  *   - afterwards both ranks hold the same state per class: the same number of calls (those the
  *     test made of that class, none of the calls outside), and the same agreed algorithm, rd or
  *     the fast path;

@@ -14,8 +14,9 @@
  * yet), and the hand-back to a folded rank moves the already rounded result. At n = 2 that is
  * the whole collective: one exchange of half types and one f32 operation (and avg's division)
  * rounded once, the same bits as widening the buffer first, with half the bytes and no
- * conversion passes. It deliberately has no bandwidth optimization: large messages go to the
- * ring. */
+ * conversion passes. Every type's first exchange sends from the input and reduces into the
+ * output, so a call that is not in place copies nothing first. It deliberately has no bandwidth
+ * optimization: large messages go to the ring. */
 #include <string.h>
 
 #include "comm/coll/coll.h"
@@ -69,26 +70,25 @@ dt_status dt__allreduce_rd(dt_comm *c, const void *sbuf, void *rbuf, size_t coun
   if (vr >= 0) {
     for (int mask = 1; mask < p2; mask <<= 1) {
       int pv = vr ^ mask, peer = pv < extra ? pv * 2 + 1 : pv + extra;
-      if (orig && !wide) { /* the first exchange (mask == 1): from sbuf, reduced into rbuf */
-        st = c->ops->sendrecv(c->tp, peer, sbuf, bytes, peer, tmp, bytes, fp, deadline);
-        if (st)
-          return st;
-        dt__reduce2(buf, peer < r ? tmp : sbuf, peer < r ? sbuf : tmp, count, t, op);
-        orig = 0;
-        continue;
-      }
-      if (orig && peer >= 2 * extra) { /* both still hold their inputs (so mask == 1) */
+      /* The first exchange (mask == 1) while both still hold their inputs: from sbuf, reduced
+       * into buf (the half types: widened while adding, and at n == 2 that is the whole
+       * reduction, straight into rbuf with avg's division before the rounding). Any other type
+       * reduces its input with a partner's partial the same way. */
+      if (orig && (!wide || peer >= 2 * extra)) {
         st = c->ops->sendrecv(c->tp, peer, sbuf, hbytes, peer, tmp, hbytes, fp, deadline);
         if (st)
           return st;
         const void *lo = peer < r ? tmp : sbuf, *hi = peer < r ? sbuf : tmp;
-        if (n == 2) /* the whole reduction: straight into rbuf, avg's division before the rounding */
-          dt__reduce_mix(rbuf, t, lo, t, hi, t, count, op, op == DT_AVG ? n : 1);
-        else
-          dt__reduce_mix(buf, DT_F32, lo, t, hi, t, count, op, 1);
         orig = 0;
-        if (n == 2)
+        if (!wide) {
+          dt__reduce2(buf, lo, hi, count, t, op);
+          continue;
+        }
+        if (n == 2) {
+          dt__reduce_mix(rbuf, t, lo, t, hi, t, count, op, op == DT_AVG ? n : 1);
           return DT_OK;
+        }
+        dt__reduce_mix(buf, DT_F32, lo, t, hi, t, count, op, 1);
         continue;
       }
       if (orig) { /* the partner folded: it holds an f32 partial, so widen ours */
