@@ -41,6 +41,7 @@
 
 #include "comm/coll/coll.h"
 #include "comm/comm.h"
+#include "comm/shm/tune.h"
 
 #define SHM_MAGIC 0x314D485354524E44ull /* "DNRTSHM1" */
 #define SHM_LINE 64
@@ -169,22 +170,20 @@
  * us at 256 KiB / 512 KiB / 1 MiB against the single copy's 19 / 36 / 80 at 06:10 UTC, and 11.4
  * / 25 / 52 against 15-18 / 30-33 / 63-68 at 06:25 (6.6-6.9 ms against 7.8 at 64 MiB)
  * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
- * two from 64 KiB), keeps each path's last SHM_TUNE_KEEP times per byte, and takes the path
- * whose least time is lower. A class starts on the single copy, as before there was a choice,
- * and times the staging buffers after SHM_TUNE_FIRST calls: a class's first calls on new buffers
- * run slow on either path (page faults, huge pages collapsed, the single copy's first calls 2-3x
- * its later ones), and a benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB)
- * then meets the path it met before. The slower path is timed again for one call at the class's
- * 16th, 32nd and 64th call and every SHM_TUNE_EVERY calls: one call of a path twice as slow
- * (the staging buffers in the Zen 5's slow state) costs under 1% from there.
+ * two from 64 KiB) and takes the path whose least time per byte over its last timed calls is
+ * lower (tune.h: the first call after a switch is not timed). A class starts on the
+ * single copy, as before there was a choice, and times the staging buffers after
+ * DT__SHM_TUNE_FIRST calls: a class's first calls on new buffers run slow on either path (page
+ * faults, huge pages collapsed, the single copy's first calls 2-3x its later ones), and a
+ * benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB) then meets the path it
+ * met before. The slower path is timed again, two calls of it, at the class's 16th, 32nd, 64th
+ * and 128th call and every DT__SHM_TUNE_EVERY calls: two calls of a path twice as slow (the
+ * staging buffers in the Zen 5's slow state) cost under 1% from there.
  * Every rank must take the same path in a call: rank 0 publishes each class's choice in the
  * segment's header (shm_hdr.plan) with the call number from which it holds (see shm_tune_pick).
  * Both paths reduce in the same order (own slice first, then the others in rank order): the
  * same bits whichever runs. DTRAIN_SHM_CMA (a size, or off) fixes the choice. */
 #define SHM_TUNE_CLASSES 16
-#define SHM_TUNE_KEEP 3
-#define SHM_TUNE_FIRST 8
-#define SHM_TUNE_EVERY 128
 #define SHM_THP_STEP ((size_t)256 << 20)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels refuse it with EINVAL, which is only a lost hint */
@@ -319,14 +318,6 @@ typedef struct shm_ring {
   alignas(SHM_LINE) uint8_t slots[];       /* nslots x (SHM_SLOT_HDR + slot_bytes) */
 } shm_ring;
 
-typedef struct shm_tune {
-  uint64_t calls;
-  unsigned probe;                    /* calls of probe_path still to time */
-  int probe_path;                    /* the slower path, being timed again */
-  unsigned n[2];                     /* times kept per path (0: single copy, 1: staging) */
-  double ns_per_b[2][SHM_TUNE_KEEP]; /* the last ones, round robin */
-} shm_tune;
-
 struct dt_transport {
   dt_comm *c;
   int n, rank;
@@ -367,7 +358,7 @@ struct dt_transport {
   unsigned seen_next;
   bool tune;         /* the allreduce's path is chosen by measurement (SHM_TUNE_CLASSES) */
   uint64_t ar_calls; /* allreduces that could take either path (same on every rank) */
-  shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
+  dt__shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1861,21 +1852,6 @@ static unsigned shm_tune_class(size_t bytes) {
   return c;
 }
 
-static double shm_tune_min(const double *v, unsigned n) {
-  double m = v[0];
-  for (unsigned i = 1; i < n && i < SHM_TUNE_KEEP; i++)
-    m = v[i] < m ? v[i] : m;
-  return m;
-}
-
-/* Rank 0: the path of class c with the lower time per byte (ties: the single copy), each path by
- * the least of its last times: the first calls of a buffer fault its pages in or collapse them
- * onto huge pages (SHM_THP_MIN), and the host's other tenants only ever slow a call down. */
-static int shm_tune_best(dt_transport *t, unsigned c) {
-  shm_tune *u = &t->tunes[c];
-  return shm_tune_min(u->ns_per_b[1], u->n[1]) < shm_tune_min(u->ns_per_b[0], u->n[0]);
-}
-
 /* The path allreduce call number `call` of class c takes: 1 the staging buffers, 0 the single
  * copy. Rank 0 first moves the class's plan on, for calls from call + 1. It may: every other
  * rank has already read the plan for every call before this one (rank 0 finished call - 1,
@@ -1889,43 +1865,19 @@ static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
   int path = call >= plan >> 2 ? (int)(plan & 1) : (int)(plan >> 1 & 1);
   if (t->rank != 0 || (plan >> 2) > call)
     return path;
-  shm_tune *u = &t->tunes[c];
-  const int best = u->n[1] ? shm_tune_best(t, c) : 0; /* the single copy until the other is timed */
-  int want = best;
-  if (u->probe && path == u->probe_path)
-    u->probe--; /* this call times it: back to the best from the next */
-  else if (u->probe)
-    want = u->probe_path;
+  dt__shm_tune *u = &t->tunes[c];
+  const bool probing = u->probe != 0;
+  const int want = dt__shm_tune_next(u, path);
   if (want != (int)(plan & 1)) {
     atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)path << 1 | (uint64_t)want,
                           memory_order_release);
     DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s; "
-                 "least us per MiB so far: single copy %.1f, staging buffers %.1f)",
+                 "least us per MiB of their last timed calls: single copy %.1f, staging buffers %.1f)",
                  (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
-                 want != best ? "timing the other path for one call" : "the faster",
-                 u->n[0] ? shm_tune_min(u->ns_per_b[0], u->n[0]) * 1048.576 : 0.0,
-                 u->n[1] ? shm_tune_min(u->ns_per_b[1], u->n[1]) * 1048.576 : 0.0);
+                 u->probe ? "timing the other path" : probing ? "back after timing the other path" : "the faster",
+                 dt__shm_tune_least(u, 0) * 1048.576, dt__shm_tune_least(u, 1) * 1048.576);
   }
   return path;
-}
-
-/* Rank 0: call took ns on path `path` of class c. After SHM_TUNE_FIRST calls the staging
- * buffers are timed for one call; the slower path again at the class's 16th, 32nd and 64th call
- * (a path's first calls on new buffers may have been slow: the single copy's ran 1.3-2.5x its
- * later time on the Zen 5 guest for the first 3-7) and every SHM_TUNE_EVERY calls. */
-static void shm_tune_record(dt_transport *t, unsigned c, int path, int64_t ns, size_t bytes) {
-  shm_tune *u = &t->tunes[c];
-  u->ns_per_b[path][u->n[path]++ % SHM_TUNE_KEEP] = (double)ns / (double)bytes;
-  if (u->n[path] >= 2 * SHM_TUNE_KEEP) /* kept as SHM_TUNE_KEEP .. 2 SHM_TUNE_KEEP - 1 */
-    u->n[path] -= SHM_TUNE_KEEP;
-  ++u->calls;
-  if (u->probe)
-    return;
-  if (!u->n[1] ? u->calls == SHM_TUNE_FIRST
-               : u->calls % SHM_TUNE_EVERY == 0 || (u->calls >= 16 && !(u->calls & (u->calls - 1)))) {
-    u->probe = 1;
-    u->probe_path = u->n[1] ? !shm_tune_best(t, c) : 1;
-  }
 }
 
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
@@ -1999,7 +1951,7 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   st = (cma ? shm_allreduce_cma : shm_allreduce_staged)(t, in, out, count, dt, op, fp, deadline);
   dt__reduce_cached(was);
   if (t0 && st == DT_OK)
-    shm_tune_record(t, cls, !cma, dt_now_ns() - t0, bytes);
+    dt__shm_tune_record(&t->tunes[cls], !cma, (double)(dt_now_ns() - t0) / (double)bytes);
   return st;
 }
 
