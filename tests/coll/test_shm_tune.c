@@ -4,16 +4,16 @@
  * Every model charges the single copy's first call after the staging buffers SWITCH times its
  * time, as seen on the Zen 5 guest (bench/results/shm-tune-2026-12-05-zen5.txt); the staging
  * buffers' first call after the single copy costs what the others do.
- *   - staging twice as slow: it runs only in its timing runs, two calls at the 8th, 16th, 32nd,
- *     64th, 128th call and every 256th, and never in a row of more than two;
+ *   - staging twice as slow: it runs only in its timing runs, DT__SHM_TUNE_PROBE calls after the
+ *     8th, 16th, 32nd, 64th, 128th, 256th and 512th call, never more in a row;
  *   - a slow start (both paths slow for the first 40 calls, the single copy then the faster):
  *     the class may take the staging buffers early but is back on the single copy by call 100
  *     and stays there (the old choice, which timed a run's first call, stayed on the staging
  *     buffers for good here: checked by hand with the first call timed);
  *   - staging the faster: the class takes it at its first timing and keeps it;
  *   - the host changes (the single copy 3x slower from call 300): the class moves to the
- *     staging buffers within a few calls, and back at the single copy's first timing after it
- *     recovers at call 700;
+ *     staging buffers within a few calls, and back at the single copy's first timing (call 512)
+ *     after it recovers at call 450;
  *   - a call now and then 200x slower (the process descheduled) does not move the class.
  *
  * Usage: test_shm_tune */
@@ -80,7 +80,7 @@ static double staging_fast(int path, int call) {
 static double host_change(int path, int call) {
   if (path)
     return 120.0;
-  return call >= 300 && call < 700 ? 210.0 : 70.0;
+  return call >= 300 && call < 450 ? 210.0 : 70.0;
 }
 static double outliers(int path, int call) {
   double v = path ? 120.0 : 70.0;
@@ -99,8 +99,8 @@ static void test_fresh(void **state) {
 static void test_staging_slow(void **state) {
   (void)state;
   drive(staging_slow, &tr);
-  /* timing runs after calls 8, 16, 32, 64, 128, 256, 512, 768: two calls each */
-  assert_int_equal(count(&tr, 1, 1, CALLS), 8 * DT__SHM_TUNE_PROBE);
+  /* timing runs after calls 8, 16, 32, 64, 128, 256, 512 */
+  assert_int_equal(count(&tr, 1, 1, CALLS), 7 * DT__SHM_TUNE_PROBE);
   assert_int_equal(longest_run(&tr, 1, 1, CALLS), DT__SHM_TUNE_PROBE);
   assert_int_equal(count(&tr, 1, 1, DT__SHM_TUNE_FIRST), 0);
   assert_int_equal(tr.path[CALLS], 0);
@@ -109,7 +109,7 @@ static void test_staging_slow(void **state) {
 static void test_slow_start(void **state) {
   (void)state;
   drive(slow_start, &tr);
-  assert_in_range(count(&tr, 1, 100, CALLS), 0, 4 * DT__SHM_TUNE_PROBE); /* the runs at 128, 256, 512, 768 */
+  assert_in_range(count(&tr, 1, 100, CALLS), 0, 3 * DT__SHM_TUNE_PROBE); /* the runs after 128, 256, 512 */
   assert_in_range(longest_run(&tr, 1, 100, CALLS), 0, DT__SHM_TUNE_PROBE);
 }
 
@@ -125,9 +125,9 @@ static void test_host_change(void **state) {
   (void)state;
   drive(host_change, &tr);
   assert_in_range(longest_run(&tr, 1, 100, 299), 0, DT__SHM_TUNE_PROBE);
-  assert_in_range(count(&tr, 1, 306, 699), 699 - 306 + 1 - 3 * (DT__SHM_TUNE_PROBE + 1), 699 - 306 + 1);
-  /* back at the single copy's next timing, at call 768 */
-  assert_int_equal(count(&tr, 0, 780, CALLS), CALLS - 780 + 1);
+  assert_in_range(count(&tr, 1, 306, 511), 511 - 306 + 1 - DT__SHM_TUNE_PROBE - 1, 511 - 306 + 1);
+  /* back at the single copy's next timing, after call 512 */
+  assert_int_equal(count(&tr, 0, 520, CALLS), CALLS - 520 + 1);
 }
 
 static void test_outliers(void **state) {

@@ -18,7 +18,7 @@
 
 #define DT__SHM_TUNE_KEEP 3  /* times kept per path: the choice compares each path's least */
 #define DT__SHM_TUNE_FIRST 8 /* calls on the single copy before the staging buffers are first timed */
-#define DT__SHM_TUNE_EVERY 256 /* the slower path timed again every this many calls, and at 16-128 */
+#define DT__SHM_TUNE_EVERY 512 /* the slower path timed again every this many calls, and at 16-256 */
 #define DT__SHM_TUNE_PROBE 3 /* calls per timing run of the slower path (the first pay for the switch) */
 
 typedef struct dt__shm_tune {
