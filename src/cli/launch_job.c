@@ -36,14 +36,15 @@
 /* With a poll function (an elastic agent): how often it is asked. */
 #define JOB_POLL_TICK_MS 100
 
-static volatile sig_atomic_t job_sig;       /* last stop signal received */
+static volatile sig_atomic_t job_sig;       /* first stop signal received: the job's exit status */
 static volatile sig_atomic_t job_sig_count; /* stop signals received */
 static int wake_fd[2] = {-1, -1};           /* self-pipe: a handler wakes poll(2) */
 
 static void on_signal(int sig) {
   int e = errno;
   if (sig != SIGCHLD && sig != SIGALRM) { /* SIGALRM: --timeout's moment (job_arm_deadline) */
-    job_sig = sig;
+    if (!job_sig) /* a second one, come before the loop saw the first, only hurries the stop */
+      job_sig = sig;
     job_sig_count++;
   }
   if (wake_fd[1] >= 0) {
@@ -64,7 +65,11 @@ static dt_status job_install_signals(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
+  /* The stop signals wait for each other's handler, so the handlers run in the order the signals
+   * came and job_sig keeps the first. */
   sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < DT_ARRAY_LEN(stop_signals); i++)
+    sigaddset(&sa.sa_mask, stop_signals[i]);
   sa.sa_flags = SA_NOCLDSTOP; /* no SA_RESTART: a blocked write to our stdout must see a stop */
   sigaction(SIGCHLD, &sa, NULL);
   sigaction(SIGALRM, &sa, NULL);

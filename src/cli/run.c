@@ -98,7 +98,7 @@ static void run_help(FILE *f) {
 "\n"
 "exit status: 0 when every worker exits 0; else the first failing worker's exit code, or\n"
 "128+S if it died of signal S; 127 (126) if COMMAND cannot be found (executed); 130/143/129\n"
-"after SIGINT/SIGTERM/SIGHUP; 141 if our stdout's reader went away, 1 if it cannot be\n"
+"after SIGINT/SIGTERM/SIGHUP (the first of them); 141 if our stdout's reader went away, 1 if it cannot be\n"
 "written (a full disk); 124 after --timeout; 2 for bad usage.\n",
           RUN_MAX_NPROC);
 }

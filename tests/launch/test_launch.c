@@ -892,6 +892,33 @@ static void stop_by_signal(int sig, int want_rc, const char *want_name) {
 }
 
 static void test_signal_term(void **state) { stop_by_signal(SIGTERM, 143, "SIGTERM"); }
+
+/* Two stop signals that arrive before the launcher's loop looks: the first decides the exit
+ * status. The launcher stopped (SIGSTOP) gets SIGINT then SIGTERM, and on SIGCONT runs both
+ * handlers (the kernel delivers pending standard signals lowest number first: SIGINT, the one
+ * sent first) before its loop resumes; exit 130, not 143 (a CI run under TSan met this race
+ * with SIGTERM and then SIGHUP 185 ms later, while the launcher was still starting workers). */
+static void test_signal_first_decides(void **state) {
+  const char *args[] = {"run", "-n", "3", "--", "sh", "-c", tree_script, "sh", dir, NULL};
+  pid_t l = spawn_dtrain(args);
+  assert_true(wait_files("pid", 3, 20000));
+  assert_true(wait_files("gpid", 3, 20000));
+  kill(l, SIGSTOP);
+  kill(l, SIGINT);
+  kill(l, SIGTERM);
+  kill(l, SIGCONT);
+  int st = wait_bounded(l, 20000);
+  assert_true(st != -1);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 130);
+  char *err = slurp(pathf("err"));
+  assert_non_null(strstr(err, "got SIGINT"));
+  free(err);
+  for (int r = 0; r < 3; r++) {
+    assert_true(pid_gone(read_pid(pathf("pid.%d", r)), 5000));
+    assert_true(pid_gone(read_pid(pathf("gpid.%d", r)), 5000));
+  }
+}
 static void test_signal_int(void **state) { stop_by_signal(SIGINT, 130, "SIGINT"); }
 
 /* Two workers that ignore SIGTERM, the launcher sent SIGTERM `signals` times (200 ms apart):
@@ -1233,6 +1260,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest signals[] = {
       cmocka_unit_test_setup_teardown(test_signal_term, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_int, setup_dir, teardown_dir),
+      cmocka_unit_test_setup_teardown(test_signal_first_decides, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_escalates_to_kill, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_twice_kills_at_once, setup_dir, teardown_dir),
       cmocka_unit_test_setup_teardown(test_signal_launcher_killed, setup_dir, teardown_dir),
