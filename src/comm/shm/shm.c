@@ -171,8 +171,8 @@
  * / 25 / 52 against 15-18 / 30-33 / 63-68 at 06:25 (6.6-6.9 ms against 7.8 at 64 MiB)
  * (bench/results/tune-2026-12-03-zen5.txt). So rank 0 times its calls per size class (powers of
  * two from 64 KiB) and takes the path whose least time per byte over its last timed calls is
- * lower (tune.h: the first call after a switch is not timed). A class starts on the
- * single copy, as before there was a choice, and times the staging buffers after
+ * lower (tune.h; the first calls after a switch pay for it). A class starts on the single
+ * copy, as before there was a choice, and times the staging buffers after
  * DT__SHM_TUNE_FIRST calls: a class's first calls on new buffers run slow on either path (page
  * faults, huge pages collapsed, the single copy's first calls 2-3x its later ones), and a
  * benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB) then meets the path it
