@@ -114,7 +114,8 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     two alternated runs at load 10-14: shm 2.0-6.3 us at 64-256 KiB against ring's 2.2-14.2,
  *     30-31 / 60-63 / 128 / 432-514 us at 1 / 2 / 4 / 8 MiB against 38-48 / 75-81 / 160-207 /
  *     528-697. n=4 (oversubscribed) stayed noisy both ways: unchanged.
- *     broadcast: no consistent winner: tree/chain as above.
+ *     broadcast: no consistent winner: tree/chain as above (since the flat slots and their
+ *     measurements below: the staging buffers).
  *   barrier: the transport's own when present (one shared counter beats log2(n) messages).
  *   allreduce, flat (one round through per-rank slots, shm): measured 2026-11-22 with ranks bound
  *     one per CPU, `DTRAIN_ALGO={flat,rd,shm} dtrain bench allreduce -n {2,4} --transport shm
@@ -149,8 +150,16 @@ static int has_fast(const dt_transport_ops *ops, dt__coll k) {
  *     against shm 346 and tree 532 (level with shm from 128 KiB). n=8 (two runs, --iters 30): flat
  *     23-34 us to 8 KiB against tree's 33-63 and shm's 41-55, 65-69 / 950-1055 us at 64 KiB / 1
  *     MiB against shm's 75-85 / 786-825 and tree's 113-128 / 2012-2199: flat up to 1 MiB for up
- *     to 4 ranks (its slots stay in L2, the rounds pipeline; bench/compare-peers at 4 ranks, 256
- *     KiB: flat 71 us at 15:34 UTC, shm 86 at 16:15), up to 64 KiB above, then shm to 1 MiB.
+ *     to 4 ranks, up to 64 KiB above, then shm to 1 MiB. Measured again 2026-12-05 on the Zen 5
+ *     guest with the staging buffers as they are since (copies through dt__copy, pages read at
+ *     setup), same commands, three alternated runs (bench/results/broadcast-2026-12-05-zen5.txt):
+ *     the staging buffers lead the flat slots from 8 KiB at n=2 without single copies (1.4 against
+ *     1.6 us, 15 against 25 at 256 KiB, 48-51 against 91-94 at 1 MiB), from 64 KiB at n=3 and
+ *     n=4 (n=4: 24-35 against 59-77 us, 45-71 against 191-222 at 256 KiB, 108-121 against 410-418
+ *     at 1 MiB; level to 32 KiB) and at n=8 (69-103 against 133-147 at 64 KiB, 273-300 against
+ *     1220-1232 at 1 MiB); above 1 MiB they lead the chain 1.4-2.5x at n=4 and about 2x at n=8
+ *     (2-16 MiB) and run level with the tree at n=2. Flat up to 4 KiB at n=2 and 32 KiB above,
+ *     the staging buffers beyond at every size.
  *     allgather: flat 0.70-0.85 us to 512 B against 1.0-1.2 (n=2), 28 / 30 us at 256 KiB, shm
  *     ahead from 1 MiB (134 / 169); n=4 flat level or ahead at every size: flat up to 128 KiB
  *     blocks. reduce_scatter n=2: flat 0.57-0.68 us to 512 B against 0.91-1.03, level from 256
@@ -201,9 +210,9 @@ static dt__algo choose(dt__coll k, int n, size_t bytes, int wide, const dt_trans
   case DT_COLL_BROADCAST:
     if (single && bytes >= single && has_fast(ops, k))
       return DT_ALGO_SHM;
-    if (ops->flat && bytes <= (n <= 4 ? (1u << 20) : (64u << 10)))
+    if (ops->flat && bytes <= (n == 2 ? (4u << 10) : (32u << 10)))
       return DT_ALGO_FLAT;
-    if (ops->flat && has_fast(ops, k) && bytes <= (1u << 20))
+    if (has_fast(ops, k))
       return DT_ALGO_SHM;
     return bytes < (256u << 10) || n <= 2 ? DT_ALGO_TREE : DT_ALGO_CHAIN;
   case DT_COLL_ALLGATHER: /* bytes: one block */
