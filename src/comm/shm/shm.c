@@ -19,7 +19,8 @@
  * allgather and broadcast, copy once, straight between
  * the ranks' own buffers (process_vm_readv/writev, "cross-memory attach"), instead of through the
  * staging buffers, when rank 0 found at setup that it may (same user, no ptrace restriction) and
- * that it is fast here (shm_cma_fast). */
+ * that it is fast here (shm_cma_fast). Which of the two paths runs is then timed per size class
+ * while the job runs (SHM_TUNE_CLASSES). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -184,6 +185,20 @@
  * Both paths reduce in the same order (own slice first, then the others in rank order): the
  * same bits whichever runs. DTRAIN_SHM_CMA (a size, or off) fixes the choice. */
 #define SHM_TUNE_CLASSES 16
+/* The broadcast and the allgather have the same two paths from cma_move_min bytes (per rank's
+ * block), and the same choice by time: on the Zen 5 guest (a system call costs about 1 us there,
+ * kernel page-table isolation on), 2 ranks, the staging buffers broadcast 16 KiB / 64 KiB in 1.9 /
+ * 4.8 us against the single copy's 4.8-5.0 / 7.8-8.5 and 2 MiB in 82 against 90-92, the single
+ * copy 4 MiB in 135-138 against 192-194; the staging buffers allgathered 32 KiB / 2 MiB in 2.2-2.7
+ * / 75-81 us against 5.7-6.0 / 89-102, where on the Zen 4 and the Xeon guests the single copy led
+ * from 16 KiB (SHM_DEFAULT_CMA_MOVE). The timed choice ran within the faster path's spread or
+ * near it at every size (bench/results/move-tune-2026-12-06-zen5.txt). Size classes are powers of
+ * two from 16 KiB. Their time is the slowest rank's, not rank 0's: the staged broadcast's root
+ * leaves as soon as its copy is in, before the others copied it out. So every rank publishes its
+ * time of each such call (shm_rank.took), and rank 0 records call c - 1 at the end of call c
+ * (shm_move_took). */
+enum { SHM_TUNE_ALLREDUCE, SHM_TUNE_BROADCAST, SHM_TUNE_ALLGATHER, SHM_TUNE_KINDS };
+#define SHM_TOOK 4 /* calls of a kind whose times a rank keeps published (round robin) */
 #define SHM_THP_STEP ((size_t)256 << 20)
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels refuse it with EINVAL, which is only a lost hint */
@@ -238,9 +253,10 @@ typedef struct shm_hdr {
   alignas(SHM_LINE) _Atomic uint32_t cma; /* rank 0's verdict: 0 not yet, 1 may copy once, 2 may not */
   _Atomic uint32_t pipe; /* rank 0's verdict on the pipes (SHM_PIPE), stored before cma: 1 yes, else no */
   _Atomic uint32_t tune; /* rank 0's verdict, stored before cma: 1 the allreduce's path is measured */
-  /* per size class (SHM_TUNE_CLASSES): from allreduce call (bits 2..) on, the path bit 0 says,
-   * before it the one bit 1 says (1: the staging buffers); written by rank 0 only */
-  alignas(SHM_LINE) _Atomic uint64_t plan[SHM_TUNE_CLASSES];
+  /* per collective (SHM_TUNE_KINDS) and size class (SHM_TUNE_CLASSES): from that collective's
+   * call (bits 2..) on, the path bit 0 says, before it the one bit 1 says (1: the staging
+   * buffers); written by rank 0 only */
+  alignas(SHM_LINE) _Atomic uint64_t plan[SHM_TUNE_KINDS][SHM_TUNE_CLASSES];
 } shm_hdr;
 
 /* One rank's record; each counter on its own line since different ranks poll them. */
@@ -276,7 +292,17 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t cma_quit;
   /* Pieces this rank has spliced into the pipe to the other rank (two ranks, SHM_PIPE) */
   alignas(SHM_LINE) _Atomic uint64_t pushed;
+  /* This rank's times of its last SHM_TOOK timed broadcasts and allgathers (SHM_TUNE_BROADCAST -
+   * 1, SHM_TUNE_ALLGATHER - 1), call c at c % SHM_TOOK: the call's low 24 bits << 40 | ns */
+  alignas(SHM_LINE) _Atomic uint64_t took[2][SHM_TOOK];
 } shm_rank;
+
+/* A timed broadcast or allgather, as rank 0 took it (shm_move_pick). */
+typedef struct shm_past {
+  unsigned cls; /* size class */
+  int path;     /* 1: the staging buffers */
+  size_t bytes;
+} shm_past;
 
 _Static_assert(sizeof(dt__fp) == 24, "the call board stores a fingerprint as three words");
 
@@ -356,9 +382,10 @@ struct dt_transport {
     size_t done; /* bytes of its whole huge pages collapsed so far (all of them after a failure) */
   } seen[SHM_THP_SEEN]; /* the last large buffers single copies met, round robin */
   unsigned seen_next;
-  bool tune;         /* the allreduce's path is chosen by measurement (SHM_TUNE_CLASSES) */
-  uint64_t ar_calls; /* allreduces that could take either path (same on every rank) */
-  dt__shm_tune tunes[SHM_TUNE_CLASSES]; /* rank 0: per size class */
+  bool tune; /* the two-path collectives' path is chosen by measurement (SHM_TUNE_CLASSES) */
+  uint64_t calls[SHM_TUNE_KINDS]; /* calls that could take either path, per collective (same on every rank) */
+  dt__shm_tune tunes[SHM_TUNE_KINDS][SHM_TUNE_CLASSES]; /* rank 0: per collective and size class */
+  shm_past past[2][SHM_TOOK]; /* rank 0: its last timed broadcasts and allgathers, as shm_rank.took */
 };
 
 static size_t shm_align(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -1845,9 +1872,13 @@ static dt_status shm_broadcast_cma(dt_transport *t, uint8_t *buf, size_t bytes, 
   return shm_cma_end(t, st, fp, deadline);
 }
 
-static unsigned shm_tune_class(size_t bytes) {
+/* The least size of a collective's class 0, as a power of two: the allreduce's from 64 KiB, the
+ * broadcast's and the allgather's from 16 KiB. */
+static unsigned shm_tune_lo(int kind) { return kind == SHM_TUNE_ALLREDUCE ? 16 : 14; }
+
+static unsigned shm_tune_class(int kind, size_t bytes) {
   unsigned c = 0;
-  for (size_t b = bytes >> 17; b && c + 1 < SHM_TUNE_CLASSES; b >>= 1) /* 64 KiB - 128 KiB: class 0 */
+  for (size_t b = bytes >> (shm_tune_lo(kind) + 1); b && c + 1 < SHM_TUNE_CLASSES; b >>= 1)
     c++;
   return c;
 }
@@ -1860,24 +1891,62 @@ static unsigned shm_tune_class(size_t bytes) {
  * path before call + 1) is the path this call takes by either plan. The others see the new plan
  * before they start call + 1: they first wait for what rank 0 publishes in this call, after
  * this store. */
-static int shm_tune_pick(dt_transport *t, unsigned c, uint64_t call) {
-  uint64_t plan = atomic_load_explicit(&t->h->plan[c], memory_order_acquire);
+static int shm_tune_pick(dt_transport *t, int kind, unsigned c, uint64_t call) {
+  static const char *const names[SHM_TUNE_KINDS] = {"allreduces", "broadcasts", "allgathers"};
+  _Atomic uint64_t *at = &t->h->plan[kind][c];
+  uint64_t plan = atomic_load_explicit(at, memory_order_acquire);
   int path = call >= plan >> 2 ? (int)(plan & 1) : (int)(plan >> 1 & 1);
   if (t->rank != 0 || (plan >> 2) > call)
     return path;
-  dt__shm_tune *u = &t->tunes[c];
+  dt__shm_tune *u = &t->tunes[kind][c];
   const bool probing = u->probe != 0;
   const int want = dt__shm_tune_next(u, path);
   if (want != (int)(plan & 1)) {
-    atomic_store_explicit(&t->h->plan[c], (call + 1) << 2 | (uint64_t)path << 1 | (uint64_t)want,
-                          memory_order_release);
-    DT_LOG_DEBUG("shared memory: allreduces of %zu KiB and up to twice that take the %s from call %llu (%s; "
-                 "least us per MiB of their last timed calls: single copy %.1f, staging buffers %.1f)",
-                 (size_t)64 << c, want ? "staging buffers" : "single copy", (unsigned long long)call + 1,
+    atomic_store_explicit(at, (call + 1) << 2 | (uint64_t)path << 1 | (uint64_t)want, memory_order_release);
+    DT_LOG_DEBUG("shared memory: %s of %zu KiB and up to twice that take the %s from call %llu (%s; "
+                 "least us per MiB of their last timed calls: single copy %.1f, staging buffers %.1f)", names[kind],
+                 ((size_t)1 << shm_tune_lo(kind)) >> 10 << c, want ? "staging buffers" : "single copy",
+                 (unsigned long long)call + 1,
                  u->probe ? "timing the other path" : probing ? "back after timing the other path" : "the faster",
                  dt__shm_tune_least(u, 0) * 1048.576, dt__shm_tune_least(u, 1) * 1048.576);
   }
   return path;
+}
+
+#define SHM_TOOK_NS ((UINT64_C(1) << 40) - 1)
+#define SHM_TOOK_CALL(call) (((call) & 0xffffffu) << 40)
+
+/* The path of broadcast or allgather (kind) call number `call` of `bytes` per block, timed
+ * (SHM_TUNE_KINDS). 1: the staging buffers. */
+static int shm_move_pick(dt_transport *t, int kind, size_t bytes, uint64_t call) {
+  const unsigned cls = shm_tune_class(kind, bytes);
+  const int path = shm_tune_pick(t, kind, cls, call);
+  if (t->rank == 0)
+    t->past[kind - 1][call % SHM_TOOK] = (shm_past){.cls = cls, .path = path, .bytes = bytes};
+  return path;
+}
+
+/* After broadcast or allgather (kind) call number `call`, begun at t0: publishes this rank's time
+ * of it, and rank 0 records the slowest rank's time of the call before, which every rank
+ * published before it started this one (a release its publications in this call carry, which
+ * rank 0 acquired: it saw every rank start this call). Last in the call, so the slower path's
+ * root or peer is not kept waiting while rank 0 reads the others' times. */
+static void shm_move_took(dt_transport *t, int kind, uint64_t call, int64_t t0) {
+  const uint64_t ns = DT_MIN((uint64_t)(dt_now_ns() - t0), SHM_TOOK_NS);
+  atomic_store_explicit(&t->ranks[t->rank].took[kind - 1][call % SHM_TOOK], SHM_TOOK_CALL(call) | ns,
+                        memory_order_relaxed);
+  if (t->rank != 0 || call < 2)
+    return;
+  const uint64_t was = call - 1;
+  uint64_t most = 0;
+  for (int r = 0; r < t->n; r++) {
+    uint64_t v = atomic_load_explicit(&t->ranks[r].took[kind - 1][was % SHM_TOOK], memory_order_relaxed);
+    if ((v & ~SHM_TOOK_NS) != SHM_TOOK_CALL(was))
+      return; /* never, as above; a slip would only lose a timing */
+    most = DT_MAX(most, v & SHM_TOOK_NS);
+  }
+  const shm_past *p = &t->past[kind - 1][was % SHM_TOOK];
+  dt__shm_tune_record(&t->tunes[kind][p->cls], p->path, (double)most / (double)p->bytes);
 }
 
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
@@ -1940,18 +2009,18 @@ static dt_status shm_allreduce(dt_transport *t, const void *sbuf, void *rbuf, si
   dt_status st = shm_allreduce_prelude(t, in, out, count, dt, op, &done);
   if (st != DT_OK || done)
     return st;
-  const unsigned cls = shm_tune_class(bytes);
+  const unsigned cls = shm_tune_class(SHM_TUNE_ALLREDUCE, bytes);
   int64_t t0 = 0;
   bool cma = shm_cma_use(t, bytes);
   if (cma && t->tune) {
-    cma = !shm_tune_pick(t, cls, ++t->ar_calls);
+    cma = !shm_tune_pick(t, SHM_TUNE_ALLREDUCE, cls, ++t->calls[SHM_TUNE_ALLREDUCE]);
     t0 = t->rank == 0 ? dt_now_ns() : 0;
   }
   bool was = dt__reduce_cached(shm_cached(t, bytes));
   st = (cma ? shm_allreduce_cma : shm_allreduce_staged)(t, in, out, count, dt, op, fp, deadline);
   dt__reduce_cached(was);
   if (t0 && st == DT_OK)
-    dt__shm_tune_record(&t->tunes[cls], !cma, (double)(dt_now_ns() - t0) / (double)bytes);
+    dt__shm_tune_record(&t->tunes[SHM_TUNE_ALLREDUCE][cls], !cma, (double)(dt_now_ns() - t0) / (double)bytes);
   return st;
 }
 
@@ -2139,16 +2208,34 @@ static dt_status bcast_consume(dt_transport *t, const shm_phase *p, size_t k, in
   return DT_OK;
 }
 
+/* From cma_move_min bytes the single copy or the staging buffers, as timed (shm_move_pick), below
+ * the staging buffers. */
 static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtype dt, int root, const dt__fp *fp,
                                int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
-  if (shm_cma_use_move(t, count * dt_dtype_size(dt)))
-    return shm_broadcast_cma(t, buf, count * dt_dtype_size(dt), root, fp, deadline);
+  const size_t bytes = count * dt_dtype_size(dt);
+  uint64_t call = 0;
+  int64_t t0 = 0;
+  if (shm_cma_use_move(t, bytes)) {
+    if (!t->tune)
+      return shm_broadcast_cma(t, buf, bytes, root, fp, deadline);
+    call = ++t->calls[SHM_TUNE_BROADCAST];
+    t0 = dt_now_ns();
+    if (!shm_move_pick(t, SHM_TUNE_BROADCAST, bytes, call)) {
+      dt_status st = shm_broadcast_cma(t, buf, bytes, root, fp, deadline);
+      if (st == DT_OK)
+        shm_move_took(t, SHM_TUNE_BROADCAST, call, t0);
+      return st;
+    }
+  }
   shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
   p.per = t->h->chunk_bytes / p.es;
   size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
-  return shm_two_phase(t, &p, nchunks, bcast_fill, bcast_consume, fp, deadline);
+  dt_status st = shm_two_phase(t, &p, nchunks, bcast_fill, bcast_consume, fp, deadline);
+  if (st == DT_OK && call)
+    shm_move_took(t, SHM_TUNE_BROADCAST, call, t0);
+  return st;
 }
 
 /* allgather: everybody fills its piece and copies it to its own block of the output while it is
@@ -2180,12 +2267,27 @@ static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
       memmove(out, in, count * es);
     return DT_OK;
   }
-  if (shm_cma_use_move(t, count * es))
-    return shm_allgather_cma(t, in, out, count * es, fp, deadline);
+  uint64_t call = 0;
+  int64_t t0 = 0;
+  if (shm_cma_use_move(t, count * es)) { /* as shm_broadcast */
+    if (!t->tune)
+      return shm_allgather_cma(t, in, out, count * es, fp, deadline);
+    call = ++t->calls[SHM_TUNE_ALLGATHER];
+    t0 = dt_now_ns();
+    if (!shm_move_pick(t, SHM_TUNE_ALLGATHER, count * es, call)) {
+      dt_status st = shm_allgather_cma(t, in, out, count * es, fp, deadline);
+      if (st == DT_OK)
+        shm_move_took(t, SHM_TUNE_ALLGATHER, call, t0);
+      return st;
+    }
+  }
   shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
   p.per = t->h->chunk_bytes / es;
   size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
-  return shm_two_phase(t, &p, nchunks, gather_fill, gather_consume, fp, deadline);
+  dt_status st = shm_two_phase(t, &p, nchunks, gather_fill, gather_consume, fp, deadline);
+  if (st == DT_OK && call)
+    shm_move_took(t, SHM_TUNE_ALLGATHER, call, t0);
+  return st;
 }
 
 /* reduce_scatter: each chunk holds `per` elements of every block (block s at s * per); rank r

@@ -1,5 +1,5 @@
-/* tune.h - the choice between the shm allreduce's two paths (the single copy, the staging
- * buffers) by their measured times, per size class: a state machine of rank 0's with no I/O,
+/* tune.h - the choice between the two paths of the shm allreduce, broadcast and allgather (the
+ * single copy, the staging buffers) by their measured times, per collective and size class: a state machine of rank 0's with no I/O,
  * so that a test can drive it with made-up times (tests/coll/test_shm_tune.c). shm.c publishes
  * what it answers to the other ranks (shm_tune_pick).
  *
