@@ -1949,6 +1949,20 @@ static void shm_move_took(dt_transport *t, int kind, uint64_t call, int64_t t0) 
   dt__shm_tune_record(&t->tunes[kind][p->cls], p->path, (double)most / (double)p->bytes);
 }
 
+/* The path of a broadcast or allgather (kind) of `bytes` per block: 1 the staging buffers, 0 the
+ * single copy (from cma_move_min bytes; fixed by DTRAIN_SHM_CMA, else timed). A timed call gets
+ * its number in *call and its start in *t0 for shm_move_took; others get *call = 0. */
+static int shm_move_path(dt_transport *t, int kind, size_t bytes, uint64_t *call, int64_t *t0) {
+  *call = 0;
+  if (!shm_cma_use_move(t, bytes))
+    return 1;
+  if (!t->tune)
+    return 0;
+  *call = ++t->calls[kind];
+  *t0 = dt_now_ns();
+  return shm_move_pick(t, kind, bytes, *call);
+}
+
 /* Allreduce for shared memory. Per chunk (double-buffered): every rank copies its input chunk
  * into its staging buffer (CI; all but its own slice), rank s reduces slice s from its input
  * and the other ranks' staging buffers into its staging buffer (R), and every rank copies the reduced slices out (CO). Order per rank: CI(0), then
@@ -2215,24 +2229,17 @@ static dt_status shm_broadcast(dt_transport *t, void *buf, size_t count, dt_dtyp
   if (t->n == 1)
     return DT_OK;
   const size_t bytes = count * dt_dtype_size(dt);
-  uint64_t call = 0;
+  uint64_t call;
   int64_t t0 = 0;
-  if (shm_cma_use_move(t, bytes)) {
-    if (!t->tune)
-      return shm_broadcast_cma(t, buf, bytes, root, fp, deadline);
-    call = ++t->calls[SHM_TUNE_BROADCAST];
-    t0 = dt_now_ns();
-    if (!shm_move_pick(t, SHM_TUNE_BROADCAST, bytes, call)) {
-      dt_status st = shm_broadcast_cma(t, buf, bytes, root, fp, deadline);
-      if (st == DT_OK)
-        shm_move_took(t, SHM_TUNE_BROADCAST, call, t0);
-      return st;
-    }
+  dt_status st;
+  if (!shm_move_path(t, SHM_TUNE_BROADCAST, bytes, &call, &t0)) {
+    st = shm_broadcast_cma(t, buf, bytes, root, fp, deadline);
+  } else {
+    shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
+    p.per = t->h->chunk_bytes / p.es;
+    size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
+    st = shm_two_phase(t, &p, nchunks, bcast_fill, bcast_consume, fp, deadline);
   }
-  shm_phase p = {.out = buf, .count = count, .es = dt_dtype_size(dt), .root = root, .dt = dt};
-  p.per = t->h->chunk_bytes / p.es;
-  size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
-  dt_status st = shm_two_phase(t, &p, nchunks, bcast_fill, bcast_consume, fp, deadline);
   if (st == DT_OK && call)
     shm_move_took(t, SHM_TUNE_BROADCAST, call, t0);
   return st;
@@ -2267,24 +2274,17 @@ static dt_status shm_allgather(dt_transport *t, const void *sbuf, void *rbuf, si
       memmove(out, in, count * es);
     return DT_OK;
   }
-  uint64_t call = 0;
+  uint64_t call;
   int64_t t0 = 0;
-  if (shm_cma_use_move(t, count * es)) { /* as shm_broadcast */
-    if (!t->tune)
-      return shm_allgather_cma(t, in, out, count * es, fp, deadline);
-    call = ++t->calls[SHM_TUNE_ALLGATHER];
-    t0 = dt_now_ns();
-    if (!shm_move_pick(t, SHM_TUNE_ALLGATHER, count * es, call)) {
-      dt_status st = shm_allgather_cma(t, in, out, count * es, fp, deadline);
-      if (st == DT_OK)
-        shm_move_took(t, SHM_TUNE_ALLGATHER, call, t0);
-      return st;
-    }
+  dt_status st;
+  if (!shm_move_path(t, SHM_TUNE_ALLGATHER, count * es, &call, &t0)) {
+    st = shm_allgather_cma(t, in, out, count * es, fp, deadline);
+  } else {
+    shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
+    p.per = t->h->chunk_bytes / es;
+    size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
+    st = shm_two_phase(t, &p, nchunks, gather_fill, gather_consume, fp, deadline);
   }
-  shm_phase p = {.in = in, .out = out, .count = count, .es = es, .dt = dt};
-  p.per = t->h->chunk_bytes / es;
-  size_t nchunks = count ? (count + p.per - 1) / p.per : 1;
-  dt_status st = shm_two_phase(t, &p, nchunks, gather_fill, gather_consume, fp, deadline);
   if (st == DT_OK && call)
     shm_move_took(t, SHM_TUNE_ALLGATHER, call, t0);
   return st;
