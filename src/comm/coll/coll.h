@@ -125,7 +125,7 @@ dt_status dt__reduce_scatter_ring(dt_comm *c, const void *sbuf, void *rbuf, size
 dt_status dt__allgather_ring(dt_comm *c, const void *own, void *rbuf, size_t count, dt_dtype t, const dt__fp *fp,
                              int64_t deadline);
 
-/* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 130,920 bytes (ring.c). */
+/* Bytes of what travels per pipelined piece: DTRAIN_RING_PIECE, default 261,840 bytes (ring.c). */
 size_t dt__ring_piece_bytes(const dt_comm *c);
 
 /* How many pieces ahead of the one it receives an exchange cut into `pieces` pieces of up to

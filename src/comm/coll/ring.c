@@ -6,13 +6,13 @@
  * exchange a zero-byte message so every rank stays in the same step.
  *
  * Pipelining: every step, the allgather's too, is cut into pieces of at most DTRAIN_RING_PIECE
- * bytes (default 128 KiB less 152 bytes, so a piece and what it meets stay in L2), the same
- * number per step on every rank (from the largest segment), so the calls pair up. A reduce-scatter piece is
- * received into a small temporary and reduced at once while it is hot. The pieces of all steps
- * run as one wavefront (ring_flow below): the allgather starts on the first reduced pieces while
- * the later ones are still being reduced, a piece is forwarded while still in cache, and each
- * sendrecv sends one piece ahead of the one it receives, so a rank finds its next piece already
- * queued instead of sleeping until its neighbour sends it.
+ * bytes (default 256 KiB less 304 bytes, so that a piece and what it meets stay about the size
+ * of L2), the same number per step on every rank (from the largest segment), so the calls pair
+ * up. A reduce-scatter piece is received into a small temporary and reduced at once while it is
+ * hot. The pieces of all steps run as one wavefront (ring_flow below): the allgather starts on
+ * the first reduced pieces while the later ones are still being reduced, a piece is forwarded
+ * while still in cache, and each sendrecv sends one piece ahead of the one it receives, so a
+ * rank finds its next piece already queued instead of sleeping until its neighbour sends it.
  *
  * f16/bf16 with sum/prod/avg accumulate in f32 and round once. Two ranks: the one step sends
  * the half-precision input and the owner reduces it with its own. More ranks: direct_rs below
@@ -29,27 +29,25 @@
 
 #include "comm/coll/coll.h"
 
-/* Default piece: 128 KiB. A rank's working set per piece is the piece it receives, the input it
- * reduces it with, the result, and the two pieces in the socket buffers; at 128 KiB that stays
- * within the 1 MiB L2 and the kernel's copies in and out of the sockets hit the cache. Measured
- * on the 2-core EPYC guest (another helper's benchmark loading it, load 3.3-3.6), 4 alternated
- * runs of `perf stat -e task-clock dtrain bench allreduce --transport tcp -n 2 --sizes 16M:16M
- * --iters 40` per piece size, medians of CPU ms per call (both ranks) / wall us: 64 KiB 21.0 /
- * 20,081, 96 KiB 18.6 / 15,038, 128 KiB 18.2 / 16,005, 160 KiB 18.4 / 14,528, 192 KiB 20.1 /
- * 19,344, 256 KiB 21.2-24.5 / 18,568-23,772 (two runs); 4 ranks (rhd), 16 MiB: 128 KiB 65.9 /
- * 34,384 against 256 KiB's 75.1 / 44,729. The step-by-step ring before the wavefront (ring_flow)
- * did not gain from smaller pieces (128 KiB: 24.0 / 22,213 against 21.9 / 16,793 at 256 KiB).
- * Trimmed to 130,920 bytes: a 128 KiB piece after the tcp transport's 40-byte frame header left
- * loopback as two full 65,483-byte segments and a 146-byte one; 130,920 + 40 fill exactly two.
- * TCP segments per 16 MiB allreduce (/proc/net/snmp OutSegs): 684 against 993; `perf stat -e
- * task-clock dtrain bench {allgather,allreduce} --transport tcp -n 2 --sizes 16M:16M --iters
- * 60`, 6 alternated runs (2026-11-22 19:20 UTC, load 4.3-4.9), medians of CPU ms per call /
- * wall us: allgather 9.84 / 3,567 against 10.78 / 4,135, allreduce 18.06 / 6,680 against 19.78
- * / 7,643. It is a constant, not asked of the transport: every rank must cut the same pieces,
- * and the segment size a socket reports differs between the ends of one connection and while
- * its window opens (32,741 or 32,768 on loopback at first). Divisible by 8: whole elements of
- * every dtype. */
-#define RING_PIECE_DEFAULT 130920u
+/* Default piece: 256 KiB less 304 bytes, so that with the tcp transport's 40-byte frame header
+ * it leaves loopback as four segments, none short (a piece ending in a short segment ran up to
+ * twice as long, tcp.c's tcp_cut). A rank's working set per piece is the piece it receives, the
+ * input it reduces it with, the result, and the pieces in the socket buffers, about the 1 MiB
+ * L2. Measured on the Zen 5 guest (2 CPUs, 1 MiB L2), 2026-12-06, one build, the piece set by
+ * DTRAIN_RING_PIECE and alternated run by run, 5 repetitions of `dtrain bench {allreduce,
+ * allgather,reduce_scatter} -n {2,4} --transport tcp --sizes 1M:64M --iters 15`: against
+ * 130,920 bytes, the default until then, 261,840 ran 1.03-1.46x faster at every size but the
+ * 4-rank allreduce (rhd) at 32-64 MiB (0.85-0.93x; 4-rank allgather 1.03-1.46x, which had
+ * trailed Open MPI at 1-4 MiB; 2-rank allreduce 1.12-1.44x with a quarter less CPU time);
+ * 523,680 about the same, 1,047,360 a little less. A second round put that 4-rank allreduce at
+ * 1.15-1.23x at 32-64 MiB and shm's 4-rank reduce_scatter (the ring above 32 KiB blocks) at
+ * 0.92-1.27x (bench/results/ring-piece-2026-12-06-zen5.txt). The 128 KiB piece had been chosen on
+ * 2026-11-22 on an older EPYC guest under load (by CPU time: 18.2 ms per 16 MiB allreduce
+ * against 21.2-24.5 at 256 KiB), before the wavefront's and the tcp transport's later changes.
+ * It is a constant, not asked of the transport: every rank must cut the same pieces, and the
+ * segment size a socket reports differs between the ends of one connection and while its window
+ * opens. Divisible by 8: whole elements of every dtype. */
+#define RING_PIECE_DEFAULT 261840u
 
 size_t dt__ring_piece_bytes(const dt_comm *c) {
   return c->env.ring_piece > 0 ? (size_t)c->env.ring_piece : RING_PIECE_DEFAULT; /* checked in config.c */
