@@ -41,7 +41,8 @@
  * trailed Open MPI at 1-4 MiB; 2-rank allreduce 1.12-1.44x with a quarter less CPU time);
  * 523,680 about the same, 1,047,360 a little less. A second round put that 4-rank allreduce at
  * 1.15-1.23x at 32-64 MiB and shm's 4-rank reduce_scatter (the ring above 32 KiB blocks) at
- * 0.92-1.27x (bench/results/ring-piece-2026-12-06-zen5.txt). The 128 KiB piece had been chosen on
+ * 0.92-1.27x; on the EPYC Zen 4 the same day, 3 repetitions of the tcp runs, 0.99-1.31x
+ * (bench/results/ring-piece-2026-12-06-zen5.txt). The 128 KiB piece had been chosen on
  * 2026-11-22 on an older EPYC guest under load (by CPU time: 18.2 ms per 16 MiB allreduce
  * against 21.2-24.5 at 256 KiB), before the wavefront's and the tcp transport's later changes.
  * It is a constant, not asked of the transport: every rank must cut the same pieces, and the
