@@ -90,6 +90,23 @@
  * rounds; fresh ones alike: bench/results/cma-move-2026-12-01-zen4.txt), so every CPU now takes
  * it from 16 KiB. */
 #define SHM_DEFAULT_CMA_MOVE (16u << 10)
+/* With more ranks on the host than CPUs, the single copies start here for every collective, and
+ * the choice is timed as without (SHM_TUNE_CLASSES). Below it they cost more than they save: 4
+ * ranks on 2 cores, 64 KiB allreduce 66-71 us against the staging buffers' 36-39. Above it, which
+ * path wins flips with the host's state: on the EPYC Zen 4 guest, 4 ranks on its 2 CPUs,
+ * `dtrain bench {broadcast,allreduce,allgather} -n 4 --transport shm --iters 5 --warmup 3`
+ * alternated with DTRAIN_SHM_CMA=65536 (2026-12-06, bench/results/over-cma-2026-12-06-zen4.txt),
+ * the staging buffers ran in a fast state and a slow one 2-3x slower, flipping from run to run
+ * and within one, while the single copy ran alike in both: broadcast of 64 MiB 12.9-14.5 ms or
+ * 35.7-36.7 against the single copy's 9.7-14.2, allreduce 19.8 or 52.7-55.9 against 23.3-24.5;
+ * from 4 MiB the single copy ran 0.61-1.44x the staging buffers' speed in their fast state
+ * (allreduce 0.61-0.90x, allgather 0.71-1.08x) and 1.2-3.7x in their slow one. Timed, against
+ * the staging buffers alone, 40 calls per size: broadcast 0.93-1.12x in their fast state and
+ * 2.4-4.3x in the slow one, allreduce 1.7-2.9x in the slow state and 0.58-1.25x in the fast one
+ * (a timing taken while the host was slow holds until the class's next), allgather 0.88-1.24x but
+ * in two pairs (0.33-0.43x; 2.18x). Until then the single copies were off with more ranks than
+ * CPUs unless DTRAIN_SHM_CMA asked. */
+#define SHM_OVER_CMA (4u << 20)
 /* The allreduce writes its output with non-temporal stores (dt__copy_nt) once the call's
  * footprint, every local rank's input and output (2 x n x bytes), reaches this: there the output
  * leaves the caches anyway, and a plain store would first read each line from memory. Measured
@@ -852,6 +869,8 @@ static dt_status shm_make(dt_transport *t, const char *name) {
       return dt_set_error(DT_ERR_INVALID, "DTRAIN_SHM_CMA=0: give a size in bytes (from which collectives copy once) "
                           "or off");
     cma_move = ce ? cma : SHM_DEFAULT_CMA_MOVE;
+    if (!ce && t->oversubscribed)
+      cma = cma_move = SHM_OVER_CMA;
   }
   const char *pe = dt__env_str("DTRAIN_SHM_PIPE");
   if (pe && strcmp(pe, "on") && strcmp(pe, "off"))
@@ -1136,10 +1155,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   if (owner) {
     /* Unlink once everybody mapped: from then on the segment lives exactly as long as the last
      * mapping, whatever happens to the processes. */
-    /* With more ranks than CPUs the one-copy paths' two rounds of waiting for every rank cost more
-     * than the copy they save (4 ranks on 2 cores: 64 KiB allreduce 66-71 us against 36-39), so
-     * they are used there only when DTRAIN_SHM_CMA asks. */
-    bool cma = t->h->cma_min != 0 && (!t->oversubscribed || dt__env_str("DTRAIN_SHM_CMA"));
+    bool cma = t->h->cma_min != 0; /* from SHM_OVER_CMA with more ranks than CPUs (shm_make) */
     for (int r = 1; r < t->n; r++) {
       char k2[128], v[64];
       dt__comm_key(c, k2, sizeof k2, "shm/mapped/%d", r);
