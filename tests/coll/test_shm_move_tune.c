@@ -13,10 +13,15 @@
  *   - one rank broadcasting another size than the other at call 41, after classes that may sit
  *     on different paths: both ranks fail in that call with DT_ERR_MISMATCH naming the two calls
  *     (or the job's abort carrying it), within seconds, neither returning DT_OK.
+ *   - with more ranks than CPUs (both ranks pinned to one CPU): broadcasts, allgathers and
+ *     allreduces of 1 MiB and 4 MiB, right; unless rank 0's log says the single copies are off
+ *     here (too slow, or not allowed), it times the single copy against the staging buffers at
+ *     4 MiB for all three and never at 1 MiB (SHM_OVER_CMA in shm.c).
  * Which path a class settles on depends on the host's timings and is not checked: the benchmarks
  * measure that (bench/results/move-tune-2026-12-06-zen5.txt).
  *
  * Usage: test_shm_move_tune */
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,9 +128,12 @@ static int mixed_body(int rank, int size, void *arg) {
   fflush(stderr);
   char *s = read_all(log);
   CHECK(s, "cannot read %s", log);
-  /* where single copies are off there is one path: nothing to time */
-  if (!strstr(s, "process_vm_readv moves") || strstr(s, "copy through staging buffers")) {
-    printf("single copies are off on this host; only the results were checked\n");
+  /* where single copies are off there is one path: nothing to time; on one CPU the two ranks are
+   * more than the CPUs, and the single copies start at 4 MiB (over_body) */
+  cpu_set_t have;
+  if (!strstr(s, "process_vm_readv moves") || strstr(s, "copy through staging buffers") ||
+      (sched_getaffinity(0, sizeof have, &have) == 0 && CPU_COUNT(&have) < 2)) {
+    printf("single copies are off on this host, or start at 4 MiB on one CPU; only the results were checked\n");
     free(s);
     return 0;
   }
@@ -137,6 +145,80 @@ static int mixed_body(int rank, int size, void *arg) {
     snprintf(want, sizeof want, "%s of %u KiB and up to twice that take the staging buffers from call",
              k->gather ? "allgathers" : "broadcasts", 16u << k->cls);
     CHECK(strstr(s, want), "no '%s' in rank 0's debug log:\n%s", want, s);
+  }
+  free(s);
+  return 0;
+}
+
+/* Both ranks on one CPU, so the job has more ranks than CPUs: 12 calls of each collective at 1
+ * MiB and at 4 MiB, alternated, every result checked; then rank 0's log. */
+#define OVER_BIG (4u << 20)
+static int over_body(int rank, int size, void *arg) {
+  (void)size;
+  const char *log = arg;
+  cpu_set_t have, one;
+  CHECK(sched_getaffinity(0, sizeof have, &have) == 0, "sched_getaffinity failed");
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+    if (CPU_ISSET(cpu, &have)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity failed");
+  if (rank == 0) {
+    setenv("DTRAIN_LOG", "debug", 1);
+    CHECK(freopen(log, "w", stderr), "cannot write %s", log);
+  }
+  dt_comm *c = sw_join(rank);
+  CHECK(c, "create: %s", dt_last_error());
+  float *in = malloc(OVER_BIG), *out = malloc(2 * OVER_BIG);
+  CHECK(in && out, "out of memory");
+  static const char *const names[] = {"broadcast", "allgather", "allreduce"};
+  for (int i = 0; i < 72; i++) {
+    const int kind = i % 3;
+    const size_t count = (i / 3 % 2 ? OVER_BIG : OVER_BIG / 4) / sizeof(float);
+    for (size_t j = 0; j < count; j++)
+      in[j] = (float)((j + (size_t)i + (size_t)rank * 7) % 1024);
+    dt_status st;
+    if (kind == 0) {
+      memcpy(out, in, count * sizeof(float));
+      st = dt_comm_broadcast(c, out, count, DT_F32, 0);
+    } else if (kind == 1) {
+      st = dt_comm_allgather(c, in, out, count, DT_F32);
+    } else {
+      st = dt_comm_allreduce(c, in, out, count, DT_F32, DT_SUM);
+    }
+    CHECK(st == DT_OK, "call %d (%s of %zu floats): %s", i, names[kind], count, dt_last_error());
+    for (size_t j = 0; j < count * (kind == 1 ? 2 : 1); j++) {
+      const size_t e = j % count, b = j / count;
+      const float r0 = (float)((e + (size_t)i) % 1024), r1 = (float)((e + (size_t)i + 7) % 1024);
+      const float want = kind == 0 ? r0 : kind == 1 ? (b ? r1 : r0) : r0 + r1;
+      CHECK(out[j] == want, "call %d (%s of %zu floats): element %zu is %g, not %g", i, names[kind], count, j,
+            (double)out[j], (double)want);
+    }
+  }
+  dt_comm_destroy(c);
+  free(in);
+  free(out);
+  if (rank != 0)
+    return 0;
+  fflush(stderr);
+  char *s = read_all(log);
+  CHECK(s, "cannot read %s", log);
+  if (strstr(s, "copy through staging buffers")) { /* rank 0 says why: too slow here, or not allowed */
+    printf("single copies are off on this host; only the results with more ranks than CPUs were checked\n");
+    free(s);
+    return 0;
+  }
+  static const char *const kinds[] = {"broadcasts", "allgathers", "allreduces"};
+  for (int k = 0; k < 3; k++) {
+    char want[160];
+    snprintf(want, sizeof want, "%s of %u KiB and up to twice that take the staging buffers from call", kinds[k],
+             OVER_BIG >> 10);
+    CHECK(strstr(s, want), "no '%s' in rank 0's debug log:\n%s", want, s);
+    snprintf(want, sizeof want, "%s of %u KiB and up to twice that", kinds[k], OVER_BIG >> 12);
+    CHECK(!strstr(s, want), "'%s' in rank 0's debug log: timed below 4 MiB with more ranks than CPUs:\n%s", want,
+          s);
   }
   free(s);
   return 0;
@@ -182,6 +264,13 @@ int main(void) {
     fprintf(stderr, "FAIL: mismatched timed broadcasts\n");
     bad++;
   }
-  printf("%d passed, %d failed\n", 2 - bad, bad);
+  snprintf(log, sizeof log, "/tmp/dtrain-move-tune-over-%d.log", (int)getpid());
+  if (mp_run(2, over_body, log, 120)) {
+    fprintf(stderr, "FAIL: more ranks than CPUs (rank 0's log: %s)\n", log);
+    bad++;
+  } else {
+    unlink(log);
+  }
+  printf("%d passed, %d failed\n", 3 - bad, bad);
   return bad ? 1 : 0;
 }
