@@ -598,26 +598,53 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
         ST((uint16_t *)o + i, ZOP(LD(h + i), _mm512_loadu_ps(w + i)));                            \
   } while (0)
 
+/* Whether the all-f16 loops below convert in 256-bit halves (VCVTPH2PS/VCVTPS2PH and the f32
+ * arithmetic on ymm): on Zen 4, whose 512-bit VCVTPS2PH runs at about half the 256-bit form's
+ * rate per element. One core of the EPYC Zen 4 guest, GB/s of f16 output of a + b from L1/L2
+ * (standalone loops, 32-128 KiB): 21.7 on zmm, 26.2 in ymm halves, 17.5 converting a zmm sum
+ * as two ymm halves; with a prefetch pair per 64 bytes the halves ran 23.8. So they prefetch
+ * nothing: in the 2-rank shm allreduce (bench/dtype_ab.c, f16 time per byte against f32's,
+ * medians of 3-8 alternated runs) f16 went 0.95 -> 0.96 at 64 KiB-1 MiB and 0.97-1.00 ->
+ * 1.04-1.07 at 16-64 MiB without it, 0.94-0.97 with it. The k-operand loop (ZMANY) and the
+ * f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
+ * (bench/results/f16-halves-2026-12-06-zen4.txt). Not measured on Zen 5 or Intel, which keep
+ * zmm. Same conversions and rounding either way. */
+static bool f16_halves(void);
+#define YH_DIV(x) _mm256_div_ps((x), vd8)
+#define YH_NODIV(x) (x)
+/* o = (a op b) [/ div] over all-f16 operands, 32 elements an iteration (then 16) */
+#define ZH_LOOP(ZOP, VOP, ZDIV, YDIV)                                                             \
+  do {                                                                                            \
+    uint16_t *ho = o;                                                                             \
+    const uint16_t *ha = a, *hb = b;                                                              \
+    if (f16_halves()) /* no software prefetch: see f16_halves */                                 \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        st_f16(ho + i, YDIV(VOP(ld_f16(ha + i), ld_f16(hb + i))));                                \
+        st_f16(ho + i + 8, YDIV(VOP(ld_f16(ha + i + 8), ld_f16(hb + i + 8))));                    \
+        st_f16(ho + i + 16, YDIV(VOP(ld_f16(ha + i + 16), ld_f16(hb + i + 16))));                 \
+        st_f16(ho + i + 24, YDIV(VOP(ld_f16(ha + i + 24), ld_f16(hb + i + 24))));                 \
+      }                                                                                           \
+    else                                                                                          \
+      for (; i + 32 <= n; i += 32) {                                                              \
+        if (pf)                                                                                   \
+          z_pf(a, b, i);                                                                          \
+        z_st_f16(ho + i, ZDIV(ZOP(z_ld_f16(ha + i), z_ld_f16(hb + i))));                          \
+        z_st_f16(ho + i + 16, ZDIV(ZOP(z_ld_f16(ha + i + 16), z_ld_f16(hb + i + 16))));           \
+      }                                                                                           \
+    for (; i + 16 <= n; i += 16)                                                                  \
+      z_st_f16(ho + i, ZDIV(ZOP(z_ld_f16(ha + i), z_ld_f16(hb + i))));                            \
+  } while (0)
 /* out = (a op b) [/ div] over types (f32, f16, bf16), 16 at a time; returns elements done.
  * ZMIX: AVX-512F/BW; ZMIXB also rounds bf16 with AVX-512 BF16 where that is exact. */
-#define ZMIX_T(name, ZOP, TGTX, ST_BF16, ST2_BF16, ST_ANY)                                                                           \
+#define ZMIX_T(name, ZOP, VOP, TGTX, ST_BF16, ST2_BF16, ST_ANY)                                 \
   TGTX static size_t name(void *o, dt_dtype ot, const void *a, dt_dtype at, const void *b, dt_dtype bt, \
                             size_t n, int div) {                                                  \
     size_t i = 0;                                                                                 \
     const bool pf = RED_PF_ON(n * 2); /* read by the all-half loops */                            \
     __m512 vd = _mm512_set1_ps((float)div);                                                       \
+    __m256 vd8 = _mm256_set1_ps((float)div);                                                      \
     if (div > 1 && at == bt && at == ot && at == DT_F16) {                                        \
-      for (; i + 32 <= n; i += 32) {                                                              \
-        if (pf)                                                                                   \
-          z_pf(a, b, i);                                                                          \
-        z_st_f16((uint16_t *)o + i,                                                               \
-                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
-        z_st_f16((uint16_t *)o + i + 16,                                                          \
-                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i + 16), z_ld_f16((const uint16_t *)b + i + 16)), vd)); \
-      }                                                                                           \
-      for (; i + 16 <= n; i += 16)                                                                \
-        z_st_f16((uint16_t *)o + i,                                                               \
-                 _mm512_div_ps(ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i)), vd)); \
+      ZH_LOOP(ZOP, VOP, ZB_DIV, YH_DIV);                                                          \
     } else if (div > 1 && at == bt && at == ot && at == DT_BF16) {                                \
       for (; i + 32 <= n; i += 32)                                                                \
         ZB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, ZOP, ZB_DIV, ST2_BF16); \
@@ -628,15 +655,7 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
       for (; i + 16 <= n; i += 16)                                                                \
         ST_ANY(o, ot, i, _mm512_div_ps(ZOP(z_ld(a, at, i), z_ld(b, bt, i)), vd));                  \
     } else if (at == bt && at == ot && at == DT_F16) {                                            \
-      for (; i + 32 <= n; i += 32) {                                                              \
-        if (pf)                                                                                   \
-          z_pf(a, b, i);                                                                          \
-        z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i))); \
-        z_st_f16((uint16_t *)o + i + 16,                                                          \
-                 ZOP(z_ld_f16((const uint16_t *)a + i + 16), z_ld_f16((const uint16_t *)b + i + 16))); \
-      }                                                                                           \
-      for (; i + 16 <= n; i += 16)                                                                \
-        z_st_f16((uint16_t *)o + i, ZOP(z_ld_f16((const uint16_t *)a + i), z_ld_f16((const uint16_t *)b + i))); \
+      ZH_LOOP(ZOP, VOP, ZB_NODIV, YH_NODIV);                                                      \
     } else if (at == bt && at == ot && at == DT_BF16) {                                           \
       for (; i + 32 <= n; i += 32)                                                                \
         ZB_PAIR((uint16_t *)o + i, (const uint16_t *)a + i, (const uint16_t *)b + i, ZOP, ZB_NODIV, ST2_BF16); \
@@ -656,7 +675,7 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
     }                                                                                             \
     return i;                                                                                     \
   }
-#define ZMIX(name, ZOP) ZMIX_T(name, ZOP, TGT512, z_st_bf16, zb_store, z_st)
+#define ZMIX(name, ZOP, VOP) ZMIX_T(name, ZOP, VOP, TGT512, z_st_bf16, zb_store, z_st)
 
 /* AVX-512 BF16's VCVTNEPS2BF16 rounds to nearest even and quiets NaN exactly as the integer
  * rounding does, but treats subnormal inputs as zero: vectors with a subnormal lane take the
@@ -694,7 +713,7 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
                                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   _mm512_storeu_si512(p, _mm512_permutexvar_epi16(idx, w));
 }
-#define ZMIXB(name, ZOP) ZMIX_T(name, ZOP, TGTBF, b_st_bf16, bb_store, b_st)
+#define ZMIXB(name, ZOP, VOP) ZMIX_T(name, ZOP, VOP, TGTBF, b_st_bf16, bb_store, b_st)
 /* The f32 and f16 loops are written out per type, over a local copy of the source pointers:
  * one loop with z_ld/z_st's type tests on every load and the pointers reloaded after every store
  * (o might have aliased src[]) reduced 4 operands of 64 KiB in L2 at 11.4 GB/s each for f32 and
@@ -754,10 +773,10 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
     }                                                                                             \
     return i;                                                                                     \
   }
-ZMIX(z_mix_sum, z_sum)
-ZMIX(z_mix_prod, z_prod)
-ZMIX(z_mix_min, z_min)
-ZMIX(z_mix_max, z_max)
+ZMIX(z_mix_sum, z_sum, v_f32_sum)
+ZMIX(z_mix_prod, z_prod, v_f32_prod)
+ZMIX(z_mix_min, z_min, v_f32_min)
+ZMIX(z_mix_max, z_max, v_f32_max)
 
 /* f32 of two operands, 16 lanes: each store writes one whole 64-byte line where the AVX2 kernel
  * writes it in two halves (a prefetch per two lines: level with one per line, section 6 of the
@@ -775,10 +794,10 @@ ZKERN_F32(z_f32_prod_k, z_prod, s_f32_prod)
 ZKERN_F32(z_f32_min_k, z_min, s_f32_min)
 ZKERN_F32(z_f32_max_k, z_max, s_f32_max)
 static const red_fn z_f32_tab[4] = {z_f32_sum_k, z_f32_prod_k, z_f32_min_k, z_f32_max_k};
-ZMIXB(b_mix_sum, z_sum)
-ZMIXB(b_mix_prod, z_prod)
-ZMIXB(b_mix_min, z_min)
-ZMIXB(b_mix_max, z_max)
+ZMIXB(b_mix_sum, z_sum, v_f32_sum)
+ZMIXB(b_mix_prod, z_prod, v_f32_prod)
+ZMIXB(b_mix_min, z_min, v_f32_min)
+ZMIXB(b_mix_max, z_max, v_f32_max)
 ZMANY(z_many_sum, z_sum, TGT512, zb_store)
 ZMANY(z_many_prod, z_prod, TGT512, zb_store)
 ZMANY(b_many_sum, z_sum, TGTBF, bb_store)
@@ -878,8 +897,9 @@ TGT static void v_div_f32(float *p, size_t n, float d) {
 
 /* 0 unknown, 1 scalar, 2 avx2, 3 + avx512 half kernels, 4 + avx512 bf16, 5 + avx512 fp16 */
 static atomic_int simd_state;
-static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16, 4 dt__copy's
-                                  * moves on any CPU (tests) */
+static atomic_int force_scalar; /* 1 scalar, 2 no avx512, 3 no avx512 bf16 or fp16 and f16 on
+                                  * zmm, 4 dt__copy's moves on any CPU, 5 f16 in ymm halves on any
+                                  * AVX-512 CPU (tests) */
 
 static bool use_avx2(void) {
 #ifdef RED_X86
@@ -954,7 +974,7 @@ static mix_fn mix_kernel(dt_op op) {
   return NULL;
 }
 
-void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 4 ? on : 0); }
+void dt__reduce_force_scalar(int on) { atomic_store(&force_scalar, on >= 1 && on <= 5 ? on : 0); }
 
 const char *dt__reduce_isa(void) {
   return use_avx512fp16()   ? "avx2+avx512+bf16+fp16"
@@ -1297,6 +1317,13 @@ static int cpu_kind_get(void) {
 }
 bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
 bool dt__cpu_zen4(void) { return cpu_kind_get() == 4; }
+#ifdef RED_X86
+/* force_scalar 5 takes the halves on any AVX-512 CPU, 3 never (tests) */
+static bool f16_halves(void) {
+  int f = atomic_load_explicit(&force_scalar, memory_order_relaxed);
+  return f == 5 || (f != 3 && cpu_kind_get() == 4);
+}
+#endif
 
 /* Whether dt__copy moves from 2 KiB itself: where memcpy is slow (above), and tests forcing it
  * (1 or 4). */

@@ -215,7 +215,8 @@ static void test_mix_isa_agree(void **s) {
             int div = op == DT_AVG ? 3 : 1;
             dt__reduce_force_scalar(1);
             dt__reduce_mix(ref, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
-            for (int lvl = 0; lvl <= 3; lvl += lvl ? 1 : 2) { /* 0 widest, 2 AVX2, 3 no BF16 insns */
+            /* 0 widest, 2 AVX2, 3 no BF16 insns and f16 on zmm, 5 f16 in ymm halves */
+            for (int lvl = 0; lvl <= 5; lvl += lvl == 0 || lvl == 3 ? 2 : 1) {
               dt__reduce_force_scalar(lvl);
               memset(got, 0x5a, n * oes);
               dt__reduce_mix(got, ty[ot], a, ty[at], b, ty[bt], n, (dt_op)op, div);
@@ -272,7 +273,8 @@ static void test_reduce_many(void **s) {
               dt__reduce(ref, src[j], n, ty, (dt_op)op);
             dt__reduce_finish(ref, n, ty, (dt_op)op, div);
           }
-          for (int lvl = 0; lvl <= 3; lvl++) { /* widest, scalar, AVX2, AVX-512 without BF16 */
+          /* widest, scalar, AVX2, AVX-512 without BF16 (f16 on zmm), f16 in ymm halves */
+          for (int lvl = 0; lvl <= 5; lvl += lvl == 3 ? 2 : 1) {
             dt__reduce_force_scalar(lvl);
             dt__reduce_many(got, sp, k, n, ty, (dt_op)op, div);
             for (size_t i = 0; i < n; i++)
@@ -363,7 +365,7 @@ static void test_half_patterns_isa_agree(void **s) {
               dt__reduce2(ref, pa, pb, n, t, (dt_op)op);
             else
               dt__reduce_mix(ref, t, pa, t, pb, t, n, (dt_op)op, div);
-            for (int lvl = 0; lvl <= 3; lvl += lvl ? 1 : 2) {
+            for (int lvl = 0; lvl <= 5; lvl += lvl == 0 || lvl == 3 ? 2 : 1) { /* 5: f16 in ymm halves */
               dt__reduce_force_scalar(lvl);
               const char *isa = dt__reduce_isa();
               if (lvl == 2 && strcmp(widest, "scalar"))
