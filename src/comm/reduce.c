@@ -604,8 +604,8 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
  * (standalone loops, 32-128 KiB): 21.7 on zmm, 26.2 in ymm halves, 17.5 converting a zmm sum
  * as two ymm halves; with a prefetch pair per 64 bytes the halves ran 23.8. So they prefetch
  * nothing: in the 2-rank shm allreduce (bench/dtype_ab.c, f16 time per byte against f32's,
- * medians of 3-8 alternated runs) f16 went 0.95 -> 0.96 at 64 KiB-1 MiB and 0.97-1.00 ->
- * 1.04-1.07 at 16-64 MiB without it, 0.94-0.97 with it. The k-operand loop (ZMANY) and the
+ * medians of 5 alternated runs) f16 went 0.93-0.96 -> 0.96 at 64 KiB-4 MiB and 0.95-0.98 ->
+ * 1.04-1.07 at 16-64 MiB without it; with it, 0.94-0.97 at 16-64 MiB. The k-operand loop (ZMANY) and the
  * f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
  * (bench/results/f16-halves-2026-12-06-zen4.txt). Not measured on Zen 5 or Intel, which keep
  * zmm. Same conversions and rounding either way. */
