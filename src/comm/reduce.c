@@ -607,8 +607,9 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
  * medians of 5 alternated runs) f16 went 0.93-0.96 -> 0.96 at 64 KiB-4 MiB and 0.95-0.98 ->
  * 1.04-1.07 at 16-64 MiB without it; with it, 0.94-0.97 at 16-64 MiB. The k-operand loop (ZMANY) and the
  * f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
- * (bench/results/f16-halves-2026-12-06-zen4.txt). Not measured on Zen 5 or Intel, which keep
- * zmm. Same conversions and rounding either way. */
+ * (bench/results/f16-halves-2026-12-06-zen4.txt). On the Zen 5 guest the 256-bit conversions
+ * were the slower (BENCHMARKS-LOG.md, "The half types on the Zen 5"); Intel's not measured: both
+ * keep zmm. Same conversions and rounding either way. */
 static bool f16_halves(void);
 #define YH_DIV(x) _mm256_div_ps((x), vd8)
 #define YH_NODIV(x) (x)
