@@ -184,6 +184,10 @@ static void s_from_f32(uint16_t *dst, const float *src, size_t n, dt_dtype t) {
 
 TGT static inline __m256 v_f32_sum(__m256 x, __m256 y) { return _mm256_add_ps(x, y); }
 TGT static inline __m256 v_f32_prod(__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }
+/* x * 1 + y rounded once: x + y's bits (NaN aside: which of two NaN operands' payload wins is
+ * left open, as everywhere here), on the FMA pipes instead of the adder's, which the f16
+ * conversions share on Zen 4 (f16_halves) */
+TGT static inline __m256 v_f32_sum_fma(__m256 x, __m256 y) { return _mm256_fmadd_ps(x, _mm256_set1_ps(1.0f), y); }
 /* minps(x, y) = x < y ? x : y (y when unordered); then x's NaN wins, as in F_MIN */
 TGT static inline __m256 v_f32_min(__m256 x, __m256 y) {
   return _mm256_blendv_ps(_mm256_min_ps(x, y), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
@@ -605,7 +609,9 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
  * as two ymm halves; with a prefetch pair per 64 bytes the halves ran 23.8. So they prefetch
  * nothing: in the 2-rank shm allreduce (bench/dtype_ab.c, f16 time per byte against f32's,
  * medians of 5 alternated runs) f16 went 0.93-0.96 -> 0.96 at 64 KiB-4 MiB and 0.95-0.98 ->
- * 1.04-1.07 at 16-64 MiB without it; with it, 0.94-0.97 at 16-64 MiB. The k-operand loop (ZMANY) and the
+ * 1.04-1.07 at 16-64 MiB without it; with it, 0.94-0.97 at 16-64 MiB. Their sums add on the
+ * FMA pipes (v_f32_sum_fma): 26 -> 33 GB/s in the standalone loop, f16 0.95-0.96 -> 0.97-0.98
+ * at 64-256 KiB in the allreduce, level from 1 MiB. The k-operand loop (ZMANY) and the
  * f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
  * (bench/results/f16-halves-2026-12-06-zen4.txt). On the Zen 5 guest the 256-bit conversions
  * were the slower (BENCHMARKS-LOG.md, "The half types on the Zen 5"); Intel's not measured: both
@@ -774,7 +780,7 @@ TGTBF static inline void bb_store(uint16_t *p, __m512 even, __m512 odd) {
     }                                                                                             \
     return i;                                                                                     \
   }
-ZMIX(z_mix_sum, z_sum, v_f32_sum)
+ZMIX(z_mix_sum, z_sum, v_f32_sum_fma)
 ZMIX(z_mix_prod, z_prod, v_f32_prod)
 ZMIX(z_mix_min, z_min, v_f32_min)
 ZMIX(z_mix_max, z_max, v_f32_max)
@@ -795,7 +801,7 @@ ZKERN_F32(z_f32_prod_k, z_prod, s_f32_prod)
 ZKERN_F32(z_f32_min_k, z_min, s_f32_min)
 ZKERN_F32(z_f32_max_k, z_max, s_f32_max)
 static const red_fn z_f32_tab[4] = {z_f32_sum_k, z_f32_prod_k, z_f32_min_k, z_f32_max_k};
-ZMIXB(b_mix_sum, z_sum, v_f32_sum)
+ZMIXB(b_mix_sum, z_sum, v_f32_sum_fma)
 ZMIXB(b_mix_prod, z_prod, v_f32_prod)
 ZMIXB(b_mix_min, z_min, v_f32_min)
 ZMIXB(b_mix_max, z_max, v_f32_max)
