@@ -185,8 +185,7 @@ static void s_from_f32(uint16_t *dst, const float *src, size_t n, dt_dtype t) {
 TGT static inline __m256 v_f32_sum(__m256 x, __m256 y) { return _mm256_add_ps(x, y); }
 TGT static inline __m256 v_f32_prod(__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }
 /* x * 1 + y rounded once: x + y's bits (NaN aside: which of two NaN operands' payload wins is
- * left open, as everywhere here), on the FMA pipes instead of the adder's, which the f16
- * conversions share on Zen 4 (f16_halves) */
+ * left open, as everywhere here), on the FMA pipes instead of the adder's (f16_halves) */
 TGT static inline __m256 v_f32_sum_fma(__m256 x, __m256 y) { return _mm256_fmadd_ps(x, _mm256_set1_ps(1.0f), y); }
 /* minps(x, y) = x < y ? x : y (y when unordered); then x's NaN wins, as in F_MIN */
 TGT static inline __m256 v_f32_min(__m256 x, __m256 y) {
@@ -603,16 +602,15 @@ TGT512 static inline void z_pf(const void *a, const void *b, size_t i) {
   } while (0)
 
 /* Whether the all-f16 loops below convert in 256-bit halves (VCVTPH2PS/VCVTPS2PH and the f32
- * arithmetic on ymm): on Zen 4, whose 512-bit VCVTPS2PH runs at about half the 256-bit form's
- * rate per element. One core of the EPYC Zen 4 guest, GB/s of f16 output of a + b from L1/L2
- * (standalone loops, 32-128 KiB): 21.7 on zmm, 26.2 in ymm halves, 17.5 converting a zmm sum
- * as two ymm halves; with a prefetch pair per 64 bytes the halves ran 23.8. So they prefetch
- * nothing: in the 2-rank shm allreduce (bench/dtype_ab.c, f16 time per byte against f32's,
- * medians of 5 alternated runs) f16 went 0.93-0.96 -> 0.96 at 64 KiB-4 MiB and 0.95-0.98 ->
- * 1.04-1.07 at 16-64 MiB without it; with it, 0.94-0.97 at 16-64 MiB. Their sums add on the
- * FMA pipes (v_f32_sum_fma): 26 -> 33 GB/s in the standalone loop, f16 0.95-0.96 -> 0.97-0.98
- * at 64-256 KiB in the allreduce, level from 1 MiB. The k-operand loop (ZMANY) and the
- * f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
+ * arithmetic on ymm), issue no software prefetch, and sum on the FMA pipes (v_f32_sum_fma): on
+ * Zen 4, whose 512-bit VCVTPS2PH converts about half as many elements per cycle as two 256-bit
+ * ones, and whose adds share their pipes with the conversions. One core of the EPYC Zen 4 guest,
+ * `bench/reduce_bw 65536 262144` (f16 sums of two operands in cache, GB/s of output): 21-22 on
+ * zmm, 26 in halves, 30-32 with the FMA (f32 32-37); the prefetch cost the halves 10% in cache
+ * and, in the 2-rank shm allreduce, 0.94-0.97x f32's bytes/s at 16-64 MiB against 1.04-1.07x
+ * without it. `bench/dtype_ab` (f16 time per byte against f32's, medians of 5 alternated runs):
+ * 0.93-0.96 -> 0.97-0.99 at 64 KiB-4 MiB, 0.95-0.98 -> 1.04-1.07 at 16-64 MiB. The k-operand
+ * loop (ZMANY) and the f32 + f16 one (ZMIX_WIDE) in halves were level or slower and stay on zmm
  * (bench/results/f16-halves-2026-12-06-zen4.txt). On the Zen 5 guest the 256-bit conversions
  * were the slower (BENCHMARKS-LOG.md, "The half types on the Zen 5"); Intel's not measured: both
  * keep zmm. Same conversions and rounding either way. */
