@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "dtrain/core.h"
+#include "nn/nn.h"
 
 int dt_cli_version(int argc, char **argv) {
   (void)argc;
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
    * naming the file (and a checkpoint's temporary file is removed), instead of SIGXFSZ ending the
    * process without a word and leaving the partial file behind. */
   signal(SIGXFSZ, SIG_IGN);
+  dt__nn_blas_serial(); /* before OpenBLAS's idle threads spin away the ranks' first moments */
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return finish(argc < 2 ? 2 : 0);

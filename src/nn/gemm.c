@@ -95,6 +95,23 @@ const char *dt__nn_gemm_name(void) {
   return g_mode == GEMM_AVX512 ? "avx512" : g_mode == GEMM_AVX2 ? "avx2" : "openblas";
 }
 
+/* OpenBLAS's pthreads build (Debian's default) starts a pool of one thread per further CPU when
+ * it is loaded, before main(), and each spins calling sched_yield for about 0.1 s (2^28 cycles,
+ * OPENBLAS_THREAD_TIMEOUT) before it sleeps: 0.09 s of CPU per process on the EPYC Zen 4 guest.
+ * dtrain never hands OpenBLAS a threaded call (every product runs on the engine's own threads,
+ * OpenBLAS driven single-threaded), so that spin only takes the CPUs from the ranks in a job's
+ * first moments: 4 ranks on 2 CPUs broadcast 4 B in 6.9-7.1 us over a job's first 3000 calls
+ * and 3.9 with the pool ended (bench/results/blas-pool-2026-12-06-zen4.txt). The pool is ended
+ * through the function OpenBLAS itself ends it with before a fork (exported by its pthreads
+ * builds; absent elsewhere, where there is no pool to end); a threaded call would start it anew. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
+void dt__nn_blas_serial(void) {
+  openblas_set_num_threads(1);
+  if (blas_thread_shutdown_)
+    blas_thread_shutdown_();
+}
+
 /* ---- per-thread packing buffers ---- */
 
 #define WS_A_FLOATS ((size_t)MR * GEMM_KC + 16 * MR) /* + slack: packing stores whole vectors */

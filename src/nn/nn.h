@@ -171,6 +171,9 @@ void dt__nn_sgemm(bool transA, bool transB, int M, int N, int K, float alpha, co
 dt_status dt__nn_gemm_check(void);
 /* "avx512", "avx2" or "openblas": which implementation dt__nn_sgemm runs. */
 const char *dt__nn_gemm_name(void);
+/* OpenBLAS single-threaded and its thread pool ended (gemm.c): for a process's start, before its
+ * own threads. */
+void dt__nn_blas_serial(void);
 /* Allocates the calling thread's packing buffers now, so that its first product does not. */
 void dt__nn_gemm_reserve(void);
 /* For tests, before any product: dtrain's AVX2 kernel on a CPU with AVX-512F too. False (and

@@ -7,7 +7,10 @@
  * The implementation is chosen once per process from DTRAIN_GEMM, so the test runs itself as
  * child processes: "own" (dtrain's AVX-512 kernel on a CPU with AVX-512F, its AVX2 kernel on one
  * with AVX2 and FMA), the AVX2 kernel forced (so a CPU with AVX-512F tests it too) and "blas"
- * (OpenBLAS), and checks that a bad DTRAIN_GEMM value is refused. */
+ * (OpenBLAS), and checks that a bad DTRAIN_GEMM value is refused. The OpenBLAS child first ends
+ * OpenBLAS's thread pool as the dtrain command does (dt__nn_blas_serial), and another child checks
+ * that the pool's threads are gone. */
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <spawn.h>
@@ -236,6 +239,42 @@ static void test_avx2(void **state) {
 
 static void test_blas(void **state) { assert_int_equal(run_child(g_self, "blas", "--run"), 0); }
 
+/* This process's threads. */
+static int count_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d)
+    return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* The child of test_blas_pool: exit 0 when dt__nn_blas_serial ended OpenBLAS's pool, 77 when
+ * OpenBLAS started none here (one CPU, or a build without threads), 1 when threads stayed. */
+static int blas_pool_child(void) {
+  int before = count_threads();
+  dt__nn_blas_serial();
+  int after = count_threads();
+  dt__nn_blas_serial(); /* a second call finds no pool and changes nothing */
+  int again = count_threads();
+  printf("threads: %d at the start, %d after the pool's end, %d after a second call\n", before, after, again);
+  if (before < 0 || after < 0 || again != after)
+    return 1;
+  if (before == 1)
+    return 77;
+  return after < before ? 0 : 1;
+}
+
+/* OpenBLAS's pool (one idle thread per further CPU, spinning at the start) ends. */
+static void test_blas_pool(void **state) {
+  int rc = run_child(g_self, "blas", "--pool");
+  if (rc == 77)
+    skip();
+  assert_int_equal(rc, 0);
+}
+
 /* A misspelt DTRAIN_GEMM stops model creation with a message rather than being ignored. */
 static void test_bad_env(void **state) { assert_int_equal(run_child(g_self, "fast", "--check"), 4); }
 
@@ -247,8 +286,10 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s\n", dt_last_error());
     return st == DT_OK ? 0 : st == DT_ERR_UNSUPPORTED ? 3 : st == DT_ERR_INVALID ? 4 : 5;
   }
+  if (argc > 1 && !strcmp(argv[1], "--pool"))
+    return blas_pool_child();
   if (argc > 1 && (!strcmp(argv[1], "--run") || !strcmp(argv[1], "--run-avx2"))) {
-    openblas_set_num_threads(1); /* as the engine runs it: its own threads split the work */
+    dt__nn_blas_serial(); /* as the dtrain command runs it: the engine's own threads split the work */
     if (dt__nn_gemm_check() != DT_OK) {
       fprintf(stderr, "%s\n", dt_last_error());
       return 1;
@@ -279,6 +320,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_own),
       cmocka_unit_test(test_avx2),
       cmocka_unit_test(test_blas),
+      cmocka_unit_test(test_blas_pool),
       cmocka_unit_test(test_bad_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
