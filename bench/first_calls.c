@@ -16,6 +16,9 @@
  * 2026-12-03 the memory-bound calls of a job's first second ran up to 2x slower whatever ran them
  * (bench/results/single-copy-2026-12-03-zen5.txt), and this tells such a start-up transient from
  * one of the calls themselves.
+ * Unlike the dtrain command, this program keeps the thread pool OpenBLAS starts when it is loaded,
+ * which spins for its first 0.1 s or so (bench/results/blas-pool-2026-12-06-zen4.txt): run it with
+ * OPENBLAS_NUM_THREADS=1 to start as a dtrain worker does.
  * Usage: first_calls [--calls N] [--count FLOATS] [--settle-ms M]
  *   (exit 2 on bad usage, 1 on a failed call) */
 #include <errno.h>

@@ -14,7 +14,10 @@
  *   - the host changes (the single copy 3x slower from call 300): the class moves to the
  *     staging buffers within a few calls, and back at the single copy's first timing (call 512)
  *     after it recovers at call 450;
- *   - a call now and then 200x slower (the process descheduled) does not move the class.
+ *   - a call now and then 200x slower (the process descheduled) does not move the class;
+ *   - staging five times as slow (DT__SHM_TUNE_FAR): timed after calls 8, 32 and 256 (not 16, 64,
+ *     128), then after 1536, 3072, 4608; and when it turns the faster after call 300, the class
+ *     takes it at the next of those timings (1536).
  *
  * Usage: test_shm_tune */
 #include <setjmp.h>
@@ -28,17 +31,18 @@
 
 #define SWITCH 3.5
 #define CALLS 1000
+#define LONG 5000 /* the far-slower models: to past the third timing after the 512th call */
 
 typedef double (*cost_fn)(int path, int call);
 
 typedef struct {
-  int path[CALLS + 1]; /* the path of call 1..CALLS */
+  int path[LONG + 1]; /* the path of call 1..calls */
 } trace;
 
-static void drive(cost_fn cost, trace *tr) {
+static void drive_n(cost_fn cost, trace *tr, int calls) {
   dt__shm_tune u = {0};
   int cur = 0, prev = -1;
-  for (int call = 1; call <= CALLS; call++) {
+  for (int call = 1; call <= calls; call++) {
     int want = dt__shm_tune_next(&u, cur);
     double v = cost(cur, call) * (cur == 0 && prev == 1 ? SWITCH : 1.0);
     dt__shm_tune_record(&u, cur, v);
@@ -47,6 +51,7 @@ static void drive(cost_fn cost, trace *tr) {
     cur = want;
   }
 }
+static void drive(cost_fn cost, trace *tr) { drive_n(cost, tr, CALLS); }
 
 static int count(const trace *tr, int path, int from, int to) {
   int k = 0;
@@ -85,6 +90,16 @@ static double host_change(int path, int call) {
 static double outliers(int path, int call) {
   double v = path ? 120.0 : 70.0;
   return call % 37 == 0 ? v * 200 : v;
+}
+
+static double staging_far(int path, int call) {
+  (void)call;
+  return path ? 500.0 : 100.0;
+}
+static double far_then_fast(int path, int call) {
+  if (path)
+    return call > 300 ? 50.0 : 500.0;
+  return 100.0;
 }
 
 static trace tr;
@@ -136,10 +151,44 @@ static void test_outliers(void **state) {
   assert_in_range(count(&tr, 0, 1, CALLS), CALLS - 10 * (DT__SHM_TUNE_PROBE + 1), CALLS);
 }
 
+/* The staging buffers' timing runs: the calls of path 1 that follow one of path 0. */
+static int runs(const trace *tr, int from, int to) {
+  int k = 0;
+  for (int c = from; c <= to; c++)
+    k += tr->path[c] == 1 && tr->path[c - 1] == 0;
+  return k;
+}
+
+static void test_staging_far(void **state) {
+  (void)state;
+  drive_n(staging_far, &tr, LONG);
+  /* runs after calls 8, 32 and 256 (16, 64, 128 skipped), then after 1536, 3072 and 4608 */
+  assert_int_equal(count(&tr, 1, 1, LONG), 6 * DT__SHM_TUNE_PROBE);
+  assert_int_equal(longest_run(&tr, 1, 1, LONG), DT__SHM_TUNE_PROBE);
+  const int at[] = {10, 34, 258, 1538, 3074, 4610}; /* a run starts two calls after its point */
+  for (int i = 0; i < 6; i++)
+    for (int c = at[i]; c < at[i] + DT__SHM_TUNE_PROBE; c++)
+      assert_int_equal(tr.path[c], 1);
+  assert_int_equal(runs(&tr, 2, LONG), 6);
+  assert_int_equal(tr.path[LONG], 0);
+}
+
+static void test_far_then_fast(void **state) {
+  (void)state;
+  drive_n(far_then_fast, &tr, LONG);
+  /* on the single copy until the timing after call 1536 (the one after call 256 found staging far
+   * slower, the second in a row, and skips two points, 512 and 1024), which finds it the faster;
+   * there from then on but for the single copy's timing runs */
+  assert_int_equal(count(&tr, 1, 262, 1537), 0);
+  assert_in_range(count(&tr, 1, 1540, LONG), LONG - 1540 + 1 - 8 * (DT__SHM_TUNE_PROBE + 1), LONG - 1540 + 1);
+  assert_int_equal(tr.path[LONG], 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fresh),        cmocka_unit_test(test_staging_slow), cmocka_unit_test(test_slow_start),
       cmocka_unit_test(test_staging_fast), cmocka_unit_test(test_host_change),  cmocka_unit_test(test_outliers),
+      cmocka_unit_test(test_staging_far),  cmocka_unit_test(test_far_then_fast),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

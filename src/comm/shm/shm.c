@@ -196,7 +196,8 @@
  * benchmark of a few calls per size (compare-peers makes 6 at 64-256 MiB) then meets the path it
  * met before. The slower path is timed again, three calls of it in a row, at the class's 16th,
  * 32nd, 64th, 128th and 256th call and every DT__SHM_TUNE_EVERY calls: three calls of a path
- * twice as slow, and the first calls back on the faster one, cost about 1% from there.
+ * twice as slow, and the first calls back on the faster one, cost about 1% from there. A path
+ * found three or more times slower skips the next of those points (tune.h, DT__SHM_TUNE_FAR).
  * Every rank must take the same path in a call: rank 0 publishes each class's choice in the
  * segment's header (shm_hdr.plan) with the call number from which it holds (see shm_tune_pick).
  * Both paths reduce in the same order (own slice first, then the others in rank order): the

@@ -26,11 +26,22 @@ void dt__shm_tune_record(dt__shm_tune *u, int path, double ns_per_b) {
   u->ns_per_b[path][u->n[path]++ % DT__SHM_TUNE_KEEP] = ns_per_b;
   if (u->n[path] >= 2 * DT__SHM_TUNE_KEEP) /* kept as KEEP .. 2 KEEP - 1 */
     u->n[path] -= DT__SHM_TUNE_KEEP;
+  if (u->judge && path == u->probe_path && --u->judge == 0) { /* the timing run's last time */
+    if (dt__shm_tune_least(u, path) >= DT__SHM_TUNE_FAR * dt__shm_tune_least(u, !path))
+      u->backoff = !u->backoff ? 1 : 2 * u->backoff < DT__SHM_TUNE_SKIP_MOST ? 2 * u->backoff : DT__SHM_TUNE_SKIP_MOST;
+    else
+      u->backoff = 0;
+    u->skip = u->backoff;
+  }
   if (u->probe)
     return;
   const uint64_t k = u->calls;
   if (!u->n[1] ? k == DT__SHM_TUNE_FIRST : k % DT__SHM_TUNE_EVERY == 0 || (k >= 16 && !(k & (k - 1)))) {
-    u->probe = DT__SHM_TUNE_PROBE;
+    if (u->skip) {
+      u->skip--;
+      return;
+    }
+    u->probe = u->judge = DT__SHM_TUNE_PROBE;
     u->probe_path = !shm_tune_best(u);
   }
 }
