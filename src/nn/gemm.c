@@ -100,8 +100,9 @@ const char *dt__nn_gemm_name(void) {
  * OPENBLAS_THREAD_TIMEOUT) before it sleeps: 0.09 s of CPU per process on the EPYC Zen 4 guest.
  * dtrain never hands OpenBLAS a threaded call (every product runs on the engine's own threads,
  * OpenBLAS driven single-threaded), so that spin only takes the CPUs from the ranks in a job's
- * first moments: 4 ranks on 2 CPUs broadcast 4 B in 6.9-7.1 us over a job's first 3000 calls
- * and 3.9 with the pool ended (bench/results/blas-pool-2026-12-06-zen4.txt). The pool is ended
+ * first moments: with 4 ranks on 2 CPUs a job's first size took 6.9-9.5 us a call (4 B
+ * broadcast or allreduce, 1000 calls) and 3.9-5.2 with the pool ended, level with the sizes
+ * after it (bench/results/blas-pool-2026-12-06-zen4.txt, section 2). The pool is ended
  * through the function OpenBLAS itself ends it with before a fork (exported by its pthreads
  * builds; absent elsewhere, where there is no pool to end); a threaded call would start it anew. */
 extern int blas_thread_shutdown_(void) __attribute__((weak));

@@ -1,6 +1,8 @@
 /* tune.c - the choice between the shm allreduce's two paths by their times (tune.h). */
 #include "comm/shm/tune.h"
 
+#include <stdbool.h>
+
 double dt__shm_tune_least(const dt__shm_tune *u, int path) {
   double m = 0;
   for (unsigned i = 0; i < u->n[path] && i < DT__SHM_TUNE_KEEP; i++)
@@ -27,10 +29,10 @@ void dt__shm_tune_record(dt__shm_tune *u, int path, double ns_per_b) {
   if (u->n[path] >= 2 * DT__SHM_TUNE_KEEP) /* kept as KEEP .. 2 KEEP - 1 */
     u->n[path] -= DT__SHM_TUNE_KEEP;
   if (u->judge && path == u->probe_path && --u->judge == 0) { /* the timing run's last time */
-    if (dt__shm_tune_least(u, path) >= DT__SHM_TUNE_FAR * dt__shm_tune_least(u, !path))
-      u->backoff = !u->backoff ? 1 : 2 * u->backoff < DT__SHM_TUNE_SKIP_MOST ? 2 * u->backoff : DT__SHM_TUNE_SKIP_MOST;
-    else
-      u->backoff = 0;
+    const bool far = dt__shm_tune_least(u, path) >= DT__SHM_TUNE_FAR * dt__shm_tune_least(u, !path);
+    u->backoff = !far ? 0 : !u->backoff ? 1 : 2 * u->backoff;
+    if (u->backoff > DT__SHM_TUNE_SKIP_MOST)
+      u->backoff = DT__SHM_TUNE_SKIP_MOST;
     u->skip = u->backoff;
   }
   if (u->probe)
