@@ -176,9 +176,18 @@
  * 2-rank allreduce of 16-256 MiB of malloc'd memory then took 3.4-3.7 ms instead of 4.6-7.4 at 16 MiB and 12-15
  * instead of 20-25 at 64 MiB on the EPYC guest (BENCHMARKS-LOG, "Collapsing the callers' buffers");
  * the collapse itself took 24 ms to 1 s per 64-256 MiB there, paid once per buffer, which is why
- * a buffer met only once is left alone. DTRAIN_SHM_THP=off leaves all memory alone, as does a
- * host whose transparent huge pages are "never". */
-#define SHM_THP_MIN (4u << 20)
+ * a buffer met only once is left alone. Then the 2 MiB pages its two ends lie in too, where its
+ * mapping holds them whole (the kernel collapses no others; what lies around the buffer there
+ * keeps its contents, and may take up to 2 MiB more memory per end): a malloc'd buffer rarely
+ * starts on a 2 MiB boundary, and each small page left costs its pinning in every call. EPYC Zen
+ * 3 guest, 2026-12-07, `dtrain bench allreduce -n 2 --transport shm --sizes 1M:16M --iters 20`,
+ * six rounds alternated with the build before (medians): 2 MiB 476 -> 337 us, 4 MiB 1,106 ->
+ * 808, 8 MiB 2,054 -> 1,859, 16 MiB level (bench/results/thp-ends-2026-12-07-zen3.txt); a 4 MiB
+ * call on buffers wholly on huge pages (--hugepages) took 514-766 us there, on small pages
+ * 671-1,111. From 2 MiB, which may hold no whole huge page but lies in at most two.
+ * DTRAIN_SHM_THP=off leaves all memory alone, as does a host whose transparent huge pages are
+ * "never". */
+#define SHM_THP_MIN (2u << 20)
 #define SHM_THP_SEEN 64
 /* Two-path allreduce, chosen by measurement while the job runs. From cma_min bytes the
  * allreduce has two paths: the single copy (process_vm_readv/writev, or the pipes) and the
@@ -397,7 +406,7 @@ struct dt_transport {
   struct {
     uintptr_t at;
     size_t bytes;
-    size_t done; /* bytes of its whole huge pages collapsed so far (all of them after a failure) */
+    size_t done; /* bytes of its whole huge pages collapsed so far; SIZE_MAX: all and its ends, or a failure */
   } seen[SHM_THP_SEEN]; /* the last large buffers single copies met, round robin */
   unsigned seen_next;
   bool tune; /* the two-path collectives' path is chosen by measurement (SHM_TUNE_CLASSES) */
@@ -1527,6 +1536,17 @@ static dt_status shm_cma_move(dt_transport *t, int r, bool write, void *mine, ui
                       write ? "to" : "from", pn, pid, strerror(e));
 }
 
+/* madvise(MADV_COLLAPSE) of len bytes at p, once more at once if the kernel found a page busy
+ * (EAGAIN: one just faulted in may still be held by the per-CPU page lists); 0 or the errno. */
+static int shm_collapse(uintptr_t p, size_t len) {
+  for (int i = 0; i < 2; i++)
+    if (madvise((void *)p, len, MADV_COLLAPSE) == 0)
+      return 0;
+    else if (errno != EAGAIN)
+      break;
+  return errno;
+}
+
 /* A large buffer met a second time (SHM_THP_MIN): its whole 2 MiB pages collapsed onto huge
  * pages, SHM_THP_STEP at a time, each part once. Before the addresses are published, so no peer
  * copies from or into it meanwhile. */
@@ -1535,15 +1555,28 @@ static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
     return;
   const uintptr_t h = (uintptr_t)2 << 20, at = (uintptr_t)p, lo = (at + h - 1) & ~(h - 1),
                   hi = (at + bytes) & ~(h - 1);
+  const size_t inner = hi > lo ? hi - lo : 0; /* the whole 2 MiB pages within the buffer */
   for (unsigned i = 0; i < SHM_THP_SEEN; i++) {
     if (t->seen[i].at != at || t->seen[i].bytes != bytes)
       continue;
-    size_t from = t->seen[i].done, len = hi > lo + from ? DT_MIN(t->thp_step, hi - lo - from) : 0;
-    t->seen[i].done = len ? from + len : bytes;
-    if (len && madvise((void *)(lo + from), len, MADV_COLLAPSE) != 0) {
-      t->seen[i].done = bytes; /* no huge pages to spare, MADV_NOHUGEPAGE, an older kernel: leave it */
+    size_t from = t->seen[i].done;
+    if (from == SIZE_MAX)
+      return;
+    size_t len = DT_MIN(t->thp_step, inner - from);
+    t->seen[i].done = from + len < inner ? from + len : SIZE_MAX;
+    int e = len ? shm_collapse(lo + from, len) : 0;
+    if (e) {
+      t->seen[i].done = SIZE_MAX; /* no huge pages to spare, MADV_NOHUGEPAGE, an older kernel: leave it */
       DT_LOG_DEBUG("shared memory: madvise(MADV_COLLAPSE) of %zu bytes: %s (the buffer stays on small pages)", len,
-                   strerror(errno));
+                   strerror(e));
+    } else if (t->seen[i].done == SIZE_MAX) {
+      /* The 2 MiB pages the buffer's two ends lie in, where its mapping holds them whole (the
+       * kernel collapses no others, and leaves their contents as they are: the neighbours'
+       * memory too). Best effort: a failure only leaves them small. */
+      if (at & (h - 1))
+        (void)shm_collapse(lo - h, h);
+      if ((at + bytes) & (h - 1))
+        (void)shm_collapse(hi, h);
     }
     return;
   }
