@@ -1572,7 +1572,8 @@ static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
     } else if (t->seen[i].done == SIZE_MAX) {
       /* The 2 MiB pages the buffer's two ends lie in, where its mapping holds them whole (the
        * kernel collapses no others, and leaves their contents as they are: the neighbours'
-       * memory too). Best effort: a failure only leaves them small. */
+       * memory too, which another thread may be using; a page it finds pinned or changed
+       * meanwhile fails the collapse). Best effort: a failure only leaves them small. */
       if (at & (h - 1))
         (void)shm_collapse(lo - h, h);
       if ((at + bytes) & (h - 1))
