@@ -439,17 +439,23 @@ static int thp_body(int rank, int size, void *arg) {
     CHECK(hin >= 0 && hout >= 0 && hbc >= 0 && hag >= 0, "no smaps entry for the buffers");
     if (call == 0 || kind == 1 || kind == 2)
       CHECK(hag == 0, "kind %d call %d: %ld KiB of the allgather's output on huge pages", kind, call, hag);
-    else if (kind == 3)
-      CHECK(hag == 2048L * call, "call %d: %ld KiB of the allgather's output on huge pages", call, hag);
+    else if (kind == 3) /* one page more per call at most; at least one by the last (see below) */
+      CHECK(hag <= 2048L * call && (call < calls - 1 || hag >= 2048),
+            "call %d: %ld KiB of the allgather's output on huge pages", call, hag);
     else
       CHECK(hag > 0, "call %d: the allgather's output is not on huge pages", call);
     if (call == 0 || kind == 1 || kind == 2)
       CHECK(hin == 0 && hout == 0 && hbc == 0, "kind %d call %d: %ld, %ld and %ld KiB of the buffers on huge pages, "
             "expected none", kind, call, hin, hout, hbc);
-    else if (kind == 3) /* 2 MiB more of each buffer per call from the second */
-      CHECK(hin == 2048L * call && hout == 2048L * call && hbc == 2048L * call,
-            "call %d: %ld, %ld and %ld KiB of the buffers on huge pages, expected %ld each", call, hin, hout, hbc,
-            2048L * call);
+    else if (kind == 3)
+      /* 2 MiB more of each buffer per call from the second, at most. Not exactly: a collapse the
+       * kernel refuses (a page it finds in use: the host's own reclaim may be scanning it) ends
+       * the buffer's collapses, and the host may split a huge page again; seen under ctest -j2 on
+       * a guest running DAMON's pageout, one buffer a page short. */
+      CHECK(hin <= 2048L * call && hout <= 2048L * call && hbc <= 2048L * call &&
+                (call < calls - 1 || (hin >= 2048 && hout >= 2048 && hbc >= 2048)),
+            "call %d: %ld, %ld and %ld KiB of the buffers on huge pages, expected %ld each at most (one page "
+            "at least by the last call)", call, hin, hout, hbc, 2048L * call);
     else
       /* (all of them, unless the kernel ran short of huge pages meanwhile) */
       CHECK(hin > 0 && hout > 0 && hbc > 0, "call %d: %ld, %ld and %ld KiB of the %zu KiB buffers on huge pages", call,
@@ -466,14 +472,15 @@ static int thp_body(int rank, int size, void *arg) {
  * buffer 1 MiB into a 12 MiB mapping (3 whole huge pages inside it, its ends in the 2 MiB pages
  * on either side) and of a 3 MiB one 1 MiB into a 6 MiB mapping (none inside, one page per end),
  * in place; the bytes around them in the mappings carry a pattern. From the second call the
- * mappings hold 10 and 4 MiB of huge pages, the pattern around the buffers is intact and the
- * results right. A 1 MiB buffer (below SHM_THP_MIN) stays on small pages. */
+ * mappings hold up to 10 and 4 MiB of huge pages (here: exactly that; at least one page each
+ * where the host takes some away, see thp_body), the pattern around the buffers is intact and
+ * the results right. A 1 MiB buffer (below SHM_THP_MIN) stays on small pages. */
 static int thp_ends_body(int rank, int size, void *arg) {
   (void)arg;
   dt_comm *c = sw_join(rank);
   CHECK(c, "create: %s", dt_last_error());
   const size_t mib = 1u << 20, maps[3] = {12 * mib, 6 * mib, 4 * mib}, lens[3] = {8 * mib, 3 * mib, mib};
-  const long want[3] = {10240, 4096, 0};
+  const long most[3] = {10240, 4096, 0}, least[3] = {2048, 2048, 0};
   uint8_t *m[3];
   for (int b = 0; b < 3; b++) {
     CHECK((m[b] = thp_map(maps[b])) != NULL, "mmap: %s", strerror(errno));
@@ -494,11 +501,15 @@ static int thp_ends_body(int rank, int size, void *arg) {
         if (o < mib || o >= mib + lens[b])
           CHECK(m[b][o] == 0xa5, "call %d: byte %zu of mapping %d, outside the buffer, changed to %#x", call, o, b,
                 m[b][o]);
+      /* From the second call, as many as all those pages at most, and at least one: for the 3
+       * MiB buffer, with no whole page inside, one of its ends (exactly: see thp_body on what the
+       * host may take away) */
       long kib = huge_kib(m[b]);
       if (call == 0)
         CHECK(kib == 0, "call 0: %ld KiB of mapping %d on huge pages", kib, b);
       else
-        CHECK(kib == want[b], "call %d: %ld KiB of mapping %d on huge pages, expected %ld", call, kib, b, want[b]);
+        CHECK(kib >= least[b] && kib <= most[b], "call %d: %ld KiB of mapping %d on huge pages, expected %ld-%ld",
+              call, kib, b, least[b], most[b]);
     }
   }
   dt_comm_destroy(c);
