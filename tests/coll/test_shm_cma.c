@@ -501,8 +501,8 @@ static int thp_ends_body(int rank, int size, void *arg) {
         if (o < mib || o >= mib + lens[b])
           CHECK(m[b][o] == 0xa5, "call %d: byte %zu of mapping %d, outside the buffer, changed to %#x", call, o, b,
                 m[b][o]);
-      /* From the second call, as many as all those pages at most, and at least one: for the 3
-       * MiB buffer, with no whole page inside, one of its ends (exactly: see thp_body on what the
+      /* From the second call at most all those pages, and at least one: for the 3 MiB buffer,
+       * which holds no whole page, that is one of its ends (not exact: see thp_body on what the
        * host may take away) */
       long kib = huge_kib(m[b]);
       if (call == 0)

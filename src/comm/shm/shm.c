@@ -1548,8 +1548,8 @@ static int shm_collapse(uintptr_t p, size_t len) {
 }
 
 /* A large buffer met a second time (SHM_THP_MIN): its whole 2 MiB pages collapsed onto huge
- * pages, SHM_THP_STEP at a time, each part once. Before the addresses are published, so no peer
- * copies from or into it meanwhile. */
+ * pages, SHM_THP_STEP at a time, each part once, then the two its ends lie in. Before the
+ * addresses are published, so no peer copies from or into the buffer meanwhile. */
 static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
   if (!t->thp_step || bytes < SHM_THP_MIN)
     return;
@@ -1563,13 +1563,12 @@ static void shm_thp_meet(dt_transport *t, const void *p, size_t bytes) {
     if (from == SIZE_MAX)
       return;
     size_t len = DT_MIN(t->thp_step, inner - from);
-    t->seen[i].done = from + len < inner ? from + len : SIZE_MAX;
     int e = len ? shm_collapse(lo + from, len) : 0;
-    if (e) {
-      t->seen[i].done = SIZE_MAX; /* no huge pages to spare, MADV_NOHUGEPAGE, an older kernel: leave it */
+    t->seen[i].done = !e && from + len < inner ? from + len : SIZE_MAX;
+    if (e) /* no huge pages to spare, MADV_NOHUGEPAGE, an older kernel: leave it */
       DT_LOG_DEBUG("shared memory: madvise(MADV_COLLAPSE) of %zu bytes: %s (the buffer stays on small pages)", len,
                    strerror(e));
-    } else if (t->seen[i].done == SIZE_MAX) {
+    else if (t->seen[i].done == SIZE_MAX) {
       /* The 2 MiB pages the buffer's two ends lie in, where its mapping holds them whole (the
        * kernel collapses no others, and leaves their contents as they are: the neighbours'
        * memory too, which another thread may be using; a page it finds pinned or changed
