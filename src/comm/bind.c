@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -73,6 +74,32 @@ dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, const 
   DT_LOG_DEBUG("DTRAIN_BIND=auto: local rank %d of %d bound to %d of %d CPU(s)%s", local_rank, local_size, per, ncpu,
                over ? " (oversubscribed)" : "");
   return DT_OK;
+}
+
+void dt__comm_cpus_hex(char *out, size_t n) {
+  cpu_set_t have;
+  size_t len = 0;
+  if (n && sched_getaffinity(0, sizeof have, &have) == 0)
+    for (int i = 0; i < CPU_SETSIZE && i / 4 < DT__CPUS_HEX && len + 1 < n; i += 4) {
+      int d = 0;
+      for (int b = 0; b < 4; b++)
+        d |= CPU_ISSET(i + b, &have) ? 1 << b : 0;
+      out[len++] = "0123456789abcdef"[d];
+    }
+  while (len && out[len - 1] == '0')
+    len--;
+  if (n)
+    out[len] = '\0';
+}
+
+bool dt__comm_cpus_or(uint8_t *acc, const char *hex) {
+  static const char digits[] = "0123456789abcdef";
+  size_t len = strnlen(hex, DT__CPUS_HEX + 1);
+  if (!len || len > DT__CPUS_HEX || strspn(hex, digits) != len)
+    return false;
+  for (size_t i = 0; i < len; i++)
+    acc[i] |= (uint8_t)(strchr(digits, hex[i]) - digits);
+  return true;
 }
 
 int dt__comm_cpus(void) {

@@ -35,9 +35,10 @@ static const dt_transport_ops *const comm_transports[] = {
  * heartbeat interval is at most 200 ms) before publishing its own observation. */
 #define COMM_VERDICT_MS 1000
 
-/* Host identity record published by each rank: "<hostname>\n<boot_id>\n<transport>\n". Two
- * ranks share a host (and can share memory) when hostname and boot id both match. */
-#define COMM_HOSTID_MAX 512
+/* Host identity record published by each rank: "<hostname>\n<boot_id>\n<transport>\n<CPUs>\n<algorithms>"
+ * (CPUs: the ones the process may run on, dt__comm_cpus_hex). Two ranks share a host (and can
+ * share memory) when hostname and boot id both match. */
+#define COMM_HOSTID_MAX 1024
 
 void dt_comm_config_init(dt_comm_config *cfg) {
   if (!cfg)
@@ -344,6 +345,9 @@ typedef struct comm_peers {
   char other_req[COMM_HOSTID_MAX];
   int other_algo; /* a rank whose DTRAIN_ALGO chose other algorithms than ours, or -1 */
   char other_algo_line[COMM_HOSTID_MAX];
+  uint8_t cpus[DT__CPUS_HEX]; /* the union of the CPUs of the ranks on this host (dt__comm_cpus_or) */
+  bool cpus_ok;               /* every one of them said which */
+  int host_cpus;              /* CPUs in that union, 0 if not known */
 } comm_peers;
 
 /* Reads every member's host record (world rank map -> "<world prefix>host/<world rank>") and
@@ -383,6 +387,8 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
       c->same_host = true;
       c->local_rank = 0;
       c->local_size = 0;
+      memset(p->cpus, 0, sizeof p->cpus);
+      p->cpus_ok = dt__comm_cpus_or(p->cpus, comm_line(id, 3, a, sizeof a));
       continue;
     }
     /* Compare "<hostname>\n<boot_id>" only (the record's third line is the requested transport). */
@@ -393,6 +399,8 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
       c->local_size++;
       if (r < c->rank)
         c->local_rank++;
+      if (r != c->rank)
+        p->cpus_ok = p->cpus_ok && dt__comm_cpus_or(p->cpus, comm_line(id, 3, a, sizeof a));
     } else {
       c->same_host = false;
     }
@@ -400,14 +408,17 @@ static dt_status comm_hosts(dt_comm *c, int64_t deadline, comm_peers *p) {
       p->other = r;
       snprintf(p->other_req, sizeof p->other_req, "%s", a);
     }
-    comm_line(id, 3, a, sizeof a);
-    comm_line(p->mine, 3, b, sizeof b);
+    comm_line(id, 4, a, sizeof a);
+    comm_line(p->mine, 4, b, sizeof b);
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
     if (p->other_algo < 0 && (la != lb || strncmp(a, b, la) != 0)) {
       p->other_algo = r;
       snprintf(p->other_algo_line, sizeof p->other_algo_line, "%s", a);
     }
   }
+  p->host_cpus = 0;
+  for (size_t k = 0; p->cpus_ok && k < sizeof p->cpus; k++)
+    p->host_cpus += __builtin_popcount(p->cpus[k]);
   return DT_OK;
 }
 
@@ -423,7 +434,7 @@ static dt_status comm_connect_transport(dt_comm *c, const comm_peers *p) {
    * refused here, where every rank sees every record, instead of at the deadline. */
   if (p->other_algo >= 0) {
     char mine[COMM_HOSTID_MAX];
-    comm_line(p->mine, 3, mine, sizeof mine);
+    comm_line(p->mine, 4, mine, sizeof mine);
     const char *t = strchr(p->other_algo_line, ' '), *m = strchr(mine, ' ');
     return dt_set_error(DT_ERR_MISMATCH,
                         "rank %d has DTRAIN_ALGO='%s' but rank %d has '%s': every rank must choose the same "
@@ -688,8 +699,10 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
     dt__comm_key(c, key, sizeof key, "store-host");
     DT_CHECK_GOTO(dt__store_set(c->store, key, r, strlen(r), deadline), st, fail);
   }
-  comm_host_id(me, sizeof me - 300);
+  comm_host_id(me, 320);
   snprintf(me + strlen(me), sizeof me - strlen(me), "\n%.32s\n", env.transport);
+  dt__comm_cpus_hex(me + strlen(me), sizeof me - strlen(me) - 1);
+  strcat(me, "\n");
   comm_algo_line(c, me + strlen(me), sizeof me - strlen(me));
   dt__comm_key(c, key, sizeof key, "host/%d", c->rank);
   DT_CHECK_GOTO(dt__store_set(c->store, key, me, strlen(me), deadline), st, fail);
@@ -712,7 +725,7 @@ dt_status dt_comm_create(const dt_comm_config *cfg, dt_comm **out) {
   }
   /* DTRAIN_BIND (bind.c) before the transport, so that whatever the transport starts runs where
    * the rank will; the shm transport judges oversubscription by the CPUs from before. */
-  c->host_cpus = dt__comm_cpus();
+  c->host_cpus = peers.host_cpus > 0 ? peers.host_cpus : dt__comm_cpus();
   {
     pthread_t own[2];
     int nown = 0;
@@ -840,6 +853,8 @@ dt_status dt_comm_split(dt_comm *c, int color, int key, dt_comm **out) {
                 st, done);
   comm_peers peers;
   st = comm_hosts(n, deadline, &peers);
+  if (st == DT_OK && peers.host_cpus > 0)
+    n->host_cpus = peers.host_cpus;
   if (st == DT_OK)
     st = comm_connect_transport(n, &peers);
 

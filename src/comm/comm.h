@@ -49,6 +49,13 @@ void dt__health_raise(dt__health *h, const char *msg);
 dt_status dt__comm_bind(const char *mode, int local_rank, int local_size, const pthread_t *threads, int nthreads);
 /* CPUs this thread may run on (sched_getaffinity), else the online CPUs. */
 int dt__comm_cpus(void);
+/* This thread's CPUs as hex digits, digit i holding CPUs 4i..4i+3 (bit b: CPU 4i+b), trailing
+ * zeros dropped: "3" is CPUs 0 and 1 ("" when unknown); at most DT__CPUS_HEX digits. */
+#define DT__CPUS_HEX 256
+void dt__comm_cpus_hex(char *out, size_t n);
+/* ORs such a list into acc[DT__CPUS_HEX], a digit's value per byte; false (acc unchanged) when
+ * the list is empty or malformed. */
+bool dt__comm_cpus_or(uint8_t *acc, const char *hex);
 
 /* Resolves a dt_comm_config (NULL fields and -1 from the environment, as dtrain/comm.h says). */
 typedef struct dt__comm_env {
@@ -94,8 +101,10 @@ struct dt_comm {
   int local_rank, local_size;
   int *world_ranks;     /* [size]: each member's rank in the world communicator */
   bool same_host;       /* every member runs on this host */
-  int host_cpus;        /* CPUs the process could run on before DTRAIN_BIND pinned it (what
-                         * the shm transport compares the ranks on the host against) */
+  int host_cpus;        /* CPUs the members on this host could run on before DTRAIN_BIND pinned
+                         * them, the union of their affinities (mpirun binds each rank to a CPU
+                         * of its own): what the shm and tcp transports compare the number of
+                         * ranks on the host against to decide whether they are oversubscribed */
   dt__comm_env env;     /* how the world was joined (store address, secret, knobs) */
   dt__store *store;     /* this communicator's own store connection (application thread) */
   dt__store_server *server; /* non-NULL on the rank hosting the store: the world's, shared with

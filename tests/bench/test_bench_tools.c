@@ -2,7 +2,8 @@
  * the harness scripts) build cleanly and tell the truth: the Open MPI peer program checks every
  * collective's result and reports it in dtrain bench's JSON row format, the ceilings programs
  * report positive rates, first_calls (linked with libdtrain, run under `dtrain run`) reports every
- * call-time field, dtype_ab checks every dtype's allreduce, and the harnesses reject bad usage
+ * call-time field, dtype_ab checks every dtype's allreduce, mpirun_latency runs both libraries
+ * in one mpirun job with every sum checked, and the harnesses reject bad usage
  * with exit code 2 before installing or running anything.
  *
  * It deliberately times nothing (rates are only checked to be positive and finite) and never
@@ -364,6 +365,27 @@ static void test_dtype_ab(void) {
   }
 }
 
+/* mpirun_latency: builds against libdtrain, runs both libraries under mpirun on 2 ranks (every
+ * sum checked: a wrong one exits 1) and prints both timings of both; bad usage exits 2. */
+static void test_mpirun_latency(void) {
+  char cmd[4096], out[8192], build_dir[1024];
+  if (build_with_lib("mpirun_latency", build_dir, sizeof build_dir))
+    return;
+  snprintf(cmd, sizeof cmd,
+           "timeout 120 mpirun %s --oversubscribe -np 2 -x DTRAIN_JOB_SECRET=t %s/mpirun_latency --iters 50 "
+           "--rounds 1 --bytes 64 2>/dev/null",
+           geteuid() == 0 ? "--allow-run-as-root" : "", tmp_dir);
+  int rc = run(cmd, out, sizeof out);
+  CHECK(rc == 0 && count(out, "round 0, 64 B, ") == 4 && count(out, "dtrain  median ") == 2 &&
+            count(out, "openmpi median ") == 2 && count(out, "late rank 0:") == 2 && !strstr(out, "wrong"),
+        "mpirun_latency: %d %s", rc, out);
+  static const char *bad[] = {"--iters 0", "--rounds x", "--bytes", "--frobnicate 1"};
+  for (int b = 0; b < 4; b++) {
+    snprintf(cmd, sizeof cmd, "timeout 30 %s/mpirun_latency %s 2>/dev/null", tmp_dir, bad[b]);
+    CHECK(run(cmd, NULL, 0) == 2, "mpirun_latency accepted '%s'", bad[b]);
+  }
+}
+
 int main(void) {
   src_dir = getenv("DTRAIN_SOURCE_DIR");
   if (!src_dir) {
@@ -380,6 +402,7 @@ int main(void) {
   test_harness_usage();
   test_first_calls();
   test_dtype_ab();
+  test_mpirun_latency();
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
   if (system(cmd) != 0)

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <sched.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +163,62 @@ static int job_body(int rank, int size, void *arg) {
   return 0;
 }
 
+/* Ranks a launcher bound before they joined (mpirun binds each of two ranks to a core of its
+ * own): arg 0, rank r on the r-th allowed CPU (mod their number); 1, every rank on the first. The
+ * communicator counts the CPUs of all the ranks on the host together (host_cpus, which the shm
+ * and tcp transports compare the ranks against to decide whether to stop spinning at once), not
+ * this process's one: two ranks on two CPUs of their own are not oversubscribed. */
+static int prebound_body(int rank, int size, void *arg) {
+  const int shared = *(const int *)arg;
+  unsetenv("DTRAIN_BIND");
+  cpu_set_t one;
+  int ncpu = CPU_COUNT(&start_mask), k = shared ? 0 : rank % ncpu;
+  CPU_ZERO(&one);
+  for (int i = 0, seen = 0; i < CPU_SETSIZE; i++)
+    if (CPU_ISSET(i, &start_mask) && seen++ == k)
+      CPU_SET(i, &one);
+  CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "binding rank %d", rank);
+  dt_comm *c = NULL;
+  CHECK(dt_comm_create(NULL, &c) == DT_OK, "create: %s", dt_last_error());
+  int want = shared ? 1 : (size < ncpu ? size : ncpu);
+  CHECK(c->host_cpus == want, "rank %d of %d, bound %s before joining: host_cpus %d, expected %d", rank, size,
+        shared ? "to one shared CPU" : "to a CPU of its own", c->host_cpus, want);
+  CHECK(dt__comm_cpus() == 1, "rank %d: the communicator changed the launcher's binding", rank);
+  float x = 1.0f + (float)rank, y = 0;
+  CHECK(dt_comm_allreduce(c, &x, &y, 1, DT_F32, DT_SUM) == DT_OK && y == (float)(size * (size + 1) / 2),
+        "allreduce: %s", dt_last_error());
+  dt_comm_destroy(c);
+  return 0;
+}
+
+/* dt__comm_cpus_hex and dt__comm_cpus_or: the host record's CPU list and its union. */
+static int cpus_list_body(void *arg) {
+  (void)arg;
+  const int rank = 0; /* CHECK names it */
+  cpu_set_t m;
+  CPU_ZERO(&m);
+  CPU_SET(0, &m);
+  CPU_SET(1, &m);
+  CHECK(sched_setaffinity(0, sizeof m, &m) == 0 || CPU_COUNT(&start_mask) < 2, "binding to CPUs 0 and 1");
+  char hex[DT__CPUS_HEX + 1];
+  dt__comm_cpus_hex(hex, sizeof hex);
+  if (CPU_ISSET(0, &start_mask) && CPU_ISSET(1, &start_mask))
+    CHECK(!strcmp(hex, "3"), "CPUs 0 and 1 written as '%s', expected '3'", hex);
+  uint8_t acc[DT__CPUS_HEX] = {0};
+  CHECK(dt__comm_cpus_or(acc, "3") && dt__comm_cpus_or(acc, "02") && dt__comm_cpus_or(acc, "0001"),
+        "well-formed lists refused");
+  CHECK(acc[0] == 3 && acc[1] == 2 && acc[2] == 0 && acc[3] == 1, "union %x %x %x %x, expected 3 2 0 1", acc[0],
+        acc[1], acc[2], acc[3]);
+  char big[DT__CPUS_HEX + 2];
+  memset(big, 'f', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  CHECK(!dt__comm_cpus_or(acc, "") && !dt__comm_cpus_or(acc, "3g") && !dt__comm_cpus_or(acc, "F") &&
+            !dt__comm_cpus_or(acc, big),
+        "an empty, malformed or too long list was taken");
+  CHECK(acc[0] == 3 && acc[1] == 2 && acc[4] == 0, "a refused list changed the union");
+  return 0;
+}
+
 int main(void) {
   if (sched_getaffinity(0, sizeof start_mask, &start_mask) != 0) {
     perror("sched_getaffinity");
@@ -205,6 +262,18 @@ int main(void) {
       sched_setaffinity(0, sizeof start_mask, &start_mask) != 0) {
     fprintf(stderr, "FAIL: %d-rank tcp job on %d CPU(s) with DTRAIN_BIND=auto\n", nover, CPU_COUNT(&few));
     bad++;
+  }
+  ran++;
+  if (in_child(cpus_list_body, NULL)) {
+    fprintf(stderr, "FAIL: the host record's CPU lists\n");
+    bad++;
+  }
+  for (int shared = 0; shared < 2; shared++) {
+    ran++;
+    if (mp_run(2, prebound_body, &shared, 60)) {
+      fprintf(stderr, "FAIL: 2-rank job bound %s before joining\n", shared ? "to one CPU" : "a CPU per rank");
+      bad++;
+    }
   }
   printf("%d passed, %d failed\n", ran - bad, bad);
   return bad ? 1 : 0;

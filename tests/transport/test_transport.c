@@ -570,11 +570,13 @@ static void host_record(char *rec, size_t cap) {
       boot[strcspn(boot, "\n")] = '\0';
     fclose(f);
   }
-  /* then the algorithms (comm.c's comm_algo_line): every collective automatic, no DTRAIN_ALGO */
-  char algo[DT_COLL_COUNT + 2] = "";
+  /* then the CPUs it may run on, and the algorithms (comm.c's comm_algo_line): every collective
+   * automatic, no DTRAIN_ALGO */
+  char cpus[DT__CPUS_HEX + 1], algo[DT_COLL_COUNT + 2] = "";
+  dt__comm_cpus_hex(cpus, sizeof cpus);
   for (int k = DT_COLL_ALLREDUCE; k <= DT_COLL_BARRIER; k++)
     strcat(algo, "a");
-  snprintf(rec, cap, "%s\n%s\ntcp\n%s ", host, boot, algo);
+  snprintf(rec, cap, "%s\n%s\ntcp\n%s\n%s ", host, boot, cpus, algo);
 }
 
 static int case_stranger(int rank, int size, void *arg) {
@@ -588,7 +590,7 @@ static int case_stranger(int rank, int size, void *arg) {
     int64_t dl = dt__deadline_after_ms(20000);
     CHECK_OK(dt__store_connect("127.0.0.1", port, (const uint8_t *)secret, strlen(secret), rank, dl, &st));
     /* Publish the host record dt_comm_create would (so the others go on to listen). */
-    char rec[400], key[64];
+    char rec[1024], key[64];
     host_record(rec, sizeof rec);
     snprintf(key, sizeof key, "w/host/%d", rank);
     CHECK_OK(dt__store_set(st, key, rec, strlen(rec), dl));

@@ -231,7 +231,9 @@ enum { SHM_TUNE_ALLREDUCE, SHM_TUNE_BROADCAST, SHM_TUNE_ALLGATHER, SHM_TUNE_KIND
 #define MADV_COLLAPSE 25 /* Linux 6.1; older kernels refuse it with EINVAL, which is only a lost hint */
 #endif
 /* Waiting: spin (pause) for a while, then yield for a while, then sleep on a futex bell.
- * How long depends on whether this host runs more ranks than the CPUs we may use:
+ * How long depends on whether this host runs more ranks than the CPUs they may use together
+ * (dt_comm.host_cpus: the union of their affinities, so ranks mpirun bound to a core each are not
+ * oversubscribed):
  *   - not oversubscribed: every rank has a core, so spinning costs nobody and a peer that is
  *     late was descheduled by someone else's process; keep spinning SHM_SPIN_NS so that both
  *     ranks stay on their cores and the next rounds run back to back. (Measured: 2 ranks, 4 B,
@@ -384,7 +386,7 @@ struct dt_transport {
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
   int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
-  bool oversubscribed; /* more ranks on this host than CPUs this process may use */
+  bool oversubscribed; /* more ranks on this host than CPUs they may use together (host_cpus) */
   const void **srcs; /* [n]: the operands of one reduction, in the order they are reduced */
   float *wide;       /* [SHM_FLAT_PRE], two ranks only: a half-type flat piece widened ahead */
   uint8_t *win_base;  /* the shared window: rank r's part at win_base + r * win_stride */
@@ -1112,7 +1114,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
     dt__free(t);
     return DT_ERR_NOMEM;
   }
-  /* Oversubscribed: more ranks of the job on this host than CPUs we may run on. */
+  /* Oversubscribed: more ranks of the job on this host than CPUs they may run on together. */
   int ncpu = c->host_cpus > 0 ? c->host_cpus : dt__comm_cpus();
   int on_host = DT_MAX(DT_MAX(c->size, c->local_size), c->env.local_size);
   t->oversubscribed = ncpu > 0 && on_host > ncpu;
