@@ -4,14 +4,13 @@
  *
  *   mpicc -O2 -Iinclude bench/mpirun_latency.c build/libdtrain.a $(pkg-config --libs openblas) \
  *       -lz -lm -lpthread -o mpirun_latency
- *   mpirun -np 2 -x DTRAIN_JOB_SECRET=s -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29541 \
- *       ./mpirun_latency [--iters I (20000)] [--rounds R (3)] [--bytes B (4)]
+ *   mpirun -np 2 -x DTRAIN_JOB_SECRET=s ./mpirun_latency [--iters I (20000)] [--rounds R (3)]
+ *       [--bytes B (4)]
  *
  * dtrain joins through Open MPI's environment (OMPI_COMM_WORLD_*) and takes its own transport
- * (shm on one host). Give the store's address as above: without it dtrain's join broadcasts the
- * address over MPI, and after any MPI_Bcast Open MPI 4.1's own 4-byte allreduce in that job runs
- * about 1 us instead of 0.53 (bench/results/mpirun-bound-2026-12-07e-zen5.txt). Bad usage exits 2. Per round and library, two timings of I calls (f32 sum, B bytes) after 100
- * untimed ones:
+ * (shm on one host); without MASTER_ADDR it learns the store's address over MPI (src/comm/mpi/mpi.c
+ * says why that is no MPI_Bcast). Bad usage exits 2. Per round and library, two timings of I
+ * calls (f32 sum, B bytes) after 100 untimed ones:
  *   after barrier: every call follows a barrier of the same library; per call the slower rank's
  *                  time counts (what bench/compare-peers measures);
  *   late rank 0:   rank 0 spins 3 us after the barrier before it calls, so the other rank's part

@@ -11,7 +11,7 @@
 /* Initializes MPI if nobody did (finalized at exit) and reads rank, size and the rank and size
  * within this host. */
 dt_status dt__mpi_bootstrap(int *rank, int *size, int *local_rank, int *local_size);
-/* MPI_Bcast of n bytes from root over MPI_COMM_WORLD (collective). */
+/* Broadcasts n bytes from root over MPI_COMM_WORLD (collective; see mpi.c for why not MPI_Bcast). */
 dt_status dt__mpi_bcast_bytes(void *buf, size_t n, int root);
 
 #endif
