@@ -376,8 +376,9 @@ static void test_mpirun_latency(void) {
            "--rounds 1 --bytes 64 2>/dev/null",
            geteuid() == 0 ? "--allow-run-as-root" : "", tmp_dir);
   int rc = run(cmd, out, sizeof out);
-  CHECK(rc == 0 && count(out, "round 0, 64 B, ") == 4 && count(out, "dtrain  median ") == 2 &&
-            count(out, "openmpi median ") == 2 && count(out, "late rank 0:") == 2 && !strstr(out, "wrong"),
+  CHECK(rc == 0 && count(out, "round 0, 64 B, ") == 6 && count(out, "dtrain  median ") == 3 &&
+            count(out, "openmpi median ") == 3 && count(out, "late rank 0:") == 2 &&
+            count(out, "; barrier exits apart: median ") == 2 && !strstr(out, "wrong") && !strstr(out, "nan"),
         "mpirun_latency: %d %s", rc, out);
   static const char *bad[] = {"--iters 0", "--rounds x", "--bytes", "--frobnicate 1"};
   for (int b = 0; b < 4; b++) {

@@ -28,13 +28,14 @@
 typedef enum {
   MM_COUNT, MM_DTYPE, MM_OP, MM_COLL, MM_ROOT, MM_ZERO, MM_COUNT_RD3,
   MM_BCAST_COUNT, MM_REDUCE_ROOT, MM_GATHER_ROOT, MM_SCATTER_ROOT, MM_PATHS, MM_RECV_BARRIER, MM_RECV_ALLREDUCE,
-  MM_ALLGATHER_COUNT, MM_RS_OP, MM_BCAST_PATHS, MM_ALLGATHER_PATHS, MM_N
+  MM_ALLGATHER_COUNT, MM_RS_OP, MM_BCAST_PATHS, MM_ALLGATHER_PATHS, MM_BARRIER_SMALL, MM_BARRIER_LARGE, MM_N
 } mm_kind;
 static const char *mm_names[MM_N] = {"count", "dtype", "op", "collective", "root", "zero count", "count (3 ranks)",
                                      "broadcast count", "reduce root", "gather root", "scatter root",
                                      "count across algorithms", "recv against barrier",
                                      "recv against allreduce", "allgather count", "reduce_scatter op",
-                                     "broadcast count across algorithms", "allgather count across algorithms"};
+                                     "broadcast count across algorithms", "allgather count across algorithms",
+                                     "barrier against a small allreduce", "barrier against a large allreduce"};
 
 typedef struct job {
   mm_kind kind;
@@ -143,6 +144,17 @@ static int mismatch_body(int rank, int size, void *arg) {
     theirs = "rank 1 called allgather #3 with 65536 x f32";
     mine = "rank 0 called allgather #3 with 4 x f32";
     break;
+  /* the shm barrier is a flat round with no data: against the flat allreduce's round, and against
+   * a large allreduce that waits on other counters (staging buffers or single copies) */
+  case MM_BARRIER_SMALL:
+  case MM_BARRIER_LARGE: {
+    size_t n = j->kind == MM_BARRIER_SMALL ? 4 : 1 << 16;
+    st = odd ? dt_comm_barrier(c) : dt_comm_allreduce(c, a, b, n, DT_F32, DT_SUM);
+    theirs = "rank 1 called barrier #3";
+    mine = j->kind == MM_BARRIER_SMALL ? "rank 0 called allreduce #3 with 4 x f32 sum"
+                                       : "rank 0 called allreduce #3 with 65536 x f32 sum";
+    break;
+  }
   default: /* MM_ZERO */
     st = dt_comm_allreduce(c, a, b, odd ? 0 : 4, DT_F32, DT_SUM);
     theirs = "rank 1 called allreduce #3 with 0 x f32 sum";
@@ -161,7 +173,8 @@ static int mismatch_body(int rank, int size, void *arg) {
    * left sees the connection close first: DT_ERR_PEER, which must then carry the verdict (both
    * calls, checked below; seen under ASan with a 256 KiB-block allgather against a 4-element
    * one). */
-  int big = j->kind == MM_PATHS || j->kind == MM_BCAST_PATHS || j->kind == MM_ALLGATHER_PATHS;
+  int big = j->kind == MM_PATHS || j->kind == MM_BCAST_PATHS || j->kind == MM_ALLGATHER_PATHS ||
+            j->kind == MM_BARRIER_LARGE;
   CHECK(st == DT_ERR_MISMATCH || st == DT_ERR_ABORTED || ((bystander || p2p || big) && st == DT_ERR_PEER),
         "%s mismatch on %s: got %s (%s)", mm_names[j->kind], j->transport, dt_strerror(st), msg);
   if (bystander && st == DT_ERR_PEER) {

@@ -6,7 +6,9 @@
  *   - one single-producer single-consumer ring per ordered pair of ranks for sendrecv (slots
  *     carry the fingerprint, the message length and the piece's offset),
  *   - two staging buffers per rank for the collectives made for shared memory (allreduce,
- *     broadcast, allgather, reduce_scatter, and a counter barrier).
+ *     broadcast, allgather, reduce_scatter),
+ *   - two flat slots per rank, one line of round number and fingerprint and a small piece of data,
+ *     for small collectives and the barrier (a round with no data).
  * The segment's name is unlinked as soon as every rank mapped it, so nothing leaks even if a
  * rank is SIGKILLed later.
  *
@@ -295,13 +297,11 @@ typedef struct shm_rank {
   alignas(SHM_LINE) _Atomic uint64_t in_seq;  /* allreduce chunks copied into staging */
   alignas(SHM_LINE) _Atomic uint64_t red_seq; /* allreduce chunks whose slice is reduced */
   alignas(SHM_LINE) _Atomic uint64_t out_seq; /* allreduce chunks copied out */
-  alignas(SHM_LINE) _Atomic uint64_t bar_seq; /* barriers entered */
   /* This rank's own futex bell, rung when it publishes and someone sleeps on it: a waiter for
    * one rank's progress sleeps here, so a publication wakes only the ranks waiting for it. */
   alignas(SHM_LINE) _Atomic uint32_t bell;
   _Atomic uint32_t sleepers;
-  alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer / barrier parity */
-  dt__fp bar_fp[2];
+  alignas(SHM_LINE) dt__fp fp[2];             /* fingerprint per staging buffer */
   /* The call this rank is in (seqlock: odd version = being written), so a rank waiting for it
    * can tell "slow" from "in a different call" and report a mismatch instead of a timeout. */
   alignas(SHM_LINE) _Atomic uint32_t cur_ver;
@@ -381,8 +381,7 @@ struct dt_transport {
   shm_hdr *h;
   shm_rank *ranks;
   uint64_t chunks; /* allreduce chunks done on this communicator (same on every rank) */
-  uint64_t bars;   /* barriers done */
-  uint64_t flats;  /* flat allreduce rounds done (same on every rank) */
+  uint64_t flats;  /* flat rounds done, barriers' included (same on every rank) */
   bool broken;     /* a mismatch left rings in an unknown state */
   dt__fp cur;      /* last fingerprint published in this rank's cur_fp */
   int64_t spin_ns, yield_ns; /* waiting policy (see SHM_SPIN_NS) */
@@ -2459,16 +2458,22 @@ static dt_status shm_flat_coll(dt_transport *t, dt__coll kind, const void *sbuf,
   return shm_flat_move(t, kind, sbuf, rbuf, count, dt, op, root, fp, deadline);
 }
 
+/* A flat round that carries no data: each rank publishes its slot (the round number and the
+ * call's fingerprint on one line) and waits for every other rank's. A rank that leaves sees a
+ * line the others wrote; with a counter and a fingerprint on lines of their own and the call
+ * board written first, the rank the last arrival releases left one handoff later. */
 static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
   DT_CHECK(shm_usable(t));
-  shm_board_set(t, fp);
-  uint64_t g = ++t->bars;
-  int b = (int)(g & 1);
-  t->ranks[t->rank].bar_fp[b] = *fp;
-  shm_publish(t, offsetof(shm_rank, bar_seq), g);
-  return shm_wait_all(t, offsetof(shm_rank, bar_seq), g, offsetof(shm_rank, bar_fp), b, fp, deadline);
+  uint64_t mine[3];
+  memcpy(mine, fp, sizeof mine);
+  uint64_t g = ++t->flats;
+  shm_flat_post(t, g, mine, NULL, 0);
+  dt_status st = shm_flat_wait_all(t, g, mine, fp, &deadline);
+  if (st != DT_OK)
+    t->broken = true;
+  return st;
 }
 
 /* ---- the shared window (dt_comm_window) ---- */
