@@ -2390,7 +2390,8 @@ static dt_status shm_reduce_scatter(dt_transport *t, const void *sbuf, void *rbu
  *     rank's call and a mismatch is reported everywhere (not only where the data goes);
  *   allgather: this rank's piece of its block (its own block goes to its output meanwhile);
  *   reduce_scatter: the same piece of every block but its own (block s at s * per in the slot);
- *     rank r reduces block r from the slots and its own input, in rank order.
+ *     rank r reduces block r from the slots and its own input, in rank order;
+ *   barrier (count 0): an empty slot from every rank (shm_barrier).
  * One wait per round where the two-phase frame below waits twice (everyone's fill, then
  * everyone's consumption two chunks later). */
 static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf, void *rbuf, size_t count,
@@ -2458,22 +2459,14 @@ static dt_status shm_flat_coll(dt_transport *t, dt__coll kind, const void *sbuf,
   return shm_flat_move(t, kind, sbuf, rbuf, count, dt, op, root, fp, deadline);
 }
 
-/* A flat round that carries no data: each rank publishes its slot (the round number and the
- * call's fingerprint on one line) and waits for every other rank's. A rank that leaves sees a
- * line the others wrote; with a counter and a fingerprint on lines of their own and the call
- * board written first, the rank the last arrival releases left one handoff later. */
+/* A flat round that carries no data (shm_flat_move with nothing to move): each rank publishes
+ * its slot (the round number and the call's fingerprint on one line) and waits for every other
+ * rank's. With a counter and a fingerprint on lines of their own and the call board written
+ * first, the rank the last arrival releases left one handoff later. */
 static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
-  DT_CHECK(shm_usable(t));
-  uint64_t mine[3];
-  memcpy(mine, fp, sizeof mine);
-  uint64_t g = ++t->flats;
-  shm_flat_post(t, g, mine, NULL, 0);
-  dt_status st = shm_flat_wait_all(t, g, mine, fp, &deadline);
-  if (st != DT_OK)
-    t->broken = true;
-  return st;
+  return shm_flat_move(t, DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, 0, 0, fp, deadline);
 }
 
 /* ---- the shared window (dt_comm_window) ---- */
