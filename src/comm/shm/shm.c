@@ -2427,7 +2427,8 @@ static dt_status shm_flat_move(dt_transport *t, dt__coll kind, const void *sbuf,
       shm_flat_close(t, own, g);
     } else {
       bool sends = kind == DT_COLL_ALLGATHER || me == root;
-      shm_flat_post(t, g, mine, in + off, sends ? m * es : 0);
+      /* no pointer arithmetic on an empty call's buffers: a barrier's are NULL */
+      shm_flat_post(t, g, mine, m ? in + off : NULL, sends ? m * es : 0);
     }
     DT_CHECK_GOTO(shm_flat_wait_all(t, g, mine, fp, &deadline), st, fail);
     if (!m)
@@ -2461,8 +2462,9 @@ static dt_status shm_flat_coll(dt_transport *t, dt__coll kind, const void *sbuf,
 
 /* A flat round that carries no data (shm_flat_move with nothing to move): each rank publishes
  * its slot (the round number and the call's fingerprint on one line) and waits for every other
- * rank's. With a counter and a fingerprint on lines of their own and the call board written
- * first, the rank the last arrival releases left one handoff later. */
+ * rank's. The barrier before it kept a counter and a fingerprint on lines of their own and wrote
+ * the call board first; the rank the last arrival released left one handoff later there
+ * (docs/BENCHMARKS-LOG.md, "Ranks that mpirun binds, and the barrier"). */
 static dt_status shm_barrier(dt_transport *t, const dt__fp *fp, int64_t deadline) {
   if (t->n == 1)
     return DT_OK;
