@@ -175,5 +175,7 @@ void dt__copy_nt(void *dst, const void *src, size_t n);
 bool dt__cpu_amd(void);
 /* Whether this is an AMD Zen 4 CPU (family 25, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf). */
 bool dt__cpu_zen4(void);
+/* Whether this is an AMD CPU of family 26 (Zen 5) or later. */
+bool dt__cpu_zen5(void);
 
 #endif

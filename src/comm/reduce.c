@@ -1322,6 +1322,7 @@ static int cpu_kind_get(void) {
 }
 bool dt__cpu_amd(void) { return cpu_kind_get() >= 2; }
 bool dt__cpu_zen4(void) { return cpu_kind_get() == 4; }
+bool dt__cpu_zen5(void) { return cpu_kind_get() == 5; }
 #ifdef RED_X86
 /* force_scalar 5 takes the halves on any AVX-512 CPU, 3 never (tests) */
 static bool f16_halves(void) {

@@ -133,6 +133,17 @@
  * MiB against 45.7-46.3; 4 chunks slower than 1 from 16 MiB
  * (bench/results/nt-out-2026-11-29-xeon.txt). */
 #define SHM_NT_CHUNKS 2
+/* Writing its output into the caches (shm_nt_use false), the single-copy allreduce steps 1 chunk
+ * at a time, or SHM_ZEN5_CHUNKS on AMD family 26 (Zen 5): each step costs a process_vm_readv and
+ * a process_vm_writev per other rank, each a system call (about 1 us on the Zen 5 guest) that
+ * looks up the other process and pins its pages anew, and there fewer of them made the call
+ * faster (the other rank's slice of a 2 MiB step, 1 MiB, still fits the core's L2). 2 ranks, `dtrain bench
+ * allreduce -n 2 --transport shm`, 12 jobs of each build alternated, medians of the per-pair
+ * ratios: 1.10-1.15x at 2-32 MiB and 1.04-1.11x at 64-256 MiB; in one-binary trials 1.03-1.12x
+ * at 2-16 MiB with `--fresh`, and 4 ranks on the 2 vCPUs 0.99-1.12x at 4-64 MiB
+ * (bench/results/cma-step-2026-12-07h-zen5.txt). Not measured elsewhere; on the Xeon with
+ * AVX512-FP16 the streamed output's step of 4 chunks had been slower than 1 (SHM_NT_CHUNKS). */
+#define SHM_ZEN5_CHUNKS 4
 /* Two ranks, each with a CPU of its own: the single-copy allreduce hands the pieces each rank
  * reduces to it through a pipe instead of process_vm_readv. At the call's start each rank
  * vmsplice(2)s the other's slice of every chunk of its input into the other's pipe (the kernel
@@ -276,6 +287,7 @@ typedef struct shm_hdr {
   uint64_t cma_min;      /* single-copy allreduce from this many bytes; 0: never */
   uint64_t cma_move_min; /* single-copy allgather and broadcast from this many bytes per rank */
   uint64_t nt_min;       /* allreduce outputs streamed from this footprint (SHM_DEFAULT_NT); 0: never */
+  uint64_t cma_chunks;   /* chunks per step of the single-copy allreduce when not streaming */
   uint64_t owner_addr; /* where rank 0 maps this header, and its pid: the others' probe */
   int32_t owner_pid;
   int32_t owner_pipe[2]; /* two ranks: rank 0's incoming pipe (read end, write end), or -1 */
@@ -395,7 +407,8 @@ struct dt_transport {
   size_t cma_min;     /* single-copy allreduce from this many bytes (0: never), as rank 0 set */
   size_t cma_move_min; /* single-copy allgather and broadcast from this many bytes (0: never) */
   size_t nt_min;      /* allreduce outputs streamed from this footprint (0: never), as rank 0 set */
-  uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one chunk */
+  size_t cma_chunks;  /* chunks per step of the single-copy allreduce when not streaming, as rank 0 set */
+  uint8_t *cma_buf;   /* single-copy allreduce: the other ranks' slices of one step */
   uint64_t cma_g;     /* the last single-copy call whose buffers this rank published */
   int pipe_in[2];     /* two ranks: this rank's incoming pipe (read end, write end), or -1 */
   int pipe_peer[2];   /* the other rank's incoming pipe, both ends (so it always has a reader) */
@@ -916,6 +929,7 @@ static dt_status shm_make(dt_transport *t, const char *name) {
                     .off_stage = off_stage, .ring_bytes = ring_bytes, .off_flat = off_flat,
                     .flat_bytes = flat, .flat_stride = flat_stride, .cma_min = cma,
                     .cma_move_min = cma_move, .nt_min = nt,
+                    .cma_chunks = dt__cpu_zen5() ? SHM_ZEN5_CHUNKS : 1,
                     .owner_addr = (uint64_t)(uintptr_t)p, .owner_pid = (int32_t)getpid(),
                     .owner_pipe = {-1, -1}};
   atomic_store(&t->h->cma, cma ? 0u : 2u);
@@ -1199,6 +1213,7 @@ static dt_status shm_create(dt_comm *c, dt_transport **out) {
   t->tune = t->cma_min && atomic_load(&t->h->tune) == 1;
   t->cma_move_min = t->cma_min ? t->h->cma_move_min : 0;
   t->nt_min = t->h->nt_min;
+  t->cma_chunks = (size_t)t->h->cma_chunks;
   t->piped = t->cma_min && atomic_load(&t->h->pipe) == 1 && t->pipe_peer[1] >= 0;
   if (!t->piped) {
     shm_pipe_close(t);
@@ -1691,15 +1706,15 @@ static bool shm_pipe_fits(const dt_transport *t, size_t count, size_t es);
 /* The other ranks' slices of one step: a slice is at most ceil(lines / n) whole lines of a
  * step (shm_slice); n - 1 of them. */
 static uint8_t *shm_cma_buf(dt_transport *t) {
-  const size_t lines = SHM_NT_CHUNKS * t->h->chunk_bytes / SHM_LINE,
+  const size_t lines = DT_MAX(SHM_NT_CHUNKS, t->cma_chunks) * t->h->chunk_bytes / SHM_LINE,
                most = (lines + (size_t)t->n - 1) / (size_t)t->n * SHM_LINE;
   if (!t->cma_buf)
     t->cma_buf = dt__alloc((size_t)(t->n - 1) * most);
   return t->cma_buf;
 }
 
-/* Allreduce, one copy: per chunk of the staged path's size (SHM_NT_CHUNKS of them when
- * streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
+/* Allreduce, one copy: per step of cma_chunks chunks of the staged path's size (SHM_NT_CHUNKS
+ * when streaming), rank s reads slice s of the chunk from every other rank's input into a cache-sized
  * buffer, reduces it with its own (own first, then the others in rank order, as the staged path)
  * into its output, and writes the result from there, still in cache, into every other rank's
  * output. Nobody waits for anybody between the
@@ -1715,7 +1730,7 @@ static dt_status shm_allreduce_cma(dt_transport *t, const uint8_t *in, uint8_t *
   const bool nt = shm_nt_use(t, count * es);
   if (t->piped && !nt && shm_pipe_fits(t, count, es))
     return shm_allreduce_piped(t, in, out, count, dt, op, fp, deadline);
-  const size_t ce = t->h->chunk_bytes * (nt ? SHM_NT_CHUNKS : 1) / es; /* elements per step */
+  const size_t ce = t->h->chunk_bytes * (nt ? SHM_NT_CHUNKS : t->cma_chunks) / es; /* elements per step */
   if (!shm_cma_buf(t))
     return DT_ERR_NOMEM;
   dt_status st = shm_cma_begin(t, in, count * es, out, count * es, fp, deadline);
