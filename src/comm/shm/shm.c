@@ -137,8 +137,8 @@
  * at a time, or SHM_ZEN5_CHUNKS on AMD family 26 (Zen 5): each step costs a process_vm_readv and
  * a process_vm_writev per other rank, each a system call (about 1 us on the Zen 5 guest) that
  * looks up the other process and pins its pages anew, and there fewer of them made the call
- * faster (the other rank's slice of a 2 MiB step, 1 MiB, still fits the core's L2). 2 ranks, `dtrain bench
- * allreduce -n 2 --transport shm`, 12 jobs of each build alternated, medians of the per-pair
+ * faster (the other rank's slice of a 2 MiB step, 1 MiB, still fits the core's L2). 2 ranks,
+ * `dtrain bench allreduce -n 2 --transport shm`, 12 jobs of each build alternated, medians of the per-pair
  * ratios: 1.10-1.15x at 2-32 MiB and 1.04-1.11x at 64-256 MiB; in one-binary trials 1.03-1.12x
  * at 2-16 MiB with `--fresh`, and 4 ranks on the 2 vCPUs 0.99-1.12x at 4-64 MiB
  * (bench/results/cma-step-2026-12-07h-zen5.txt). Not measured elsewhere; on the Xeon with
