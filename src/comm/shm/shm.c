@@ -141,8 +141,11 @@
  * `dtrain bench allreduce -n 2 --transport shm`, 12 jobs of each build alternated, medians of the per-pair
  * ratios: 1.10-1.15x at 2-32 MiB and 1.04-1.11x at 64-256 MiB; in one-binary trials 1.03-1.12x
  * at 2-16 MiB with `--fresh`, and 4 ranks on the 2 vCPUs 0.99-1.12x at 4-64 MiB
- * (bench/results/cma-step-2026-12-07h-zen5.txt). Not measured elsewhere; on the Xeon with
- * AVX512-FP16 the streamed output's step of 4 chunks had been slower than 1 (SHM_NT_CHUNKS). */
+ * (bench/results/cma-step-2026-12-07h-zen5.txt). On the EPYC Zen 3 (family 25 model 1) steps of
+ * 2, 4 and 8 chunks were level with 1 (medians of 8 rounds 0.91-1.22x at 1-256 MiB, each size's
+ * rounds spreading 0.6-1.7x; bench/results/cma-step-2026-12-07i-zen3.txt), so it keeps 1. Not
+ * measured elsewhere; on the Xeon with AVX512-FP16 the streamed output's step of 4 chunks had
+ * been slower than 1 (SHM_NT_CHUNKS). */
 #define SHM_ZEN5_CHUNKS 4
 /* Two ranks, each with a CPU of its own: the single-copy allreduce hands the pieces each rank
  * reduces to it through a pipe instead of process_vm_readv. At the call's start each rank
@@ -172,8 +175,10 @@
  * host with twice the memory bandwidth"). A probe within rank 0 alone (splicing into its own pipe
  * and reading it back, against process_vm_readv of its own memory) could not tell: it found the
  * pipes faster on that host too (10.6-12.6 against 11.7-14.2 us per 256 KiB), so what costs there
- * is presumably the pages passing between two processes on two cores. DTRAIN_SHM_PIPE=on takes
- * the pipes on any CPU, off keeps process_vm_readv. */
+ * is presumably the pages passing between two processes on two cores. On an EPYC Zen 3 (family
+ * 25 model 1) the pipes ran the 2-rank allreduce 0.90-1.03x as fast at 64 KiB-2 MiB (medians of 8
+ * alternated rounds, bench/results/nt-pipe-2026-12-07i-zen3.txt). DTRAIN_SHM_PIPE=on takes the
+ * pipes on any CPU, off keeps process_vm_readv. */
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
