@@ -1446,17 +1446,39 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
   return DT_OK;
 }
 
+/* Two ranks, output not streamed: the staged allreduce reduces its slice into the caller's output
+ * in blocks of this many bytes and copies each block from there, still in L1, into its staging
+ * slice for the other rank, whose copy-out then skips the own slice (one read and one write of
+ * the slice fewer). EPYC Zen 3 guest, 2026-12-07, one-off builds alternated: with both ranks'
+ * CPUs near each other 1.1-1.25x faster at 256 KiB-4 MiB on the staging buffers alone, 4 KiB
+ * blocks gaining less than 8; in jobs where the host placed them far apart (2 MiB in 630-860 us
+ * instead of 200-250) 1.2-1.35x slower, where the timed choice takes the single copy instead; with
+ * that choice 1.06-1.20x at 256 KiB-1 MiB and level from 2 MiB. At 4 ranks on the 2 vCPUs it read
+ * 0.65-0.87x, so more ranks keep the copy-out of every slice
+ * (bench/results/staged-dual-2026-12-07i-zen3.txt). */
+#define SHM_DIRECT_BLOCK (8u << 10)
+
 /* Reduces elements [lo, hi) of chunk buffer b across all ranks into this rank's staging buffer:
  * own contribution (`own`, read from the caller's input) first, then the others in rank order,
- * in one pass (dt__reduce_many: f16/bf16 sums accumulate in f32 and are rounded once). */
-static void shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, size_t lo, size_t hi, size_t es, dt_dtype dt,
-                             dt_op op) {
-  int k = 0;
-  t->srcs[k++] = own;
-  for (int r = 0; r < t->n; r++)
-    if (r != t->rank)
-      t->srcs[k++] = shm_stage(t, r, b) + lo * es;
-  dt__reduce_many(shm_stage(t, t->rank, b) + lo * es, t->srcs, k, hi - lo, dt, op, op == DT_AVG ? t->n : 1);
+ * in one pass (dt__reduce_many: f16/bf16 sums accumulate in f32 and are rounded once). With
+ * `direct` (elements [lo, hi) of the caller's output, which may be `own`: elementwise) into
+ * there first, SHM_DIRECT_BLOCK bytes at a time, each block then copied into the staging slice. */
+static void shm_reduce_slice(dt_transport *t, int b, const uint8_t *own, uint8_t *direct, size_t lo, size_t hi,
+                             size_t es, dt_dtype dt, dt_op op) {
+  uint8_t *stage = shm_stage(t, t->rank, b) + lo * es;
+  const size_t block = direct ? SHM_DIRECT_BLOCK / es : hi - lo;
+  for (size_t e = 0; e < hi - lo; e += block) {
+    const size_t ne = DT_MIN(block, hi - lo - e);
+    int k = 0;
+    t->srcs[k++] = own + e * es;
+    for (int r = 0; r < t->n; r++)
+      if (r != t->rank)
+        t->srcs[k++] = shm_stage(t, r, b) + (lo + e) * es;
+    uint8_t *dst = direct ? direct + e * es : stage + e * es;
+    dt__reduce_many(dst, t->srcs, k, ne, dt, op, op == DT_AVG ? t->n : 1);
+    if (direct)
+      dt__copy(stage + e * es, dst, ne * es);
+  }
 }
 
 /* Whether an allreduce of `bytes` per rank writes its output with non-temporal stores
@@ -2046,6 +2068,7 @@ static dt_status shm_allreduce_staged(dt_transport *t, const uint8_t *in, uint8_
   const size_t es = dt_dtype_size(dt);
   shm_board_set(t, fp);
   const bool nt = shm_nt_use(t, count * es); /* the copy-out streams past the caches */
+  const bool direct = !nt && t->n == 2;      /* SHM_DIRECT_BLOCK */
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
   const uint64_t base = t->chunks;
@@ -2061,7 +2084,7 @@ static dt_status shm_allreduce_staged(dt_transport *t, const uint8_t *in, uint8_
     DT_CHECK_GOTO(shm_wait_all(t, f_in, g, f_fp, b, fp, deadline), st, fail);
     shm_slice(len, es, t->n, t->rank, &lo, &hi);
     if (hi > lo)
-      shm_reduce_slice(t, b, in + (k * ce + lo) * es, lo, hi, es, dt, op);
+      shm_reduce_slice(t, b, in + (k * ce + lo) * es, direct ? out + (k * ce + lo) * es : NULL, lo, hi, es, dt, op);
     shm_publish(t, f_red, g);
     /* CI(k+1) overlaps the other ranks' R(k). */
     if (k + 1 < nchunks)
@@ -2070,7 +2093,7 @@ static dt_status shm_allreduce_staged(dt_transport *t, const uint8_t *in, uint8_
     DT_CHECK_GOTO(shm_wait_all(t, f_red, g, 0, 0, fp, deadline), st, fail);
     for (int s = 0; s < t->n && len; s++) {
       shm_slice(len, es, t->n, s, &lo, &hi);
-      if (hi > lo)
+      if (hi > lo && !(direct && s == t->rank))
         (nt ? dt__copy_nt : dt__copy)(out + (k * ce + lo) * es, shm_stage(t, s, b) + lo * es, (hi - lo) * es);
     }
     shm_publish(t, offsetof(shm_rank, out_seq), g);
