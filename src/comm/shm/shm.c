@@ -1446,10 +1446,12 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
   return DT_OK;
 }
 
-/* Two ranks, output not streamed: the staged allreduce reduces its slice into the caller's output
- * in blocks of this many bytes and copies each block from there, still in L1, into its staging
- * slice for the other rank, whose copy-out then skips the own slice (one read and one write of
- * the slice fewer). EPYC Zen 3 guest, 2026-12-07, one-off builds alternated: with both ranks'
+/* Two ranks, a call that stays in the caches (shm_cached: up to 4 MiB), output not streamed: the
+ * staged allreduce reduces its slice into the caller's output in blocks of this many bytes and
+ * copies each block from there, still in L1, into its staging slice for the other rank, whose
+ * copy-out then skips the own slice (one read and one write of the slice fewer; blocks this
+ * short skip the reduction's software prefetch, which larger calls keep by going the old way).
+ * EPYC Zen 3 guest, 2026-12-07, one-off builds alternated: with both ranks'
  * CPUs near each other 1.1-1.25x faster at 256 KiB-4 MiB on the staging buffers alone, 4 KiB
  * blocks gaining less than 8; in jobs where the host placed them far apart (2 MiB in 630-860 us
  * instead of 200-250) 1.2-1.35x slower, where the timed choice takes the single copy instead; with
@@ -2068,7 +2070,7 @@ static dt_status shm_allreduce_staged(dt_transport *t, const uint8_t *in, uint8_
   const size_t es = dt_dtype_size(dt);
   shm_board_set(t, fp);
   const bool nt = shm_nt_use(t, count * es); /* the copy-out streams past the caches */
-  const bool direct = !nt && t->n == 2;      /* SHM_DIRECT_BLOCK */
+  const bool direct = !nt && t->n == 2 && shm_cached(t, count * es); /* SHM_DIRECT_BLOCK */
   const size_t ce = t->h->chunk_bytes / es; /* elements per chunk */
   const size_t nchunks = count ? (count + ce - 1) / ce : 1;
   const uint64_t base = t->chunks;
