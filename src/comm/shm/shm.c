@@ -1446,18 +1446,17 @@ static dt_status shm_copy_in(dt_transport *t, const uint8_t *in, size_t count, s
   return DT_OK;
 }
 
-/* Two ranks, a call that stays in the caches (shm_cached: up to 4 MiB), output not streamed: the
+/* Two ranks, a call that stays in the caches (shm_cached: below 8 MiB), output not streamed: the
  * staged allreduce reduces its slice into the caller's output in blocks of this many bytes and
  * copies each block from there, still in L1, into its staging slice for the other rank, whose
- * copy-out then skips the own slice (one read and one write of the slice fewer; blocks this
- * short skip the reduction's software prefetch, which larger calls keep by going the old way).
- * EPYC Zen 3 guest, 2026-12-07, one-off builds alternated: with both ranks'
- * CPUs near each other 1.1-1.25x faster at 256 KiB-4 MiB on the staging buffers alone, 4 KiB
- * blocks gaining less than 8; in jobs where the host placed them far apart (2 MiB in 630-860 us
- * instead of 200-250) 1.2-1.35x slower, where the timed choice takes the single copy instead; with
- * that choice 1.06-1.20x at 256 KiB-1 MiB and level from 2 MiB. At 4 ranks on the 2 vCPUs it read
- * 0.65-0.87x, so more ranks keep the copy-out of every slice
- * (bench/results/staged-dual-2026-12-07i-zen3.txt). */
+ * copy-out then skips the own slice (one read and one write of the slice fewer; blocks this short
+ * skip the reduction's software prefetch, which larger calls keep by going the old way). EPYC Zen
+ * 3 guest, 2026-12-07, one-off builds alternated: with both ranks' CPUs near each other 1.1-1.25x
+ * faster at 256 KiB-4 MiB on the staging buffers alone, 4 KiB blocks gaining less than 8; in jobs
+ * where the host placed them far apart (2 MiB in 630-860 us instead of 200-250) 1.2-1.35x slower,
+ * where the timed choice takes the single copy instead; with that choice 1.06-1.20x at 256 KiB-1
+ * MiB and level from 2 MiB. At 4 ranks on the 2 vCPUs it read 0.65-0.87x, so more ranks keep the
+ * copy-out of every slice (bench/results/staged-dual-2026-12-07i-zen3.txt). */
 #define SHM_DIRECT_BLOCK (8u << 10)
 
 /* Reduces elements [lo, hi) of chunk buffer b across all ranks into this rank's staging buffer:
